@@ -1,0 +1,13 @@
+"""Shared library of the compendium: data, backends, methods and the stage harness.
+
+Modules are flat and each holds one concern; notebooks call into them. Heavy
+dependencies (torch, transformers, open_clip) are imported lazily by the modules
+that need them, so that `import lib` stays cheap.
+"""
+
+__all__ = ["ROOT"]
+
+from pathlib import Path
+
+#: Repository root (the folder holding Makefile, params/, notebooks/).
+ROOT = Path(__file__).resolve().parent.parent

@@ -1,0 +1,191 @@
+"""Declared artifacts, atomic writes, manifests and metrics files.
+
+Stages (notebooks and python steps) exchange only the files declared in
+`ARTIFACTS`, under `artifacts/<profile>/<stage>/`. Every write goes to a temporary
+file in the same folder and is then renamed over the target, so a crash never
+leaves a half-written artifact. Each stage folder carries `manifest.json`
+(params hash, git revision, package versions) next to its outputs.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from lib import ROOT
+
+ARTIFACTS_ROOT = ROOT / "artifacts"
+FIGURES_ROOT = ROOT / "figures"
+
+#: Packages whose versions every manifest records.
+TRACKED_PACKAGES = ("torch", "torchvision", "transformers", "open_clip_torch", "peft",
+                    "numpy", "pandas", "scikit-learn", "pillow")
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A file or folder one stage writes and later stages read."""
+    stage: str        # producing stage, e.g. "00_data_prep"
+    relpath: str      # path inside artifacts/<profile>/<stage>/
+    make_target: str  # the command that produces it
+
+    def path(self, profile: str) -> Path:
+        return ARTIFACTS_ROOT / profile / self.stage / self.relpath
+
+
+#: Everything a stage may hand to another stage. Later issues add their entries here.
+ARTIFACTS: dict[str, Artifact] = {
+    "datasets": Artifact("00_data_prep", "datasets.json", "make reproduce NB=00"),
+    "memeworld": Artifact("00_data_prep", "memeworld", "make reproduce NB=00"),
+}
+
+
+class MissingInputError(FileNotFoundError):
+    """A stage's declared input is absent; the message names the producer."""
+
+
+def stage_dir(profile: str, stage: str, create: bool = True) -> Path:
+    d = ARTIFACTS_ROOT / profile / stage
+    if create:
+        d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def require(profile: str, name: str, consumer: str) -> Path:
+    """Path of declared artifact `name`, or fail at once naming what produces it."""
+    art = ARTIFACTS[name]
+    p = art.path(profile)
+    if not p.exists():
+        raise MissingInputError(
+            f"{consumer} needs {relpath(p)} (artifact '{name}', profile '{profile}'), which is "
+            f"missing. Produce it with `{art.make_target}`"
+            + (f" (PROFILE={profile})" if profile != "embedded" else "") + " first.")
+    return p
+
+
+def relpath(p: Path | str) -> str:
+    """A path relative to the repository root when it lies inside it (for messages/outputs)."""
+    p = Path(p).resolve()
+    try:
+        return str(p.relative_to(ROOT))
+    except ValueError:
+        return str(p)
+
+
+# ----------------------------------------------------------------------------- atomic writes
+@contextlib.contextmanager
+def atomic_path(target: Path | str) -> Iterator[Path]:
+    """Yield a temporary path next to `target`; rename it over `target` on success."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, target)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_bytes(target: Path | str, data: bytes) -> Path:
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(data)
+    return Path(target)
+
+
+def write_text(target: Path | str, text: str) -> Path:
+    return write_bytes(target, text.encode("utf-8"))
+
+
+def write_json(target: Path | str, obj: Any, indent: int | None = 1) -> Path:
+    return write_text(target, json.dumps(obj, indent=indent, sort_keys=False, ensure_ascii=False) + "\n")
+
+
+def write_with(target: Path | str, writer: Callable[[Path], None]) -> Path:
+    """Atomic write through a function that writes to a given path (e.g. torch.save)."""
+    with atomic_path(target) as tmp:
+        writer(tmp)
+    return Path(target)
+
+
+def read_json(path: Path | str) -> Any:
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{relpath(path)}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from e
+
+
+# ----------------------------------------------------------------------------- manifests
+def params_hash(params: dict) -> str:
+    blob = json.dumps(params, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def git_revision() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (rev or "unknown") + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def package_versions(names: tuple[str, ...] = TRACKED_PACKAGES) -> dict[str, str]:
+    out = {}
+    for n in names:
+        try:
+            out[n] = metadata.version(n)
+        except metadata.PackageNotFoundError:
+            out[n] = "absent"
+    return out
+
+
+def write_manifest(directory: Path, params: dict, outputs: list[str] | None = None,
+                   inputs: dict[str, str] | None = None) -> Path:
+    """manifest.json for a stage folder: what produced it, from which parameters and code."""
+    manifest = {
+        "params_hash": params_hash(params),
+        "params": params,
+        "git_revision": git_revision(),
+        "packages": package_versions(),
+        "outputs": sorted(outputs or []),
+        "inputs": inputs or {},
+    }
+    return write_json(Path(directory) / "manifest.json", manifest)
+
+
+def write_metrics(profile: str, stage: str, metrics: dict[str, Any]) -> Path:
+    """Headline numbers of a stage as one flat JSON object (what the README table reads)."""
+    for k, v in metrics.items():
+        if isinstance(v, (dict, list, tuple)):
+            raise TypeError(f"metrics of {stage}: key '{k}' is a {type(v).__name__}; metrics.json is flat")
+    clean = {k: (round(float(v), 6) if isinstance(v, float) else v) for k, v in metrics.items()}
+    return write_json(stage_dir(profile, stage) / "metrics.json", clean)
+
+
+def read_metrics(profile: str, stage: str) -> dict[str, Any]:
+    p = ARTIFACTS_ROOT / profile / stage / "metrics.json"
+    return read_json(p) if p.exists() else {}
+
+
+def file_digest(path: Path | str, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()

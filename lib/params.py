@@ -1,0 +1,203 @@
+"""Parameter profiles (`params/<profile>.yaml`) and their validation.
+
+A profile holds one section per stage: one per numbered notebook (keyed by the
+notebook's stem, e.g. `02_finetuning`) and one per python step. A stage's
+section must name exactly the variables of the notebook's `parameters` cell, with
+the same types; papermill alone would only warn about an unknown parameter, so
+every run validates first and fails naming the file, the stage and the key.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from lib import ROOT
+
+PARAMS_DIR = ROOT / "params"
+NOTEBOOKS_DIR = ROOT / "notebooks"
+
+
+#: Parameters every notebook declares but no profile sets: the runner injects them.
+RESERVED = {"profile"}
+
+
+class ProfileError(ValueError):
+    """A profile does not match the stages' declared parameters."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str                       # section name in the profile, e.g. "00_data_prep"
+    notebook: Path | None = None    # executed with papermill
+    module: str | None = None       # or a python step: `python -m <module> --profile P`
+    schema: Callable[[], dict[str, Any]] | None = None  # python step: default parameters
+
+    @property
+    def label(self) -> str:
+        return f"notebooks/{self.notebook.name}" if self.notebook else f"stage '{self.name}' ({self.module})"
+
+
+#: Python steps between notebooks: (stage name, runs after the notebook with this prefix, module).
+#: The module defines `Config` (a dataclass: the stage's parameters) and `main(argv)`
+#: taking `--profile`. Later issues register theirs here (e.g. the embedded models).
+PYTHON_STAGES: list[tuple[str, str, str]] = []
+
+
+def _module_schema(module: str) -> Callable[[], dict[str, Any]]:
+    def schema() -> dict[str, Any]:
+        import importlib
+        cfg = importlib.import_module(module).Config
+        return {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
+                for f in dataclasses.fields(cfg)}
+    return schema
+
+
+def stages() -> list[Stage]:
+    """Stages in run order: the numbered notebooks that exist, python steps after their notebook."""
+    nbs = sorted(p for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
+    out: list[Stage] = []
+    for nb in nbs:
+        out.append(Stage(nb.stem, notebook=nb))
+        for name, after, module in PYTHON_STAGES:
+            if nb.stem.startswith(after + "_"):
+                out.append(Stage(name, module=module, schema=_module_schema(module)))
+    return out
+
+
+def select_stages(only: str | None) -> list[Stage]:
+    """`only` is a number prefix ("03"), a stem or a python step's name; None selects all stages."""
+    all_ = stages()
+    if not only:
+        return all_
+    wanted = [w.strip() for w in only.split(",") if w.strip()]
+    picked = [s for s in all_ if any(s.name == w or s.name.startswith(w + "_") for w in wanted)]
+    if len(picked) != len(wanted):
+        raise ProfileError(f"unknown stage in NB={only!r}; stages are: {', '.join(s.name for s in all_)}")
+    return picked
+
+
+# ----------------------------------------------------------------------------- parameters cells
+def parameters_cell(notebook: Path) -> dict[str, Any]:
+    """Variables assigned in the notebook's cell tagged `parameters` (literals only)."""
+    import nbformat
+    nb = nbformat.read(str(notebook), as_version=4)
+    cells = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if len(cells) != 1:
+        raise ProfileError(f"notebooks/{notebook.name}: expected exactly one cell tagged 'parameters', "
+                           f"found {len(cells)}")
+    out: dict[str, Any] = {}
+    tree = ast.parse(cells[0].source)
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if not isinstance(t, ast.Name):
+                    raise ProfileError(f"notebooks/{notebook.name}: parameters cell assigns to a non-name")
+                try:
+                    out[t.id] = ast.literal_eval(node.value)
+                except ValueError as e:
+                    raise ProfileError(f"notebooks/{notebook.name}: parameter '{t.id}' must be a literal") from e
+    return out
+
+
+def stage_defaults(stage: Stage) -> dict[str, Any]:
+    if stage.notebook is not None:
+        return parameters_cell(stage.notebook)
+    assert stage.schema is not None
+    return stage.schema()
+
+
+# ----------------------------------------------------------------------------- profiles
+def profile_path(profile: str) -> Path:
+    return PARAMS_DIR / f"{profile}.yaml"
+
+
+def load_profile(profile: str) -> dict[str, dict[str, Any]]:
+    path = profile_path(profile)
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in PARAMS_DIR.glob("*.yaml")))
+        raise ProfileError(f"no profile '{profile}': {path.relative_to(ROOT)} does not exist (known: {known})")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise ProfileError(f"params/{path.name}: not valid YAML: {e}") from e
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise ProfileError(f"params/{path.name}: expected a mapping of stage name -> mapping of parameters")
+    return data
+
+
+def _type_name(v: Any) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+def _compatible(default: Any, value: Any) -> bool:
+    if default is None or value is None:
+        return True  # None in the notebook means "optional / any"; null in the profile means "unset"
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(default, bool) and isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    if isinstance(default, (list, tuple)):
+        return isinstance(value, (list, tuple))
+    return isinstance(value, type(default))
+
+
+def validate_profile(profile: str, only: list[Stage] | None = None) -> dict[str, dict[str, Any]]:
+    """Check every stage's section against its declared parameters; return the sections.
+
+    Raises ProfileError naming the file, the stage (notebook) and the key on an unknown,
+    missing or mistyped key, a missing section, or a section for no stage.
+    """
+    data = load_profile(profile)
+    fname = f"params/{profile}.yaml"
+    all_stages = stages()
+    known = {s.name for s in all_stages}
+    errors: list[str] = []
+    for section in data:
+        if section not in known:
+            errors.append(f"{fname}: section '{section}' matches no stage (stages: {', '.join(sorted(known))})")
+    for st in (only or all_stages):
+        if st.name not in data:
+            errors.append(f"{fname}: missing section '{st.name}' for {st.label}")
+            continue
+        declared = {k: v for k, v in stage_defaults(st).items() if k not in RESERVED}
+        given = data[st.name]
+        for key in RESERVED & set(given):
+            errors.append(f"{fname}: key '{st.name}.{key}' is set by the runner, not by a profile")
+        for key in given:
+            if key not in declared:
+                errors.append(f"{fname}: unknown key '{st.name}.{key}' for {st.label} "
+                              f"(declared: {', '.join(sorted(declared))})")
+        for key, default in declared.items():
+            if key not in given:
+                errors.append(f"{fname}: missing key '{st.name}.{key}' for {st.label}")
+            elif not _compatible(default, given[key]):
+                errors.append(f"{fname}: key '{st.name}.{key}' for {st.label} is {_type_name(given[key])} "
+                              f"({given[key]!r}); the parameters cell declares {_type_name(default)} ({default!r})")
+    if errors:
+        raise ProfileError("\n".join(errors))
+    return data
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Validate a parameter profile against the stages.")
+    ap.add_argument("--profile", default="embedded")
+    args = ap.parse_args(argv)
+    try:
+        validate_profile(args.profile)
+    except ProfileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"params/{args.profile}.yaml: OK ({len(stages())} stages)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

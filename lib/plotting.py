@@ -1,0 +1,26 @@
+"""Figures: one style for the compendium, saved as PNG and PDF under figures/<profile>/."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from lib import ROOT
+
+
+def setup() -> None:
+    import matplotlib
+    import seaborn as sns
+    matplotlib.rcParams.update({"figure.dpi": 110, "savefig.dpi": 150, "savefig.bbox": "tight",
+                                "svg.hashsalt": "compendium", "pdf.compression": 6})
+    sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")
+
+
+def save_figure(fig, name: str, profile: str) -> list[Path]:
+    """Write figures/<profile>/<name>.png and .pdf atomically; metadata without timestamps."""
+    from lib.artifacts import write_with
+    out_dir = ROOT / "figures" / profile
+    paths = []
+    for ext, meta in (("png", {"Software": None}), ("pdf", {"CreationDate": None, "Producer": None})):
+        p = out_dir / f"{name}.{ext}"
+        write_with(p, lambda tmp, ext=ext, meta=meta: fig.savefig(tmp, format=ext, metadata=meta))
+        paths.append(p)
+    return paths

@@ -1,0 +1,80 @@
+"""The harness: notebook scrubbing, README results, environment files, CI entry point."""
+import json
+import os
+
+import nbformat
+
+from lib import ROOT
+from lib.runner import scrub_notebook
+
+
+def _nb_with_outputs(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["papermill"] = {"start_time": "2026-01-01T00:00:00", "end_time": "x", "duration": 1.0,
+                                "input_path": str(ROOT / "notebooks/x.ipynb"), "parameters": {"a": 1}}
+    c = nbformat.v4.new_code_cell("print(1)")
+    c.metadata["papermill"] = {"start_time": "t", "duration": 2}
+    c.metadata["execution"] = {"iopub.execute_input": "t"}
+    c.outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text=f"saved {ROOT}/figures/a.png key=sk-SECRETSECRET\n"),
+        nbformat.v4.new_output("stream", name="stderr", text="load: 100%|██████████| 13/13 [00:01<00:00, 9.1it/s]"),
+        nbformat.v4.new_output("stream", name="stderr", text="a real warning\n"),
+    ]
+    nb.cells.append(c)
+    p = tmp_path / "x.ipynb"
+    nbformat.write(nb, str(p))
+    return p
+
+
+def test_scrub_removes_timestamps_paths_progress_and_secrets(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-SECRETSECRET")
+    p = _nb_with_outputs(tmp_path)
+    scrub_notebook(p)
+    text = p.read_text()
+    nb = json.loads(text)
+    assert "start_time" not in text and "duration" not in text and "iopub" not in text
+    assert str(ROOT) not in text and "sk-SECRETSECRET" not in text
+    outs = [("".join(o["text"])) for o in nb["cells"][0]["outputs"]]
+    assert outs == ["saved figures/a.png key=***\n", "a real warning\n"]
+    assert nb["metadata"]["papermill"]["input_path"] == "notebooks/x.ipynb"
+
+
+def test_committed_notebooks_carry_no_machine_paths_or_timestamps():
+    for nb in (ROOT / "notebooks").glob("*.ipynb"):
+        text = nb.read_text()
+        assert str(ROOT) not in text and os.path.expanduser("~") + "/" not in text, nb.name
+        assert '"start_time"' not in text and '"end_time"' not in text, nb.name
+
+
+def test_environment_yml_is_generated_from_pyproject():
+    from lib.envfiles import dependencies, environment_yml
+    assert (ROOT / "environment.yml").read_text() == environment_yml(), "run `make environment.yml`"
+    deps = dependencies()
+    assert "torch==2.14.1" in deps and "torchvision==0.29.1" in deps
+
+
+def test_lock_pins_every_declared_dependency():
+    lock = {l.split("==")[0].lower().replace("_", "-") for l in (ROOT / "requirements.lock").read_text().splitlines()
+            if "==" in l}
+    from lib.envfiles import dependencies
+    missing = [d for d in dependencies() if d.split("==")[0].lower().replace("_", "-") not in lock]
+    assert not missing, missing
+
+
+def test_ci_runs_make_test():
+    script = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in script and os.access(ROOT / ".ci" / "run", os.X_OK)
+
+
+def test_readme_results_table_from_metrics(tmp_path, monkeypatch):
+    from lib import artifacts, results
+    monkeypatch.setattr(results, "ARTIFACTS_ROOT", tmp_path)
+    monkeypatch.setattr(artifacts, "ARTIFACTS_ROOT", tmp_path)
+    (tmp_path / "embedded" / "02_x").mkdir(parents=True)
+    (tmp_path / "embedded" / "02_x" / "metrics.json").write_text(json.dumps({"auroc": 0.91234, "n": 7}))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{results.START}\nold\n{results.END}\nend\n")
+    assert results.update_readme(readme)
+    text = readme.read_text()
+    assert "| 02_x | `auroc` | 0.9123 |" in text and "| 02_x | `n` | 7 |" in text and "old" not in text
+    assert "Profile `embedded`" in text and "CPU cores" in text and text.endswith("end\n")
