@@ -1,0 +1,623 @@
+"""Dataset registry: loaders for the real benchmarks' public formats.
+
+One record schema per task family:
+
+- `MemeRecord` (meme classification: FHM, TRACE JSON, MAMI, MultiOFF, H-VLI),
+- `ExplanationRecord` (HatReD), `MemeCapRecord` (MemeCap), `MemeSenseRecord` (MemeSense),
+- `AlignmentRecord` (caption-image misalignment: FOIL, nocaps-FOIL, HAT, RichHF, SeeTRUE-Feedback).
+
+Records hold image *paths*; `record.image()` decodes on use. Every loader fails on bad
+input with a `DataError` naming the file, the record and the field. Missing images
+are an error when `strict=True`; with `strict=False` the record is skipped and listed in
+`Dataset.report` (nothing is dropped silently).
+
+MemeWorld (`lib.memeworld`) writes every one of these formats, so these loaders are
+exercised end to end in the embedded profile.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+FHM_SPLITS = ("train", "dev_seen", "dev_unseen", "test_seen", "test_unseen")
+HVLI_TYPES = ("000", "001", "010", "011", "100", "101", "110", "111")
+HVLI_DIFFICULTY = {"000": "Easy", "011": "Easy", "101": "Easy", "111": "Easy", "100": "Normal", "010": "Normal",
+                   "001": "Hard", "110": "Hard"}
+HVLI_LABELS = {0: "NotHate", 1: "Racist", 2: "Sexist", 3: "Homophobe", 4: "Religion", 5: "OtherHate"}
+
+
+class DataError(ValueError):
+    """Bad input: the message names the file, the record and the field."""
+
+
+# ----------------------------------------------------------------------------- record schemas
+@dataclass
+class MemeRecord:
+    """A meme for classification. `label` is binary (1 = hateful/offensive/misogynous)."""
+    id: str
+    img_path: Path
+    text: str
+    label: int | None
+    split: str
+    captions: dict[str, str] = field(default_factory=dict)  # caption column -> caption (TRACE)
+    meta: dict[str, Any] = field(default_factory=dict)      # dataset-specific fields (type, difficulty, ...)
+
+    def image(self):
+        from PIL import Image
+        return Image.open(self.img_path).convert("RGB")
+
+
+@dataclass
+class ExplanationRecord:
+    id: str
+    img_path: Path
+    targets: list[str]
+    reasonings: list[str]
+    split: str
+
+    def image(self):
+        from PIL import Image
+        return Image.open(self.img_path).convert("RGB")
+
+
+@dataclass
+class MemeCapRecord:
+    id: str
+    img_path: Path
+    title: str
+    img_captions: list[str]
+    meme_captions: list[str]
+    metaphors: list[dict]
+    split: str
+
+    def image(self):
+        from PIL import Image
+        return Image.open(self.img_path).convert("RGB")
+
+
+@dataclass
+class MemeSenseRecord:
+    id: str
+    img_path: Path
+    commonsense: str
+    intervention: str
+    split: str = "all"
+
+    def image(self):
+        from PIL import Image
+        return Image.open(self.img_path).convert("RGB")
+
+
+@dataclass
+class AlignmentRecord:
+    """An (image, caption) pair with its misalignment annotation.
+
+    `misaligned_words`: the ground-truth misaligned words (empty for an aligned caption);
+    `token_labels`: per-word (word, is_misaligned) where the benchmark gives them;
+    `score`: a graded misalignment score (RichHF) or None.
+    """
+    id: str
+    img_path: Path
+    caption: str
+    misaligned_words: list[str]
+    references: list[str] = field(default_factory=list)
+    token_labels: list[tuple[str, int]] = field(default_factory=list)
+    group: str | None = None
+    score: float | None = None
+    split: str = "test"
+
+    @property
+    def is_foil(self) -> bool:
+        return bool(self.misaligned_words)
+
+    def image(self):
+        from PIL import Image
+        return Image.open(self.img_path).convert("RGB")
+
+
+@dataclass
+class Dataset:
+    name: str
+    root: Path
+    records: list[Any]
+    report: list[str] = field(default_factory=list)   # skipped records and why (strict=False)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.records)
+
+    def split(self, *names: str) -> list[Any]:
+        return [r for r in self.records if r.split in names]
+
+    def to_frame(self):
+        import pandas as pd
+        rows = []
+        for r in self.records:
+            d = {k: v for k, v in r.__dict__.items() if k not in ("meta", "captions")}
+            d.update(getattr(r, "meta", {}))
+            d.update({f"caption:{k}": v for k, v in getattr(r, "captions", {}).items()})
+            rows.append(d)
+        return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- registry
+@dataclass(frozen=True)
+class DatasetInfo:
+    name: str
+    family: str
+    loader: Callable[..., Dataset]
+    files: tuple[str, ...]   # what must exist under the dataset root
+    source: str              # where the real data comes from (for the paper profile's message)
+
+
+REGISTRY: dict[str, DatasetInfo] = {}
+
+
+def register(name: str, family: str, files: tuple[str, ...], source: str):
+    def deco(fn):
+        REGISTRY[name] = DatasetInfo(name, family, fn, files, source)
+        return fn
+    return deco
+
+
+def load(name: str, root: Path | str, strict: bool = True, check_images: str = "exists", **kw) -> Dataset:
+    """Load dataset `name` from `root`. check_images: "none", "exists" or "decode"."""
+    if name not in REGISTRY:
+        raise KeyError(f"unknown dataset '{name}'; registered: {', '.join(sorted(REGISTRY))}")
+    root = Path(root)
+    missing = [f for f in REGISTRY[name].files if not (root / f).exists()]
+    if missing:
+        raise FileNotFoundError(f"dataset '{name}' at {root}: missing {', '.join(missing)} "
+                                f"(get it from: {REGISTRY[name].source})")
+    ctx = _Ctx(strict=strict, check_images=check_images)
+    records = REGISTRY[name].loader(root, ctx, **kw)
+    _check_unique(records, name, root)
+    return Dataset(name, root, records, ctx.report)
+
+
+def missing_files(name: str, root: Path | str) -> list[str]:
+    return [f for f in REGISTRY[name].files if not (Path(root) / f).exists()]
+
+
+@dataclass
+class _Ctx:
+    strict: bool
+    check_images: str
+    report: list[str] = field(default_factory=list)
+
+    def image_ok(self, path: Path, where: str) -> bool:
+        """Whether the record's image is usable; raise (strict) or report (lenient) if not."""
+        if self.check_images == "none":
+            return True
+        problem = None
+        if not path.is_file():
+            problem = f"image {path} does not exist"
+        elif self.check_images == "decode":
+            try:
+                from PIL import Image
+                with Image.open(path) as im:
+                    im.verify()
+            except Exception as e:  # PIL raises many types for broken files
+                problem = f"image {path} cannot be decoded ({type(e).__name__}: {e})"
+        if problem is None:
+            return True
+        if self.strict:
+            raise DataError(f"{where}: field 'img': {problem}")
+        self.report.append(f"{where}: skipped: {problem}")
+        return False
+
+
+def _check_unique(records: list, name: str, root: Path) -> None:
+    seen: dict[tuple[str, str], int] = {}
+    for i, r in enumerate(records):
+        key = (getattr(r, "split", ""), r.id)
+        if key in seen:
+            raise DataError(f"{name} at {root}: duplicate id '{r.id}' in split '{key[0]}' "
+                            f"(records {seen[key]} and {i})")
+        seen[key] = i
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
+    with open(path, encoding="utf-8") as f:
+        for ln, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}: line {ln}: malformed JSON: {e.msg}") from e
+            if not isinstance(obj, dict):
+                raise DataError(f"{path}: line {ln}: expected a JSON object, got {type(obj).__name__}")
+            yield ln, obj
+
+
+def _field(obj: dict, key: str, where: str, types: type | tuple = (str,), optional: bool = False) -> Any:
+    if key not in obj or obj[key] is None:
+        if optional:
+            return None
+        raise DataError(f"{where}: missing field '{key}'")
+    v = obj[key]
+    if types and not isinstance(v, types):
+        raise DataError(f"{where}: field '{key}' is {type(v).__name__} ({v!r}), expected "
+                        f"{' or '.join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))}")
+    return v
+
+
+def _label(v: Any, allowed: set, where: str, key: str = "label") -> int:
+    try:
+        iv = int(v)
+    except (TypeError, ValueError):
+        raise DataError(f"{where}: field '{key}' is {v!r}, not one of {sorted(allowed)}") from None
+    if iv != v and not (isinstance(v, str) and v.strip() == str(iv)) or iv not in allowed:
+        raise DataError(f"{where}: field '{key}' is {v!r}, not one of {sorted(allowed)}")
+    return iv
+
+
+def _splits(requested: tuple[str, ...] | list[str] | None, available: tuple[str, ...], name: str) -> tuple[str, ...]:
+    if requested is None:
+        return available
+    bad = [s for s in requested if s not in available]
+    if bad:
+        raise DataError(f"dataset '{name}' has no split {', '.join(map(repr, bad))}; its splits: {', '.join(available)}")
+    return tuple(requested)
+
+
+# ----------------------------------------------------------------------------- meme classification
+@register("fhm", "meme", files=("img",), source="Facebook Hateful Memes (licence required): "
+          "https://ai.meta.com/tools/hatefulmemes/ -> put train.jsonl, dev_seen.jsonl, dev_unseen.jsonl, "
+          "test_seen.jsonl, test_unseen.jsonl and img/ in the dataset root")
+def load_fhm(root: Path, ctx: _Ctx, splits=None, require_labels: bool = True) -> list[MemeRecord]:
+    out = []
+    for split in _splits(splits, FHM_SPLITS, "fhm"):
+        path = root / f"{split}.jsonl"
+        if not path.exists():
+            raise DataError(f"{path}: missing file for split '{split}'")
+        for ln, obj in _read_jsonl(path):
+            where = f"{path}: line {ln} (id {obj.get('id')!r})"
+            rid = str(_field(obj, "id", where, (int, str)))
+            img = root / _field(obj, "img", where)
+            text = _field(obj, "text", where)
+            lab = obj.get("label")
+            if lab is None and require_labels:
+                raise DataError(f"{where}: missing field 'label'")
+            label = None if lab is None else _label(lab, {0, 1}, where)
+            if ctx.image_ok(img, where):
+                out.append(MemeRecord(rid, img, text, label, split))
+    return out
+
+
+@register("trace", "meme", files=(), source="a TRACE JSON list {img, text, label, <caption columns>, split}, "
+          "written by notebook 01 from FHM/MultiOFF")
+def load_trace(root: Path, ctx: _Ctx, file: str = "trace.json", caption_columns: list[str] | None = None,
+               image_root: str | None = None, splits=None) -> list[MemeRecord]:
+    path = root / file
+    data = _read_json(path)
+    if not isinstance(data, list):
+        raise DataError(f"{path}: expected a JSON list of meme records")
+    base = Path(image_root) if image_root else root
+    known = {"id", "img", "text", "label", "split"}
+    out = []
+    wanted = set(splits) if splits else None
+    for i, obj in enumerate(data):
+        where = f"{path}: record {i} (img {obj.get('img')!r})"
+        img = _field(obj, "img", where)
+        split = _field(obj, "split", where)
+        if split not in FHM_SPLITS + ("train", "val", "test"):
+            raise DataError(f"{where}: field 'split' is {split!r}, not a known split")
+        if wanted and split not in wanted:
+            continue
+        cols = caption_columns or [k for k in obj if k not in known and isinstance(obj[k], str)]
+        caps = {}
+        for c in cols:
+            v = obj.get(c)
+            if v is None and caption_columns:
+                raise DataError(f"{where}: missing caption column '{c}'")
+            if isinstance(v, str) and v.strip():
+                caps[c] = v
+        rid = str(obj.get("id", Path(img).stem))
+        rec = MemeRecord(rid, base / img, _field(obj, "text", where), _label(obj.get("label"), {0, 1}, where),
+                         split, captions=caps)
+        if ctx.image_ok(rec.img_path, where):
+            out.append(rec)
+    return out
+
+
+@register("mami", "meme", files=("training.csv",), source="MAMI (SemEval-2022 Task 5): "
+          "https://github.com/MIND-Lab/SemEval2022-Task-5-Multimedia-Automatic-Misogyny-Identification-MAMI- "
+          "-> training.csv, test.csv (with labels) and the images beside them")
+def load_mami(root: Path, ctx: _Ctx, splits=None, image_dir: str = ".") -> list[MemeRecord]:
+    sub = ("shaming", "stereotype", "objectification", "violence")
+    out = []
+    for split in _splits(splits, ("train", "test"), "mami"):
+        path = root / ("training.csv" if split == "train" else "test.csv")
+        if not path.exists():
+            raise DataError(f"{path}: missing file for split '{split}'")
+        with open(path, encoding="utf-8", newline="") as f:
+            reader = csv.DictReader(f, delimiter="\t")
+            need = {"file_name", "misogynous", "Text Transcription"}
+            if not need <= set(reader.fieldnames or []):
+                raise DataError(f"{path}: header lacks {sorted(need - set(reader.fieldnames or []))}")
+            for ln, row in enumerate(reader, 2):
+                where = f"{path}: line {ln} (file_name {row.get('file_name')!r})"
+                meta = {k: _label(row[k], {0, 1}, where, k) for k in sub if row.get(k) not in (None, "")}
+                rec = MemeRecord(row["file_name"], root / image_dir / row["file_name"], row["Text Transcription"],
+                                 _label(row["misogynous"], {0, 1}, where, "misogynous"), split, meta=meta)
+                if ctx.image_ok(rec.img_path, where):
+                    out.append(rec)
+    return out
+
+
+MULTIOFF_FILES = {"train": "Training_meme_dataset.csv", "val": "Validation_meme_dataset.csv",
+                  "test": "Testing_meme_dataset.csv"}
+MULTIOFF_LABELS = {"offensive": 1, "non-offensiv": 0, "non-offensive": 0}
+
+
+@register("multioff", "meme", files=("Split Dataset", "Labelled Images"), source="MultiOFF "
+          "(https://github.com/bharathichezhiyan/Multimodal-Meme-Classification-Identifying-Offensive-Content-in-Image-and-Text) "
+          "-> 'Split Dataset/*_meme_dataset.csv' and 'Labelled Images/'")
+def load_multioff(root: Path, ctx: _Ctx, splits=None) -> list[MemeRecord]:
+    out = []
+    for split in _splits(splits, tuple(MULTIOFF_FILES), "multioff"):
+        path = root / "Split Dataset" / MULTIOFF_FILES[split]
+        if not path.exists():
+            raise DataError(f"{path}: missing file for split '{split}'")
+        with open(path, encoding="utf-8", errors="replace", newline="") as f:
+            reader = csv.DictReader(f)
+            for ln, row in enumerate(reader, 2):
+                where = f"{path}: line {ln} (image_name {row.get('image_name')!r})"
+                for k in ("image_name", "sentence", "label"):
+                    if row.get(k) in (None, ""):
+                        raise DataError(f"{where}: missing field '{k}'")
+                lab = MULTIOFF_LABELS.get(row["label"].strip().lower())
+                if lab is None:
+                    raise DataError(f"{where}: field 'label' is {row['label']!r}, not 'offensive' or 'Non-offensiv'")
+                rec = MemeRecord(row["image_name"], root / "Labelled Images" / row["image_name"], row["sentence"],
+                                 lab, split)
+                if ctx.image_ok(rec.img_path, where):
+                    out.append(rec)
+    return out
+
+
+@register("hvli", "meme", files=("train_set.json", "test_set.json"), source="H-VLI (ARCADE release): "
+          "data/train_set.json, data/test_set.json, images under imgs/ (FHM, MMHS150K, H-VLI_images)")
+def load_hvli(root: Path, ctx: _Ctx, splits=None, image_root: str | None = None) -> list[MemeRecord]:
+    base = Path(image_root) if image_root else root
+    out = []
+    for split in _splits(splits, ("train", "test"), "hvli"):
+        path = root / f"{split}_set.json"
+        data = _read_json(path)
+        if not isinstance(data, dict):
+            raise DataError(f"{path}: expected a JSON object keyed by sample id")
+        for sid, obj in data.items():
+            where = f"{path}: sample {sid!r}"
+            labels = {k: _label(_field(obj, k, where, (int, str)), set(HVLI_LABELS), where, k)
+                      for k in ("text_label", "image_label", "final_label")}
+            typ = _field(obj, "type", where)
+            expect = "".join("1" if labels[k] > 0 else "0" for k in ("text_label", "image_label", "final_label"))
+            if typ not in HVLI_TYPES or typ != expect:
+                raise DataError(f"{where}: field 'type' is {typ!r} but the labels give {expect!r}")
+            diff = obj.get("difficulty", HVLI_DIFFICULTY[typ])
+            if diff != HVLI_DIFFICULTY[typ]:
+                raise DataError(f"{where}: field 'difficulty' is {diff!r}; type {typ} is {HVLI_DIFFICULTY[typ]!r}")
+            meta = {**labels, "type": typ, "difficulty": diff, "final_label_multiclass": labels["final_label"]}
+            rec = MemeRecord(str(sid), base / _field(obj, "image_path", where), _field(obj, "tweet_text", where),
+                             int(labels["final_label"] > 0), split, meta=meta)
+            if ctx.image_ok(rec.img_path, where):
+                out.append(rec)
+    return out
+
+
+# ----------------------------------------------------------------------------- explanations
+@register("hatred", "explanation", files=(), source="HatReD (https://github.com/Social-AI-Studio/HatReD): "
+          "fhm_train_reasonings.jsonl, fhm_test_reasonings.jsonl; images are FHM's img/")
+def load_hatred(root: Path, ctx: _Ctx, image_dir: str = "img", splits=None) -> list[ExplanationRecord]:
+    out = []
+    for split in _splits(splits, ("train", "test"), "hatred"):
+        path = root / f"fhm_{split}_reasonings.jsonl"
+        if not path.exists():
+            raise DataError(f"{path}: missing file for split '{split}'")
+        for ln, obj in _read_jsonl(path):
+            where = f"{path}: line {ln} (id {obj.get('id')!r})"
+            targets = _field(obj, "target", where, list)
+            reas = _field(obj, "reasonings", where, list)
+            if not reas or not all(isinstance(r, str) for r in reas):
+                raise DataError(f"{where}: field 'reasonings' must be a non-empty list of strings")
+            rec = ExplanationRecord(str(_field(obj, "id", where, (int, str))),
+                                    root / image_dir / Path(_field(obj, "img", where)).name, targets, reas, split)
+            if ctx.image_ok(rec.img_path, where):
+                out.append(rec)
+    return out
+
+
+@register("memecap", "explanation", files=(), source="MemeCap (https://github.com/eujhwang/meme-cap): "
+          "memes-trainval.json, memes-test.json and the images")
+def load_memecap(root: Path, ctx: _Ctx, image_dir: str = "img", splits=None) -> list[MemeCapRecord]:
+    out = []
+    for split in _splits(splits, ("trainval", "test"), "memecap"):
+        path = root / f"memes-{split}.json"
+        data = _read_json(path)
+        for i, obj in enumerate(data):
+            where = f"{path}: record {i} (img_fname {obj.get('img_fname')!r})"
+            fname = _field(obj, "img_fname", where)
+            rec = MemeCapRecord(Path(fname).stem, root / image_dir / fname, _field(obj, "title", where),
+                                _field(obj, "img_captions", where, list), _field(obj, "meme_captions", where, list),
+                                obj.get("metaphors") or [], split)
+            if ctx.image_ok(rec.img_path, where):
+                out.append(rec)
+    return out
+
+
+@register("memesense", "explanation", files=(), source="MemeSense: a CSV {image_id, image_link, "
+          "description_with_commonsense_parameters, intervention} and its images")
+def load_memesense(root: Path, ctx: _Ctx, file: str = "memesense.csv", image_root: str | None = None
+                   ) -> list[MemeSenseRecord]:
+    path = root / file
+    base = Path(image_root) if image_root else root
+    out = []
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.DictReader(f)
+        for ln, row in enumerate(reader, 2):
+            where = f"{path}: line {ln} (image_id {row.get('image_id')!r})"
+            for k in ("image_id", "image_link", "description_with_commonsense_parameters", "intervention"):
+                if row.get(k) in (None, ""):
+                    raise DataError(f"{where}: missing field '{k}'")
+            rec = MemeSenseRecord(row["image_id"], base / row["image_link"],
+                                  row["description_with_commonsense_parameters"], row["intervention"])
+            if ctx.image_ok(rec.img_path, where):
+                out.append(rec)
+    return out
+
+
+# ----------------------------------------------------------------------------- misalignment
+@register("foil", "alignment", files=(), source="FOIL-COCO test (https://foilunitn.github.io/): the annotation "
+          "JSON and COCO val2014 images")
+def load_foil(root: Path, ctx: _Ctx, file: str = "foil_test.json", img_dir: str = "img") -> list[AlignmentRecord]:
+    path = root / file
+    data = _read_json(path)
+    for k in ("images", "annotations"):
+        if k not in data:
+            raise DataError(f"{path}: missing top-level field '{k}'")
+    files = {}
+    for i, im in enumerate(data["images"]):
+        where = f"{path}: images[{i}]"
+        files[_field(im, "id", where, (int, str))] = _field(im, "file_name", where)
+    by_image: dict[Any, list[str]] = {}
+    for a in data["annotations"]:
+        if not a.get("foil") and str(a.get("foil_word", "ORIG")).upper() == "ORIG":
+            by_image.setdefault(a.get("image_id"), []).append(a.get("caption", ""))
+    out = []
+    for i, a in enumerate(data["annotations"]):
+        where = f"{path}: annotations[{i}] (id {a.get('id')!r})"
+        iid = _field(a, "image_id", where, (int, str))
+        if iid not in files:
+            raise DataError(f"{where}: field 'image_id' {iid!r} is not in 'images'")
+        fw = str(_field(a, "foil_word", where)).strip()
+        is_foil = bool(a["foil"]) if "foil" in a else fw.upper() != "ORIG"
+        cap = _field(a, "caption", where).strip()
+        rec = AlignmentRecord(str(_field(a, "id", where, (int, str))), root / img_dir / files[iid], cap,
+                              [fw] if is_foil else [], references=[c for c in by_image.get(iid, []) if c != cap])
+        if ctx.image_ok(rec.img_path, where):
+            out.append(rec)
+    return out
+
+
+@register("nocaps_foil", "alignment", files=(), source="nocaps-FOIL (CLIP4DM release) JSON and nocaps val images")
+def load_nocaps_foil(root: Path, ctx: _Ctx, file: str = "nocaps_foil.json", img_dir: str = "img"
+                     ) -> list[AlignmentRecord]:
+    """Every item is scored twice: as its foil caption and as the original caption."""
+    path = root / file
+    data = _read_json(path)
+    out = []
+    for i, obj in enumerate(data):
+        where = f"{path}: record {i} (scored as foil and as original)"
+        rep = _field(obj, "replacement", where, list)
+        if len(rep) != 2:
+            raise DataError(f"{where}: field 'replacement' must be [original, new]")
+        img = root / img_dir / _field(obj, "image_path", where)
+        if not ctx.image_ok(img, where):
+            continue
+        refs = obj.get("references") or []
+        dom = _field(obj, "domain", where)
+        foil_is_orig = rep[0] == rep[1]
+        out.append(AlignmentRecord(f"{i}_foil", img, _field(obj, "foil", where).strip(),
+                                   [] if foil_is_orig else [rep[1]], refs, group=dom))
+        out.append(AlignmentRecord(f"{i}_orig", img, _field(obj, "baseline", where).strip(), [], refs, group=dom))
+    return out
+
+
+@register("hat", "alignment", files=(), source="HAT (CLIP4DM release) JSON and its images")
+def load_hat(root: Path, ctx: _Ctx, file: str = "hat.json", img_dir: str = "img") -> list[AlignmentRecord]:
+    path = root / file
+    out = []
+    for i, obj in enumerate(_read_json(path)):
+        where = f"{path}: record {i} (sample_id {obj.get('sample_id')!r})"
+        grounding = _field(obj, "grounding", where, list)
+        tl = []
+        for j, g in enumerate(grounding):
+            if not (isinstance(g, list) and len(g) == 2):
+                raise DataError(f"{where}: field 'grounding[{j}]' must be [token, is_misaligned]")
+            tl.append((str(g[0]), _label(g[1], {0, 1}, where, f"grounding[{j}][1]")))
+        mis = [t.replace(".", "").replace(",", "") for t, m in tl if m]
+        rec = AlignmentRecord(str(_field(obj, "sample_id", where, (int, str))), root / img_dir / _field(obj, "image_path", where),
+                              _field(obj, "caption", where), mis, obj.get("references") or [], token_labels=tl)
+        if ctx.image_ok(rec.img_path, where):
+            out.append(rec)
+    return out
+
+
+@register("richhf", "alignment", files=(), source="RichHF-18K test: export its TFRecord to JSONL "
+          "{filename, prompt, prompt_misalignment_label, misalignment_score} (label '0' = misaligned word)")
+def load_richhf(root: Path, ctx: _Ctx, file: str = "richhf.jsonl", img_dir: str = "img") -> list[AlignmentRecord]:
+    path = root / file
+    out = []
+    for ln, obj in _read_jsonl(path):
+        where = f"{path}: line {ln} (filename {obj.get('filename')!r})"
+        prompt = _field(obj, "prompt", where)
+        labels = _field(obj, "prompt_misalignment_label", where).split()
+        toks = [t for t in prompt.replace(",", " ").replace(".", " ").split() if t]
+        if len(labels) != len(toks):
+            raise DataError(f"{where}: field 'prompt_misalignment_label' has {len(labels)} labels for "
+                            f"{len(toks)} words")
+        tl = [(t, 1 - _label(lab, {0, 1}, where, "prompt_misalignment_label")) for t, lab in zip(toks, labels)]
+        rec = AlignmentRecord(Path(_field(obj, "filename", where)).stem, root / img_dir / obj["filename"], prompt,
+                              [t for t, m in tl if m], token_labels=tl,
+                              score=float(_field(obj, "misalignment_score", where, (int, float))))
+        if ctx.image_ok(rec.img_path, where):
+            out.append(rec)
+    return out
+
+
+@register("seetrue", "alignment", files=(), source="SeeTRUE-Feedback test split (hub dataset "
+          "mismatch-quest/SeeTRUE-Feedback) exported to JSON {image_path, image_caption, caption_misalignment, "
+          "id_in_source_dataset, dataset_source}")
+def load_seetrue(root: Path, ctx: _Ctx, file: str = "seetrue_feedback.json", img_dir: str = "img"
+                 ) -> list[AlignmentRecord]:
+    path = root / file
+    out = []
+    for i, obj in enumerate(_read_json(path)):
+        where = f"{path}: record {i}"
+        rec = AlignmentRecord(f"{i}_{_field(obj, 'id_in_source_dataset', where, (int, str))}",
+                              root / img_dir / _field(obj, "image_path", where), _field(obj, "image_caption", where),
+                              [_field(obj, "caption_misalignment", where)], group=obj.get("dataset_source"))
+        if ctx.image_ok(rec.img_path, where):
+            out.append(rec)
+    return out
+
+
+def memeworld_sources(out: Path | str) -> dict[str, dict[str, Any]]:
+    """Where each dataset view lives inside a MemeWorld folder: name -> {root, loader kwargs}."""
+    out = Path(out)
+    return {
+        "fhm": {"root": str(out)},
+        "trace": {"root": str(out / "trace"), "file": "fhm_gold_captions.json", "image_root": str(out)},
+        "mami": {"root": str(out / "mami"), "image_dir": "../img"},
+        "multioff": {"root": str(out / "multioff")},
+        "hvli": {"root": str(out / "hvli"), "image_root": str(out)},
+        "hatred": {"root": str(out / "hatred"), "image_dir": "../img"},
+        "memecap": {"root": str(out / "memecap"), "image_dir": "../img"},
+        "memesense": {"root": str(out / "memesense"), "image_root": str(out)},
+        "foil": {"root": str(out / "foil"), "img_dir": "../img"},
+        "nocaps_foil": {"root": str(out / "nocaps_foil"), "img_dir": "../img"},
+        "hat": {"root": str(out / "hat"), "img_dir": "../img"},
+        "richhf": {"root": str(out / "richhf"), "img_dir": "../img"},
+        "seetrue": {"root": str(out / "seetrue"), "img_dir": "../img"},
+    }
+
+
+def load_source(name: str, source: dict[str, Any], strict: bool = True, check_images: str = "exists") -> Dataset:
+    """Load a dataset from a {root, **kwargs} entry (a profile's `datasets` section)."""
+    kw = dict(source)
+    root = kw.pop("root")
+    return load(name, root, strict=strict, check_images=check_images, **kw)

@@ -1,0 +1,188 @@
+"""Every registered loader reads MemeWorld's files in the real formats, and rejects bad input
+with a message naming the file, the record and the field."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from lib.datasets import REGISTRY, DataError, load, load_source, memeworld_sources
+
+NAMES = sorted(REGISTRY)
+
+
+@pytest.fixture
+def world(memeworld_small, tmp_path):
+    """A private copy of the small MemeWorld, so a test may break files."""
+    src, _ = memeworld_small
+    dst = tmp_path / "mw"
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_loader_reads_memeworld(memeworld_small, name):
+    out, _ = memeworld_small
+    ds = load_source(name, memeworld_sources(out)[name], check_images="decode")
+    assert len(ds) > 0 and ds.report == []
+    rec = ds.records[0]
+    assert rec.img_path.is_file()
+    img = rec.image()  # decoded lazily, on use
+    assert img.size == (128, 128) and img.mode == "RGB"
+
+
+def test_every_dataset_view_is_written(memeworld_small):
+    out, _ = memeworld_small
+    assert set(memeworld_sources(out)) == set(REGISTRY)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_missing_image_strict_fails_lenient_reports(world, name):
+    src = memeworld_sources(world)[name]
+    ds = load_source(name, src)
+    victim = ds.records[0].img_path
+    victim.unlink()
+    with pytest.raises(DataError) as e:
+        load_source(name, src, strict=True)
+    assert str(victim) in str(e.value) and "'img'" in str(e.value)
+    lenient = load_source(name, src, strict=False)
+    assert lenient.report and "skipped" in lenient.report[0]
+    # nothing silently dropped: every record is either loaded or reported
+    n_victim = sum(r.img_path == victim for r in ds.records)
+    assert len(lenient) == len(ds) - n_victim and 1 <= len(lenient.report) <= n_victim
+
+
+def test_undecodable_image_is_caught_when_decoding(world):
+    src = memeworld_sources(world)["fhm"]
+    rec = load_source("fhm", src).records[5]
+    rec.img_path.write_bytes(b"not a png")
+    load_source("fhm", src, check_images="exists")  # existence alone passes
+    with pytest.raises(DataError, match="cannot be decoded"):
+        load_source("fhm", src, check_images="decode")
+
+
+JSON_FILES = {"foil": "foil/foil_test.json", "nocaps_foil": "nocaps_foil/nocaps_foil.json", "hat": "hat/hat.json",
+              "seetrue": "seetrue/seetrue_feedback.json", "hvli": "hvli/train_set.json",
+              "trace": "trace/fhm_gold_captions.json", "memecap": "memecap/memes-test.json"}
+JSONL_FILES = {"fhm": "dev_seen.jsonl", "hatred": "hatred/fhm_test_reasonings.jsonl", "richhf": "richhf/richhf.jsonl"}
+
+
+@pytest.mark.parametrize("name", sorted(JSON_FILES))
+def test_malformed_json_names_file_and_position(world, name):
+    p = world / JSON_FILES[name]
+    p.write_text(p.read_text()[:-40])
+    with pytest.raises(DataError, match=rf"{p.name}: malformed JSON at line \d+"):
+        load_source(name, memeworld_sources(world)[name])
+
+
+@pytest.mark.parametrize("name", sorted(JSONL_FILES))
+def test_malformed_jsonl_names_line(world, name):
+    p = world / JSONL_FILES[name]
+    lines = p.read_text().splitlines()
+    lines[2] = lines[2][:-5]
+    p.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=rf"{p.name}: line 3: malformed JSON"):
+        load_source(name, memeworld_sources(world)[name])
+
+
+def _edit_jsonl(p: Path, idx: int, fn):
+    rows = [json.loads(l) for l in p.read_text().splitlines()]
+    fn(rows, idx)
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_fhm_label_outside_set(world):
+    _edit_jsonl(world / "train.jsonl", 4, lambda rows, i: rows[i].update(label=2))
+    with pytest.raises(DataError, match=r"train.jsonl: line 5 \(id \d+\): field 'label' is 2, not one of \[0, 1\]"):
+        load("fhm", world)
+
+
+def test_fhm_missing_field(world):
+    _edit_jsonl(world / "test_seen.jsonl", 0, lambda rows, i: rows[i].pop("text"))
+    with pytest.raises(DataError, match=r"test_seen.jsonl: line 1 .*missing field 'text'"):
+        load("fhm", world)
+
+
+def test_fhm_duplicate_ids(world):
+    _edit_jsonl(world / "train.jsonl", 1, lambda rows, i: rows[i].update(id=rows[0]["id"]))
+    with pytest.raises(DataError, match="duplicate id"):
+        load("fhm", world)
+
+
+def test_unknown_split_is_an_error(world):
+    with pytest.raises(DataError, match=r"no split 'dev'.*train, dev_seen"):
+        load("fhm", world, splits=["dev"])
+    with pytest.raises(DataError, match="no split 'validation'"):
+        load("multioff", world / "multioff", splits=["validation"])
+
+
+def test_trace_record_with_unknown_split(world):
+    p = world / "trace" / "fhm_gold_captions.json"
+    rows = json.loads(p.read_text())
+    rows[3]["split"] = "holdout"
+    p.write_text(json.dumps(rows))
+    with pytest.raises(DataError, match=r"record 3 .*field 'split' is 'holdout'"):
+        load_source("trace", memeworld_sources(world)["trace"])
+
+
+def test_hvli_type_must_match_labels(world):
+    p = world / "hvli" / "train_set.json"
+    data = json.loads(p.read_text())
+    sid = next(iter(data))
+    data[sid]["type"] = "111" if data[sid]["type"] != "111" else "000"
+    p.write_text(json.dumps(data))
+    with pytest.raises(DataError, match=rf"sample '{sid}': field 'type'"):
+        load_source("hvli", memeworld_sources(world)["hvli"])
+
+
+def test_multioff_bad_label(world):
+    p = world / "multioff" / "Split Dataset" / "Testing_meme_dataset.csv"
+    lines = p.read_text().splitlines()
+    lines[1] = lines[1].rsplit(",", 1)[0] + ",maybe"
+    p.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"Testing_meme_dataset.csv: line 2 .*field 'label' is 'maybe'"):
+        load("multioff", world / "multioff")
+
+
+def test_mami_subtask_label_outside_set(world):
+    p = world / "mami" / "test.csv"
+    lines = p.read_text().splitlines()
+    cells = lines[1].split("\t")
+    cells[2] = "7"
+    lines[1] = "\t".join(cells)
+    p.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=r"test.csv: line 2 .*field 'shaming' is '7'"):
+        load_source("mami", memeworld_sources(world)["mami"])
+
+
+def test_richhf_label_count_mismatch(world):
+    p = world / "richhf" / "richhf.jsonl"
+    _edit_jsonl(p, 0, lambda rows, i: rows[i].update(prompt_misalignment_label="1 0"))
+    with pytest.raises(DataError, match=r"line 1 .*has 2 labels for \d+ words"):
+        load_source("richhf", memeworld_sources(world)["richhf"])
+
+
+def test_missing_files_message_names_source(tmp_path):
+    with pytest.raises(FileNotFoundError, match="Split Dataset.*get it from: MultiOFF"):
+        load("multioff", tmp_path)
+
+
+def test_nocaps_items_are_scored_twice_and_richhf_zero_means_misaligned(memeworld_small):
+    out, _ = memeworld_small
+    src = memeworld_sources(out)
+    raw = json.loads((out / "nocaps_foil" / "nocaps_foil.json").read_text())
+    nc = load_source("nocaps_foil", src["nocaps_foil"])
+    assert len(nc) == 2 * len(raw) and sum(r.is_foil for r in nc) == len(raw)
+    rh = load_source("richhf", src["richhf"]).records[0]
+    raw0 = json.loads((out / "richhf" / "richhf.jsonl").read_text().splitlines()[0])
+    zeros = [i for i, l in enumerate(raw0["prompt_misalignment_label"].split()) if l == "0"]
+    assert [i for i, (_, m) in enumerate(rh.token_labels) if m] == zeros and rh.is_foil
+
+
+def test_foil_references_are_the_other_original_captions(memeworld_small):
+    out, _ = memeworld_small
+    ds = load_source("foil", memeworld_sources(out)["foil"])
+    foils = [r for r in ds if r.is_foil]
+    origs = {r.img_path: r.caption for r in ds if not r.is_foil}
+    assert foils and all(r.references == [origs[r.img_path]] for r in foils)
+    assert all(r.misaligned_words[0] in r.caption.split() for r in foils)
