@@ -33,7 +33,10 @@ def build_memeworld(profile: str, params: dict[str, Any], force: bool = False) -
     from lib.memeworld import write_memeworld
     out = stage_dir(profile, STAGE) / "memeworld"
     keys = ("memeworld_n", "memeworld_seed", "memeworld_n_multioff", "image_size", "label_noise", "confounder_rate")
-    wanted = {k: params[k] for k in keys}
+    from lib import memeworld
+    from lib.artifacts import file_digest
+    # the generator's source is part of the cache key: a change to its rules rebuilds the world
+    wanted = {**{k: params[k] for k in keys}, "generator_sha256": file_digest(memeworld.__file__)[:16]}
     stamp = out / "params.json"
     if not force and stamp.exists() and read_json(stamp) == wanted and (out / "datasheet.json").exists():
         print(f"MemeWorld unchanged: reusing {relpath(out)}")
