@@ -186,3 +186,14 @@ def test_foil_references_are_the_other_original_captions(memeworld_small):
     origs = {r.img_path: r.caption for r in ds if not r.is_foil}
     assert foils and all(r.references == [origs[r.img_path]] for r in foils)
     assert all(r.misaligned_words[0] in r.caption.split() for r in foils)
+
+
+def test_memesense_missing_intervention(world):
+    import csv
+    p = world / "memesense" / "memesense.csv"
+    rows = list(csv.reader(p.open(newline="")))
+    rows[1][3] = ""
+    with p.open("w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    with pytest.raises(DataError, match=r"memesense.csv: line 2 .*missing field 'intervention'"):
+        load_source("memesense", memeworld_sources(world)["memesense"])
