@@ -50,14 +50,17 @@ def scrub_notebook(path: Path, output_path: Path | None = None) -> None:
     secrets = [v for k, v in os.environ.items() if SECRET_ENV.search(k) and len(v) >= 8]
     replacements = [(str(ROOT) + "/", ""), (str(ROOT), "."), (os.path.expanduser("~") + "/", "~/")]
     for cell in nb.cells:
+        if "injected-parameters" in cell.metadata.get("tags", []):
+            cell["id"] = "injected-parameters"  # papermill draws a random id on every run
         cell.metadata.pop("papermill", None)
         cell.metadata.pop("execution", None)
         if cell.cell_type != "code":
             continue
         kept = []
         for out in cell.get("outputs", []):
-            if out.get("output_type") == "stream" and out.get("name") == "stderr" and _TQDM.search(out.get("text", "")):
-                continue  # progress bars: useful live, churn in a saved notebook
+            if out.get("output_type") == "stream" and out.get("name") == "stderr" and (
+                    _TQDM.search(out.get("text", "")) or not out.get("text", "").strip()):
+                continue  # progress bars (and their blank leftovers): useful live, churn when saved
             blob = json.dumps(out)
             for old, new in replacements:
                 blob = blob.replace(json.dumps(old)[1:-1], json.dumps(new)[1:-1])
@@ -66,6 +69,10 @@ def scrub_notebook(path: Path, output_path: Path | None = None) -> None:
             kept.append(nbformat.from_dict(json.loads(blob)))
         cell.outputs = kept
     write_text(path, nbformat.writes(nb) + "\n")
+
+
+class StageError(RuntimeError):
+    """A stage failed; the message says which, where, and the error it raised."""
 
 
 def run_notebook(stage: Stage, profile: str, params: dict) -> Path:
@@ -83,9 +90,19 @@ def run_notebook(stage: Stage, profile: str, params: dict) -> Path:
         pm.execute_notebook(str(src.relative_to(ROOT)), str(tmp.relative_to(ROOT)), parameters=parameters,
                             cwd=str(src.parent), kernel_name="python3", progress_bar=True,
                             report_mode=False, request_save_on_cell_execute=False)
-    finally:
+    except pm.PapermillExecutionError as e:
+        # keep the committed notebook; park the failed run where it can be inspected
+        failed = ROOT / "artifacts" / profile / "notebooks" / f"FAILED_{src.name}"
+        failed.parent.mkdir(parents=True, exist_ok=True)
         if tmp.exists():
-            scrub_notebook(tmp, output_path=out.relative_to(ROOT))
+            scrub_notebook(tmp, output_path=failed.relative_to(ROOT))
+            os.replace(tmp, failed)
+        raise StageError(f"{stage.label} failed (profile {profile}) in cell {e.exec_count}:\n"
+                         f"{e.ename}: {e.evalue}\n(executed notebook: {failed.relative_to(ROOT)})") from None
+    finally:
+        if tmp.exists() and sys.exc_info()[0] is not None:
+            tmp.unlink()
+    scrub_notebook(tmp, output_path=out.relative_to(ROOT))
     os.replace(tmp, out)  # the executed notebook replaces the old one only when it ran through
     return out
 
@@ -107,10 +124,14 @@ def reproduce(profile: str, only: str | None) -> int:
     for st in chosen:
         t0 = time.time()
         print(f"== {st.name} ({st.label}, profile {profile})", flush=True)
-        if st.notebook is not None:
-            run_notebook(st, profile, sections[st.name])
-        else:
-            run_module(st, profile)
+        try:
+            if st.notebook is not None:
+                run_notebook(st, profile, sections[st.name])
+            else:
+                run_module(st, profile)
+        except (StageError, subprocess.CalledProcessError) as e:
+            print(f"\nerror: {e}", file=sys.stderr)
+            return 1
         print(f"== {st.name} done in {time.time() - t0:.0f}s", flush=True)
     from lib.results import update_readme
     update_readme(ROOT / "README.md")

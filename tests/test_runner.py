@@ -19,6 +19,7 @@ def _nb_with_outputs(tmp_path):
         nbformat.v4.new_output("stream", name="stdout", text=f"saved {ROOT}/figures/a.png key=sk-SECRETSECRET\n"),
         nbformat.v4.new_output("stream", name="stderr", text="load: 100%|██████████| 13/13 [00:01<00:00, 9.1it/s]"),
         nbformat.v4.new_output("stream", name="stderr", text="a real warning\n"),
+        nbformat.v4.new_output("stream", name="stderr", text="\n"),
     ]
     nb.cells.append(c)
     p = tmp_path / "x.ipynb"
