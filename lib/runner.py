@@ -87,7 +87,7 @@ def run_notebook(stage: Stage, profile: str, params: dict) -> Path:
     tmp = out.with_name(f".{out.stem}.running.ipynb")
     parameters = {"profile": profile, **params}
     try:
-        pm.execute_notebook(str(src.relative_to(ROOT)), str(tmp.relative_to(ROOT)), parameters=parameters,
+        pm.execute_notebook(os.path.relpath(src, ROOT), os.path.relpath(tmp, ROOT), parameters=parameters,
                             cwd=str(src.parent), kernel_name="python3", progress_bar=True,
                             report_mode=False, request_save_on_cell_execute=False)
     except pm.PapermillExecutionError as e:

@@ -79,3 +79,30 @@ def test_readme_results_table_from_metrics(tmp_path, monkeypatch):
     text = readme.read_text()
     assert "| 02_x | `auroc` | 0.9123 |" in text and "| 02_x | `n` | 7 |" in text and "old" not in text
     assert "Profile `embedded`" in text and "CPU cores" in text and text.endswith("end\n")
+
+
+def test_failing_stage_keeps_notebook_and_parks_the_failed_run(tmp_path):
+    import shutil
+
+    import pytest
+
+    from lib.params import Stage
+    from lib.runner import StageError, run_notebook
+    nb = nbformat.v4.new_notebook()
+    p = nbformat.v4.new_code_cell('profile = "embedded"\nroot = "x"')
+    p.metadata["tags"] = ["parameters"]
+    nb.cells = [p, nbformat.v4.new_code_cell("raise FileNotFoundError(f'missing {root}')")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    src = tmp_path / "09_fail.ipynb"
+    nbformat.write(nb, str(src))
+    before = src.read_text()
+    profile = "pytest-failing-stage"
+    try:
+        with pytest.raises(StageError) as e:
+            run_notebook(Stage("09_fail", notebook=src), profile, {"root": "data/fhm"})
+        assert "FileNotFoundError: missing data/fhm" in str(e.value)
+        failed = ROOT / "artifacts" / profile / "notebooks" / "FAILED_09_fail.ipynb"
+        assert failed.exists() and src.read_text() == before
+        assert not list(tmp_path.glob(".*running*"))
+    finally:
+        shutil.rmtree(ROOT / "artifacts" / profile, ignore_errors=True)
