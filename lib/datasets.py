@@ -334,9 +334,8 @@ def load_trace(root: Path, ctx: _Ctx, file: str = "trace.json", caption_columns:
     return out
 
 
-@register("mami", "meme", files=("training.csv",), source="MAMI (SemEval-2022 Task 5): "
-          "https://github.com/MIND-Lab/SemEval2022-Task-5-Multimedia-Automatic-Misogyny-Identification-MAMI- "
-          "-> training.csv, test.csv (with labels) and the images beside them")
+@register("mami", "meme", files=("training.csv",), source="MAMI (SemEval-2022 Task 5, the MIND-Lab "
+          "release on GitHub) -> training.csv, test.csv (with labels) and the images beside them")
 def load_mami(root: Path, ctx: _Ctx, splits=None, image_dir: str = ".") -> list[MemeRecord]:
     sub = ("shaming", "stereotype", "objectification", "violence")
     out = []
