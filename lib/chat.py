@@ -1,0 +1,591 @@
+"""Generative chat models behind one protocol and one response cache.
+
+    chat = load_chat("memeworld-vlm", cache="artifacts/embedded/cache/responses.sqlite")
+    r = chat.generate([user(image, "Describe the image.")], GenParams(max_new_tokens=40))
+    r.text, r.status, r.usage, r.cost_usd
+
+Messages are `{"role": ..., "content": [parts]}` with parts `{"type": "text", "text": ...}` or
+`{"type": "image", "image": PIL.Image | path | bytes}`, interleaved freely (few-shot prompts
+put several images in one conversation). Every backend returns a `ChatResult` with the text,
+a status (`ok`, `refused`, `blocked`, `failed`), token usage and cost.
+
+Backends:
+- `HFChatBackend`: a local or hub Hugging Face image-text-to-text model through
+  `AutoModelForImageTextToText` and its processor's chat template (InternVL3.5, Pixtral,
+  Qwen2.5-VL, PaliGemma, and the compendium's own memeworld-vlm);
+- `OpenAICompatibleBackend`: any `/v1/chat/completions` endpoint (OpenAI, Gemini's and
+  Qwen's compatible endpoints, vLLM, Ollama, LM Studio) with timeouts, retries with
+  backoff on 429/5xx/timeouts/malformed bodies honouring Retry-After, key rotation over
+  NAME, NAME_1, NAME_2... from the environment or a git-ignored `.env`, refusals and
+  safety blocks recorded as such, token usage and cost counted.
+
+`Chat` puts the one `ResponseCache` (SQLite) in front of a backend: the key hashes the
+model's identity and revision, the messages (images by their bytes) and the decoding
+parameters, never a key or a header. Each answer is stored the moment it arrives, so a
+rerun costs zero calls and a crash loses nothing already answered; identical requests in
+one batch are sent once; several processes may share one cache file.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import itertools
+import json
+import os
+import random
+import sqlite3
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+from lib import ROOT
+from lib.presets import Preset, PresetError, get_preset, torch_dtype
+
+STATUSES = ("ok", "refused", "blocked", "failed")
+
+
+# ----------------------------------------------------------------------------- messages
+@dataclass(frozen=True)
+class GenParams:
+    """Decoding parameters; part of the cache key."""
+    temperature: float = 0.0
+    max_new_tokens: int = 256
+    seed: int = 0
+    top_p: float = 1.0
+    json_mode: bool = False      # ask an HTTP endpoint for a JSON object (response_format)
+
+
+@dataclass
+class ChatResult:
+    text: str
+    status: str = "ok"                       # ok | refused | blocked | failed
+    usage: dict[str, int] = field(default_factory=lambda: {"prompt_tokens": 0, "completion_tokens": 0})
+    cost_usd: float = 0.0
+    finish_reason: str | None = None
+    error: str | None = None
+    model: str = ""
+    attempts: int = 1
+    from_cache: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("from_cache")
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "ChatResult":
+        return cls(**{**d, "from_cache": True})
+
+
+def text(t: str) -> dict[str, Any]:
+    return {"type": "text", "text": t}
+
+
+def image(img) -> dict[str, Any]:
+    return {"type": "image", "image": img}
+
+
+def user(*parts) -> dict[str, Any]:
+    """A user turn; strings become text parts, anything else an image part."""
+    return {"role": "user", "content": [p if isinstance(p, dict) else (text(p) if isinstance(p, str) else image(p))
+                                        for p in parts]}
+
+
+def assistant(t: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": [text(t)]}
+
+
+def system(t: str) -> dict[str, Any]:
+    return {"role": "system", "content": [text(t)]}
+
+
+def image_bytes(img) -> bytes:
+    """The bytes that identify an image part: file bytes for paths and bytes, PNG for PIL images."""
+    if isinstance(img, (bytes, bytearray)):
+        return bytes(img)
+    if isinstance(img, (str, Path)):
+        return Path(img).read_bytes()
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _parts(msg: dict[str, Any]) -> list[dict[str, Any]]:
+    c = msg.get("content")
+    if isinstance(c, str):
+        return [text(c)]
+    if not isinstance(c, list):
+        raise ValueError(f"message content must be a string or a list of parts, got {type(c).__name__}")
+    return c
+
+
+def canonical(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages with every image replaced by the sha256 of its bytes (for cache keys)."""
+    out = []
+    for i, m in enumerate(messages):
+        if "role" not in m:
+            raise ValueError(f"message {i} has no 'role'")
+        parts = []
+        for p in _parts(m):
+            if p.get("type") == "image":
+                parts.append({"type": "image", "sha256": hashlib.sha256(image_bytes(p["image"])).hexdigest()})
+            elif p.get("type") == "text":
+                parts.append({"type": "text", "text": p["text"]})
+            else:
+                raise ValueError(f"message {i}: unknown part type {p.get('type')!r} (text or image)")
+        out.append({"role": m["role"], "content": parts})
+    return out
+
+
+def cache_key(identity: dict[str, Any], messages: Sequence[dict[str, Any]], params: GenParams) -> str:
+    blob = json.dumps({"model": identity, "messages": canonical(messages), "params": asdict(params)},
+                      sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+# ----------------------------------------------------------------------------- cache
+class ResponseCache:
+    """SQLite store of answers keyed by request hash; safe across threads and processes."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        with self._conn() as c:
+            c.execute("CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, model TEXT, status TEXT, "
+                      "created REAL, payload TEXT NOT NULL)")
+
+    def _conn(self) -> sqlite3.Connection:
+        c = getattr(self._local, "conn", None)
+        if c is None:
+            c = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None)
+            c.execute("PRAGMA journal_mode=WAL")
+            c.execute("PRAGMA synchronous=NORMAL")
+            c.execute("PRAGMA busy_timeout=60000")
+            self._local.conn = c
+        return c
+
+    def get(self, key: str) -> ChatResult | None:
+        row = self._conn().execute("SELECT payload FROM responses WHERE key=?", (key,)).fetchone()
+        return ChatResult.from_json(json.loads(row[0])) if row else None
+
+    def put(self, key: str, result: ChatResult) -> None:
+        """Store an answer; a failure never overwrites an answer already stored."""
+        payload = json.dumps(result.to_json(), ensure_ascii=False)
+        c = self._conn()
+        if result.status == "failed":
+            c.execute("INSERT OR IGNORE INTO responses VALUES (?,?,?,?,?)",
+                      (key, result.model, result.status, time.time(), payload))
+        else:
+            c.execute("INSERT INTO responses VALUES (?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET "
+                      "status=excluded.status, created=excluded.created, payload=excluded.payload "
+                      "WHERE responses.status='failed'",
+                      (key, result.model, result.status, time.time(), payload))
+
+    def __len__(self) -> int:
+        return self._conn().execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+
+    def counts(self) -> dict[str, int]:
+        return dict(self._conn().execute("SELECT status, COUNT(*) FROM responses GROUP BY status").fetchall())
+
+
+# ----------------------------------------------------------------------------- protocol
+class ChatBackend(Protocol):
+    def identity(self) -> dict[str, Any]: ...          # model id + revision (+ weights digest): cache key
+
+    def complete(self, messages: Sequence[dict[str, Any]], params: GenParams) -> ChatResult: ...
+
+
+@dataclass
+class ChatStats:
+    requests: int = 0          # calls that reached the backend
+    cache_hits: int = 0
+    failed: int = 0
+    refused: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+
+
+class Chat:
+    """A backend behind the response cache, with batching over a bounded thread pool."""
+
+    def __init__(self, backend: ChatBackend, cache: ResponseCache | str | Path | None = None,
+                 retry_failed: bool = False, max_workers: int = 4, name: str = ""):
+        self.backend = backend
+        self.cache = ResponseCache(cache) if isinstance(cache, (str, Path)) else cache
+        self.retry_failed = retry_failed
+        self.max_workers = max_workers
+        self.name = name
+        self.stats = ChatStats()
+        self._lock = threading.Lock()
+
+    def key(self, messages, params: GenParams) -> str:
+        return cache_key(self.backend.identity(), messages, params)
+
+    def _lookup(self, key: str) -> ChatResult | None:
+        if self.cache is None:
+            return None
+        hit = self.cache.get(key)
+        if hit is None or (hit.status == "failed" and self.retry_failed):
+            return None
+        return hit
+
+    def _call(self, key: str, messages, params: GenParams) -> ChatResult:
+        with self._lock:
+            self.stats.requests += 1
+        res = self.backend.complete(messages, params)
+        if self.cache is not None:
+            self.cache.put(key, res)
+        with self._lock:
+            self.stats.failed += res.status == "failed"
+            self.stats.refused += res.status in ("refused", "blocked")
+            self.stats.prompt_tokens += res.usage.get("prompt_tokens", 0)
+            self.stats.completion_tokens += res.usage.get("completion_tokens", 0)
+            self.stats.cost_usd += res.cost_usd
+        return res
+
+    def generate(self, messages: Sequence[dict[str, Any]], params: GenParams = GenParams()) -> ChatResult:
+        key = self.key(messages, params)
+        hit = self._lookup(key)
+        if hit is not None:
+            self.stats.cache_hits += 1
+            return hit
+        return self._call(key, messages, params)
+
+    def generate_many(self, conversations: Sequence[Sequence[dict[str, Any]]], params: GenParams = GenParams(),
+                      max_workers: int | None = None, desc: str | None = None,
+                      progress: bool = True) -> list[ChatResult]:
+        """Answers in input order. Cached answers are replayed, identical requests sent once,
+        the rest run on a bounded pool; each answer is cached as soon as it arrives."""
+        from tqdm.auto import tqdm
+        keys = [self.key(m, params) for m in conversations]
+        results: dict[str, ChatResult] = {}
+        todo: dict[str, Sequence[dict[str, Any]]] = {}
+        for k, m in zip(keys, conversations):
+            if k in results or k in todo:
+                continue
+            hit = self._lookup(k)
+            if hit is not None:
+                results[k] = hit
+                self.stats.cache_hits += 1
+            else:
+                todo[k] = m
+        bar = tqdm(total=len(todo), desc=desc or f"chat {self.name}".strip(), disable=not progress or not todo)
+        workers = max(1, min(max_workers or self.max_workers, len(todo) or 1))
+        pool = ThreadPoolExecutor(max_workers=workers)
+        try:
+            futs = {pool.submit(self._call, k, m, params): k for k, m in todo.items()}
+            for fut in as_completed(futs):
+                results[futs[fut]] = fut.result()
+                bar.update(1)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            bar.close()
+        return [results[k] for k in keys]
+
+
+# ----------------------------------------------------------------------------- API keys
+def read_dotenv(path: str | Path) -> dict[str, str]:
+    """KEY=VALUE lines of a .env file (comments and `export ` allowed; quotes stripped)."""
+    out: dict[str, str] = {}
+    p = Path(path)
+    if not p.exists():
+        return out
+    for line in p.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        if line.startswith("export "):
+            line = line[len("export "):]
+        k, v = line.split("=", 1)
+        out[k.strip()] = v.strip().strip("'\"")
+    return out
+
+
+def api_keys(name: str, env_file: str | Path | None = None) -> list[str]:
+    """NAME, then NAME_1, NAME_2, ... from the environment, falling back to `.env`."""
+    env = {**read_dotenv(env_file if env_file is not None else ROOT / ".env"), **os.environ}
+    keys = [env[name]] if env.get(name) else []
+    i = 1
+    while env.get(f"{name}_{i}"):
+        keys.append(env[f"{name}_{i}"])
+        i += 1
+    return list(dict.fromkeys(keys))
+
+
+class KeyRing:
+    """Round-robin over API keys; a key the server rejects (401/403) is retired."""
+
+    def __init__(self, keys: Sequence[str]):
+        self._keys = list(keys)
+        self._dead: set[str] = set()
+        self._cycle = itertools.cycle(range(len(self._keys))) if self._keys else None
+        self._lock = threading.Lock()
+
+    def next(self) -> str | None:
+        with self._lock:
+            if not self._keys:
+                return None
+            for _ in range(len(self._keys)):
+                k = self._keys[next(self._cycle)]
+                if k not in self._dead:
+                    return k
+            return None
+
+    def retire(self, key: str) -> None:
+        with self._lock:
+            self._dead.add(key)
+
+    @property
+    def alive(self) -> int:
+        return len([k for k in self._keys if k not in self._dead])
+
+
+# ----------------------------------------------------------------------------- HTTP backend
+RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        from email.utils import parsedate_to_datetime
+        try:
+            return max(0.0, parsedate_to_datetime(value).timestamp() - time.time())
+        except (TypeError, ValueError):
+            return None
+
+
+class OpenAICompatibleBackend:
+    """POST /chat/completions on any OpenAI-compatible server."""
+
+    def __init__(self, model: str, base_url: str, keys: Sequence[str] = (), revision: str | None = None,
+                 timeout_s: float = 60.0, max_retries: int = 5, backoff_s: float = 1.0, max_backoff_s: float = 60.0,
+                 price_in: float = 0.0, price_out: float = 0.0, api_key_optional: bool = False,
+                 sleep: Callable[[float], None] = time.sleep):
+        import httpx
+        self.model = model
+        self.revision = revision
+        self.base_url = base_url.rstrip("/")
+        self.keys = KeyRing(keys)
+        if not keys and not api_key_optional:
+            raise PresetError(f"no API key for {model} at {base_url}: set the environment variable (or .env entry) "
+                              f"named by the preset's api_key_env, optionally NAME_1, NAME_2... for rotation")
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.price_in, self.price_out = price_in, price_out
+        self._sleep = sleep
+        self._client = httpx.Client(timeout=httpx.Timeout(timeout_s), limits=httpx.Limits(max_connections=64))
+
+    def identity(self) -> dict[str, Any]:
+        return {"model": self.model, "revision": self.revision, "endpoint": "openai_compatible"}
+
+    @staticmethod
+    def _wire_messages(messages) -> list[dict[str, Any]]:
+        out = []
+        for m in messages:
+            parts = []
+            for p in _parts(m):
+                if p["type"] == "text":
+                    parts.append({"type": "text", "text": p["text"]})
+                else:
+                    b = image_bytes(p["image"])
+                    mime = "image/jpeg" if b[:3] == b"\xff\xd8\xff" else "image/png"
+                    if mime == "image/png" and not b.startswith(b"\x89PNG"):
+                        from PIL import Image
+                        buf = io.BytesIO()
+                        Image.open(io.BytesIO(b)).save(buf, format="PNG")
+                        b = buf.getvalue()
+                    parts.append({"type": "image_url",
+                                  "image_url": {"url": f"data:{mime};base64,{base64.b64encode(b).decode()}"}})
+            if all(p["type"] == "text" for p in parts):
+                out.append({"role": m["role"], "content": "".join(p["text"] for p in parts)})
+            else:
+                out.append({"role": m["role"], "content": parts})
+        return out
+
+    def _body(self, messages, params: GenParams) -> dict[str, Any]:
+        body = {"model": self.model, "messages": self._wire_messages(messages), "temperature": params.temperature,
+                "max_tokens": params.max_new_tokens, "seed": params.seed, "top_p": params.top_p}
+        if params.json_mode:
+            body["response_format"] = {"type": "json_object"}
+        return body
+
+    def _cost(self, usage: dict[str, int]) -> float:
+        return (usage.get("prompt_tokens", 0) * self.price_in + usage.get("completion_tokens", 0) * self.price_out) / 1e6
+
+    def _parse(self, data: dict[str, Any], attempts: int) -> ChatResult:
+        choice = data["choices"][0]
+        msg = choice.get("message") or {}
+        usage = {"prompt_tokens": int((data.get("usage") or {}).get("prompt_tokens", 0)),
+                 "completion_tokens": int((data.get("usage") or {}).get("completion_tokens", 0))}
+        finish = choice.get("finish_reason")
+        res = ChatResult(text=msg.get("content") or "", usage=usage, cost_usd=self._cost(usage), finish_reason=finish,
+                         model=self.model, attempts=attempts)
+        if msg.get("refusal"):
+            res.status, res.text, res.error = "refused", msg.get("content") or "", str(msg["refusal"])
+        elif finish in ("content_filter", "safety", "SAFETY", "prohibited_content"):
+            res.status, res.error = "blocked", f"finish_reason={finish}"
+        return res
+
+    def complete(self, messages, params: GenParams) -> ChatResult:
+        import httpx
+        body = self._body(messages, params)
+        last_error = "no attempt"
+        attempt = 0
+        while attempt <= self.max_retries:
+            attempt += 1
+            key = self.keys.next()
+            if key is None and self.keys._keys:
+                return ChatResult("", "failed", error="every API key was rejected (401/403)", model=self.model,
+                                  attempts=attempt)
+            headers = {"Content-Type": "application/json"}
+            if key:
+                headers["Authorization"] = f"Bearer {key}"
+            wait = None
+            try:
+                r = self._client.post(f"{self.base_url}/chat/completions", json=body, headers=headers)
+            except httpx.TimeoutException:
+                last_error = f"timeout after {self.timeout_s}s"
+            except httpx.TransportError as e:
+                last_error = f"transport error: {type(e).__name__}"
+            else:
+                if r.status_code in (401, 403) and key:
+                    self.keys.retire(key)
+                    last_error = f"HTTP {r.status_code}: key rejected"
+                    attempt -= 1 if self.keys.alive else 0   # a rejected key is not a retry of the request
+                    continue
+                if r.status_code in RETRY_STATUS:
+                    last_error = f"HTTP {r.status_code}"
+                    wait = _retry_after(r.headers.get("retry-after"))
+                elif r.status_code >= 400:
+                    return ChatResult("", "failed", error=f"HTTP {r.status_code}: {r.text[:300]}", model=self.model,
+                                      attempts=attempt)
+                else:
+                    try:
+                        return self._parse(r.json(), attempt)
+                    except (ValueError, KeyError, IndexError, TypeError) as e:
+                        last_error = f"malformed response body ({type(e).__name__})"
+            if attempt > self.max_retries:
+                break
+            if wait is None:
+                wait = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
+            self._sleep(wait)
+        return ChatResult("", "failed", error=f"gave up after {attempt} attempts: {last_error}", model=self.model,
+                          attempts=attempt)
+
+
+# ----------------------------------------------------------------------------- Hugging Face backend
+class HFChatBackend:
+    """A Hugging Face image-text-to-text model driven through its processor's chat template."""
+
+    def __init__(self, model_id: str, revision: str | None = None, dtype: str = "float32", device: str | None = None,
+                 model=None, processor=None, identity: dict[str, Any] | None = None):
+        import torch
+        self.model_id, self.revision = model_id, revision
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if model is None:
+            from transformers import AutoModelForImageTextToText, AutoProcessor
+            kw = {"revision": revision} if revision and not Path(model_id).exists() else {}
+            processor = AutoProcessor.from_pretrained(model_id, **kw)
+            model = AutoModelForImageTextToText.from_pretrained(model_id, dtype=torch_dtype(dtype), **kw)
+        self.model = model.to(self.device).eval()
+        self.processor = processor
+        self._identity = identity or {"model": model_id, "revision": revision}
+        self._lock = threading.Lock()   # one generate at a time on one model
+
+    def identity(self) -> dict[str, Any]:
+        return self._identity
+
+    @staticmethod
+    def _hf_messages(messages) -> list[dict[str, Any]]:
+        from PIL import Image
+        out = []
+        for m in messages:
+            parts = []
+            for p in _parts(m):
+                if p["type"] == "image":
+                    img = p["image"]
+                    if not hasattr(img, "convert"):
+                        img = Image.open(io.BytesIO(image_bytes(img)))
+                    parts.append({"type": "image", "image": img.convert("RGB")})
+                else:
+                    parts.append({"type": "text", "text": p["text"]})
+            out.append({"role": m["role"], "content": parts})
+        return out
+
+    def complete(self, messages, params: GenParams) -> ChatResult:
+        import torch
+        inputs = self.processor.apply_chat_template(self._hf_messages(messages), add_generation_prompt=True,
+                                                    tokenize=True, return_dict=True, return_tensors="pt")
+        dtype = next(self.model.parameters()).dtype
+        inputs = {k: (v.to(self.device, dtype) if v.is_floating_point() else v.to(self.device))
+                  for k, v in inputs.items() if hasattr(v, "to")}
+        gen = {"max_new_tokens": params.max_new_tokens, "do_sample": params.temperature > 0}
+        if params.temperature > 0:
+            gen.update(temperature=params.temperature, top_p=params.top_p)
+        tok = getattr(self.processor, "tokenizer", self.processor)
+        if tok.pad_token_id is not None:
+            gen["pad_token_id"] = tok.pad_token_id
+        with self._lock, torch.no_grad():
+            torch.manual_seed(params.seed)
+            out = self.model.generate(**inputs, **gen)
+        n_in = inputs["input_ids"].shape[1]
+        new = out[0, n_in:]
+        eos = self.model.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, list) else [eos])
+        finish = "stop" if len(new) and int(new[-1]) in eos else "length"
+        txt = tok.decode(new, skip_special_tokens=True).strip()
+        return ChatResult(txt, usage={"prompt_tokens": int(n_in), "completion_tokens": int(len(new))},
+                          finish_reason=finish, model=self.model_id)
+
+
+# ----------------------------------------------------------------------------- loading
+def default_cache_path(profile: str) -> Path:
+    return ROOT / "artifacts" / profile / "cache" / "responses.sqlite"
+
+
+def load_backend(preset: Preset, device: str | None = None, env_file: str | Path | None = None) -> ChatBackend:
+    if preset.backend == "hf":
+        local = preset.resolved_model
+        if "{artifacts}" in preset.model and not Path(local).exists():
+            from lib.artifacts import MissingInputError
+            raise MissingInputError(f"chat preset '{preset.name}': {local} does not exist; "
+                                    f"train it with `make reproduce NB=models`")
+        return HFChatBackend(local, preset.revision, preset.dtype, device, identity=preset.identity())
+    if preset.backend == "openai_compatible":
+        o = preset.options
+        keys = api_keys(o["api_key_env"], env_file) if o.get("api_key_env") else []
+        return OpenAICompatibleBackend(preset.model, o["base_url"], keys, revision=preset.revision,
+                                       timeout_s=float(o.get("timeout_s", 60)),
+                                       max_retries=int(o.get("max_retries", 5)),
+                                       price_in=float(o.get("price_in", 0.0)), price_out=float(o.get("price_out", 0.0)),
+                                       api_key_optional=bool(o.get("api_key_optional", False)))
+    raise PresetError(f"chat preset '{preset.name}': unknown backend '{preset.backend}' (hf, openai_compatible)")
+
+
+def load_chat(name_or_path: str | Path, cache: ResponseCache | str | Path | None = None, device: str | None = None,
+              retry_failed: bool = False, env_file: str | Path | None = None) -> Chat:
+    """A cached chat model from a preset name (params/presets/chat.yaml) or a local HF folder."""
+    p = Path(str(name_or_path))
+    if p.is_dir() and (p / "config.json").exists():
+        preset = Preset(name=p.name, backend="hf", model=str(p))
+    else:
+        preset = get_preset("chat", str(name_or_path))
+    backend = load_backend(preset, device, env_file)
+    return Chat(backend, cache, retry_failed=retry_failed,
+                max_workers=int(preset.options.get("max_workers", 1 if preset.backend == "hf" else 8)),
+                name=preset.name)

@@ -1,0 +1,467 @@
+"""Vision-language encoders behind one protocol, selected by preset name.
+
+Every backend offers the same operations, so TRACE, CLIP4DM and exemplar retrieval never
+branch on the model family:
+
+- `preprocess(images)` -> the model's image inputs (a dict of tensors);
+- `tokenize(texts)` -> input_ids / attention_mask;
+- `image_features(inputs)`, `text_features(tokens)`: pooled outputs before projection
+  (TRACE's inputs), and `encode_images` / `encode_texts`: projected, optionally
+  L2-normalised embeddings;
+- `logit_scale` (and `logit_bias` for SigLIP), `similarity(images, texts)` equal to the raw
+  model's `logits_per_image`;
+- `text_layers()`: the text encoder's transformer layers (partial unfreezing, caching);
+- `text_forward_with_attentions(tokens)`: projected text embeddings, the post-softmax
+  attention maps of every text layer (in the autograd graph), and the pooled position of
+  each sequence (CLIP4DM's gradient x attention). Backends whose attention cannot be
+  reached raise `AttentionUnavailable` saying so.
+
+Backends: `hf_clip` (Hugging Face CLIPModel), `hf_siglip` (SigLIP and SigLIP2), `hf_blip`
+(BlipModel), `open_clip` (including CLIP-XLM-RoBERTa and CLIP-RoBERTa).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from lib.presets import Preset, PresetError, get_preset, torch_dtype
+
+
+class AttentionUnavailable(NotImplementedError):
+    """The backend does not expose differentiable text attention maps."""
+
+
+def _pooled(out):
+    """transformers 5 returns model outputs from get_*_features; older versions tensors."""
+    return out.pooler_output if hasattr(out, "pooler_output") else out
+
+
+class Encoder:
+    """Shared logic; subclasses implement the family-specific parts."""
+    backend = "base"
+    supports_attention = False
+
+    def __init__(self, model, tokenizer, processor, preset: Preset | None = None, device: str = "cpu"):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.preset = preset
+        self.device = device
+
+    # -- inputs
+    def tokenize(self, texts: Sequence[str]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def preprocess(self, images) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _to_device(self, d: dict[str, Any]) -> dict[str, Any]:
+        import torch
+        dtype = next(self.model.parameters()).dtype
+        out = {}
+        for k, v in d.items():
+            if isinstance(v, torch.Tensor):
+                v = v.to(self.device)
+                if v.is_floating_point():
+                    v = v.to(dtype)
+            out[k] = v
+        return out
+
+    def _image_inputs(self, images) -> dict[str, Any]:
+        import torch
+        if isinstance(images, torch.Tensor):
+            return self._to_device({"pixel_values": images})
+        if isinstance(images, dict) or hasattr(images, "keys"):
+            return self._to_device(dict(images))
+        return self._to_device(self.preprocess(images))
+
+    def _text_inputs(self, texts) -> dict[str, Any]:
+        if isinstance(texts, dict) or hasattr(texts, "keys"):
+            return self._to_device(dict(texts))
+        return self._to_device(self.tokenize(list(texts)))
+
+    # -- features
+    def image_features(self, images):
+        """Pooled vision output before the projection."""
+        raise NotImplementedError
+
+    def text_features(self, texts):
+        """Pooled text output before the projection."""
+        raise NotImplementedError
+
+    def project_image(self, feats):
+        raise NotImplementedError
+
+    def project_text(self, feats):
+        raise NotImplementedError
+
+    def encode_images(self, images, normalize: bool = True):
+        import torch.nn.functional as F
+        e = self.project_image(self.image_features(images))
+        return F.normalize(e, dim=-1) if normalize else e
+
+    def encode_texts(self, texts, normalize: bool = True):
+        import torch.nn.functional as F
+        e = self.project_text(self.text_features(texts))
+        return F.normalize(e, dim=-1) if normalize else e
+
+    @property
+    def logit_scale(self) -> float:
+        return float(self.model.logit_scale.exp())
+
+    @property
+    def logit_bias(self) -> float | None:
+        return None
+
+    def similarity(self, images, texts):
+        """logits [n_images, n_texts] = scale * cosine (+ bias), as the raw model computes them."""
+        img, txt = self.encode_images(images), self.encode_texts(texts)
+        logits = self.logit_scale * img @ txt.T
+        return logits + self.logit_bias if self.logit_bias is not None else logits
+
+    # -- internals for attribution and fine-tuning
+    def text_layers(self):
+        raise NotImplementedError
+
+    def text_forward_with_attentions(self, tokens):
+        raise AttentionUnavailable(f"{type(self).__name__}: text attention maps are not reachable for this backend")
+
+    @property
+    def text_dim(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def image_dim(self) -> int:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        name = self.preset.name if self.preset else "(unnamed)"
+        return f"<{type(self).__name__} {name} on {self.device}>"
+
+
+def _require_eager(model, who: str) -> None:
+    impl = getattr(model.config, "_attn_implementation", None) or "eager"
+    text_impl = getattr(getattr(model.config, "text_config", None), "_attn_implementation", None)
+    if (text_impl or impl) != "eager":
+        raise AttentionUnavailable(
+            f"{who}: attention maps need eager attention, the model runs '{text_impl or impl}'; "
+            f"load it with attn_implementation='eager' (the presets do)")
+
+
+class HFClipEncoder(Encoder):
+    backend = "hf_clip"
+    supports_attention = True
+
+    def tokenize(self, texts):
+        return self.tokenizer(list(texts), padding=True, truncation=True,
+                              max_length=self.model.config.text_config.max_position_embeddings,
+                              return_tensors="pt")
+
+    def preprocess(self, images):
+        return self.processor(images=images, return_tensors="pt")
+
+    def image_features(self, images):
+        inp = self._image_inputs(images)
+        return self.model.vision_model(pixel_values=inp["pixel_values"]).pooler_output
+
+    def text_features(self, texts):
+        inp = self._text_inputs(texts)
+        return self.model.text_model(input_ids=inp["input_ids"], attention_mask=inp.get("attention_mask")).pooler_output
+
+    def project_image(self, feats):
+        return self.model.visual_projection(feats)
+
+    def project_text(self, feats):
+        return self.model.text_projection(feats)
+
+    def text_layers(self):
+        return self.model.text_model.encoder.layers
+
+    @property
+    def text_dim(self):
+        return self.model.config.text_config.hidden_size
+
+    @property
+    def image_dim(self):
+        return self.model.config.vision_config.hidden_size
+
+    def pool_index(self, input_ids):
+        """The EOT position CLIP pools at (first eos; argmax id for legacy eos_token_id == 2)."""
+        eos = self.model.text_model.eos_token_id if hasattr(self.model.text_model, "eos_token_id") \
+            else self.model.config.text_config.eos_token_id
+        if eos == 2:
+            return input_ids.int().argmax(-1)
+        return (input_ids == eos).int().argmax(-1)
+
+    def text_forward_with_attentions(self, tokens):
+        _require_eager(self.model, "hf_clip")
+        inp = self._text_inputs(tokens)
+        out = self.model.text_model(input_ids=inp["input_ids"], attention_mask=inp.get("attention_mask"),
+                                    output_attentions=True)
+        emb = self.model.text_projection(out.pooler_output)
+        return emb, tuple(out.attentions), self.pool_index(inp["input_ids"])
+
+
+class HFSiglipEncoder(Encoder):
+    """SigLIP and SigLIP2: sigmoid-trained, texts padded to the fixed length they were trained with."""
+    backend = "hf_siglip"
+    supports_attention = True
+
+    @property
+    def _max_len(self) -> int:
+        return int(getattr(self.model.config.text_config, "max_position_embeddings", 64))
+
+    def tokenize(self, texts):
+        return self.tokenizer(list(texts), padding="max_length", truncation=True, max_length=self._max_len,
+                              return_tensors="pt")
+
+    def preprocess(self, images):
+        return self.processor(images=images, return_tensors="pt")
+
+    def _vision_kwargs(self, inp):
+        return {k: inp[k] for k in ("pixel_values", "pixel_attention_mask", "spatial_shapes") if k in inp}
+
+    def image_features(self, images):
+        inp = self._image_inputs(images)
+        return self.model.vision_model(**self._vision_kwargs(inp)).pooler_output
+
+    def text_features(self, texts):
+        inp = self._text_inputs(texts)
+        kw = {"attention_mask": inp["attention_mask"]} if "attention_mask" in inp else {}
+        return self.model.text_model(input_ids=inp["input_ids"], **kw).pooler_output
+
+    # SigLIP's heads (attention pooling, text head) sit inside the towers: no separate projection
+    def project_image(self, feats):
+        return feats
+
+    def project_text(self, feats):
+        return feats
+
+    @property
+    def logit_bias(self):
+        return float(self.model.logit_bias.reshape(-1)[0])
+
+    def text_layers(self):
+        return self.model.text_model.encoder.layers
+
+    @property
+    def text_dim(self):
+        return self.model.config.text_config.hidden_size
+
+    @property
+    def image_dim(self):
+        return self.model.config.vision_config.hidden_size
+
+    def text_forward_with_attentions(self, tokens):
+        import torch
+        _require_eager(self.model, "hf_siglip")
+        inp = self._text_inputs(tokens)
+        kw = {"attention_mask": inp["attention_mask"]} if "attention_mask" in inp else {}
+        out = self.model.text_model(input_ids=inp["input_ids"], output_attentions=True, **kw)
+        n = inp["input_ids"].shape[0]
+        # SigLIP pools the last position (its text head reads the final token)
+        last = torch.full((n,), inp["input_ids"].shape[1] - 1, dtype=torch.long, device=inp["input_ids"].device)
+        return out.pooler_output, tuple(out.attentions), last
+
+
+class HFBlipEncoder(Encoder):
+    """BLIP's contrastive (ITC) heads of `BlipForImageTextRetrieval`, the class of the blip-itm
+    checkpoints: CLS features through vision_proj / text_proj, similarity = cosine (no scale).
+    The paper uses its image embeddings for exemplar retrieval."""
+    backend = "hf_blip"
+
+    def tokenize(self, texts):
+        return self.tokenizer(list(texts), padding=True, truncation=True, max_length=35, return_tensors="pt")
+
+    def preprocess(self, images):
+        return self.processor(images=images, return_tensors="pt")
+
+    def image_features(self, images):
+        inp = self._image_inputs(images)
+        return self.model.vision_model(pixel_values=inp["pixel_values"]).last_hidden_state[:, 0, :]
+
+    def text_features(self, texts):
+        inp = self._text_inputs(texts)
+        out = self.model.text_encoder(input_ids=inp["input_ids"], attention_mask=inp.get("attention_mask"))
+        return out.last_hidden_state[:, 0, :]
+
+    def project_image(self, feats):
+        return self.model.vision_proj(feats)
+
+    def project_text(self, feats):
+        return self.model.text_proj(feats)
+
+    @property
+    def logit_scale(self) -> float:
+        return 1.0
+
+    def text_layers(self):
+        return self.model.text_encoder.encoder.layer
+
+    @property
+    def text_dim(self):
+        return self.model.config.text_config.hidden_size
+
+    @property
+    def image_dim(self):
+        return self.model.config.vision_config.hidden_size
+
+
+class OpenClipEncoder(Encoder):
+    """open_clip models (native text towers, or Hugging Face text towers such as XLM-RoBERTa)."""
+    backend = "open_clip"
+
+    def tokenize(self, texts):
+        ids = self.tokenizer(list(texts))
+        return {"input_ids": ids}
+
+    def preprocess(self, images):
+        import torch
+        if not isinstance(images, (list, tuple)):
+            images = [images]
+        return {"pixel_values": torch.stack([self.processor(im.convert("RGB")) for im in images])}
+
+    def image_features(self, images):
+        inp = self._image_inputs(images)
+        visual = self.model.visual
+        proj = getattr(visual, "proj", None)
+        if proj is None:
+            return visual(inp["pixel_values"])
+        visual.proj = None
+        try:
+            return visual(inp["pixel_values"])
+        finally:
+            visual.proj = proj
+
+    def project_image(self, feats):
+        proj = getattr(self.model.visual, "proj", None)
+        return feats if proj is None else feats @ proj
+
+    def text_features(self, texts):
+        inp = self._text_inputs(texts)
+        ids = inp["input_ids"]
+        if hasattr(self.model, "text") and hasattr(self.model.text, "transformer"):  # HF text tower
+            text = self.model.text
+            proj = text.proj
+            import torch.nn as nn
+            text.proj = nn.Identity()
+            try:
+                return text(ids)
+            finally:
+                text.proj = proj
+        # native tower: encode_text without the final text_projection
+        m = self.model
+        proj = m.text_projection
+        m.text_projection = None
+        try:
+            return m.encode_text(ids)
+        finally:
+            m.text_projection = proj
+
+    def project_text(self, feats):
+        if hasattr(self.model, "text") and hasattr(self.model.text, "transformer"):
+            return self.model.text.proj(feats)
+        proj = self.model.text_projection
+        if proj is None:
+            return feats
+        import torch.nn as nn
+        return proj(feats) if isinstance(proj, nn.Module) else feats @ proj
+
+    @property
+    def logit_bias(self):
+        b = getattr(self.model, "logit_bias", None)
+        return None if b is None else float(b.reshape(-1)[0])
+
+    def text_layers(self):
+        if hasattr(self.model, "text") and hasattr(self.model.text, "transformer"):
+            return self.model.text.transformer.encoder.layer
+        return self.model.transformer.resblocks
+
+    @property
+    def text_dim(self):
+        if hasattr(self.model, "text") and hasattr(self.model.text, "transformer"):
+            return self.model.text.config.hidden_size
+        return self.model.transformer.width
+
+    @property
+    def image_dim(self):
+        v = self.model.visual
+        return getattr(v, "width", None) or v.transformer.width
+
+    def text_forward_with_attentions(self, tokens):
+        raise AttentionUnavailable(
+            "open_clip: its text towers call nn.MultiheadAttention without returning weights, so the "
+            "attention maps CLIP4DM differentiates are not reachable; use a Hugging Face CLIP or SigLIP preset")
+
+
+BACKENDS = {"hf_clip": HFClipEncoder, "hf_siglip": HFSiglipEncoder, "hf_blip": HFBlipEncoder,
+            "open_clip": OpenClipEncoder}
+
+
+def _hf_kwargs(preset: Preset) -> dict[str, Any]:
+    kw: dict[str, Any] = {"dtype": torch_dtype(preset.dtype)}
+    if preset.revision and not preset.is_local:
+        kw["revision"] = preset.revision
+    if preset.options.get("attn_implementation"):
+        kw["attn_implementation"] = preset.options["attn_implementation"]
+    return kw
+
+
+def _detect_backend(path: Path) -> str:
+    import json
+    cfg = json.loads((path / "config.json").read_text())
+    mt = cfg.get("model_type", "")
+    if mt == "clip":
+        return "hf_clip"
+    if mt in ("siglip", "siglip2"):
+        return "hf_siglip"
+    if mt == "blip":
+        return "hf_blip"
+    raise PresetError(f"{path}/config.json: model_type '{mt}' is not a supported encoder (clip, siglip, siglip2, blip)")
+
+
+def load_encoder(name_or_path: str | Path, device: str | None = None, **overrides) -> Encoder:
+    """An encoder from a preset name (params/presets/encoders.yaml) or a local Hugging Face folder."""
+    import torch
+    p = Path(str(name_or_path))
+    if p.is_dir() and (p / "config.json").exists():
+        preset = Preset(name=p.name, backend=_detect_backend(p), model=str(p),
+                        options={"attn_implementation": "eager"})
+    else:
+        preset = get_preset("encoders", str(name_or_path))
+    if overrides:
+        from dataclasses import replace
+        preset = replace(preset, **{k: v for k, v in overrides.items() if k in ("dtype", "revision")},
+                         options={**preset.options, **{k: v for k, v in overrides.items()
+                                                       if k not in ("dtype", "revision")}})
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if preset.backend == "open_clip":
+        import open_clip
+        model, _, preprocess = open_clip.create_model_and_transforms(
+            preset.model, pretrained=preset.options.get("pretrained"), precision="fp32"
+            if preset.dtype == "float32" else ("bf16" if preset.dtype == "bfloat16" else "fp16"), device=device)
+        return OpenClipEncoder(model.eval(), open_clip.get_tokenizer(preset.model), preprocess, preset, device)
+    if preset.is_local is False and Path(preset.model).is_absolute():
+        raise PresetError(f"encoder preset '{preset.name}': {preset.resolved_model} does not exist")
+    local = preset.resolved_model
+    if "{artifacts}" in preset.model and not Path(local).exists():
+        from lib.artifacts import MissingInputError
+        raise MissingInputError(f"encoder preset '{preset.name}': {local} does not exist; "
+                                f"train it with `make reproduce NB=models`")
+    from transformers import AutoModel, AutoProcessor, AutoTokenizer
+    kw = _hf_kwargs(preset)
+    if preset.backend == "hf_blip":
+        from transformers import BlipForImageTextRetrieval
+        model = BlipForImageTextRetrieval.from_pretrained(local, **kw)
+    else:
+        model = AutoModel.from_pretrained(local, **kw)
+    tok_kw = {"revision": kw["revision"]} if "revision" in kw else {}
+    tokenizer = AutoTokenizer.from_pretrained(local, **tok_kw)
+    try:
+        processor = AutoProcessor.from_pretrained(local, **tok_kw)
+        processor = getattr(processor, "image_processor", processor)
+    except (OSError, ValueError, TypeError):
+        from transformers import AutoImageProcessor
+        processor = AutoImageProcessor.from_pretrained(local, **tok_kw)
+    cls = BACKENDS[preset.backend]
+    return cls(model.to(device).eval(), tokenizer, processor, preset, device)

@@ -1,0 +1,256 @@
+"""Chat layer: the OpenAI-compatible backend against a loopback server with injected faults,
+the one response cache (replay with zero calls, crash safety, concurrent writers, no secrets),
+key rotation, and the Hugging Face backend on a tiny image-text-to-text model."""
+import json
+import sqlite3
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from lib.chat import (Chat, ChatResult, GenParams, OpenAICompatibleBackend, ResponseCache, api_keys, cache_key, image,
+                      load_chat, read_dotenv, user)
+
+GOOD_KEY = "test-key-good-000"
+BAD_KEY = "test-key-revoked-111"
+
+
+class FaultServer:
+    """An OpenAI-compatible /v1/chat/completions on 127.0.0.1. The prompt text picks the fault:
+    'f429' -> first attempt 429 with Retry-After: 1; 'f500' -> first attempt 500; 'hang' -> first
+    attempt sleeps past the client's timeout; 'malformed' -> first attempt 200 with a broken body;
+    'refuse' -> a refusal; 'block' -> finish_reason content_filter; 'always500' -> 500 forever.
+    A completed 200 answer is 'billed' once per delivery."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.attempts: dict[str, list[float]] = {}
+        self.billed: dict[str, int] = {}
+        srv = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, code, body: bytes, headers=None):
+                self.send_response(code)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with srv.lock:
+                    srv.requests += 1
+                if self.headers.get("Authorization") != f"Bearer {GOOD_KEY}":
+                    return self._send(401, b'{"error": {"message": "invalid key"}}')
+                msgs = body["messages"]
+                content = msgs[-1]["content"]
+                prompt = content if isinstance(content, str) else " ".join(
+                    p.get("text", "") for p in content if p["type"] == "text")
+                n_images = 0 if isinstance(content, str) else sum(p["type"] == "image_url" for p in content)
+                with srv.lock:
+                    srv.attempts.setdefault(prompt, []).append(time.time())
+                    n = len(srv.attempts[prompt])
+                if "always500" in prompt:
+                    return self._send(500, b'{"error": "boom"}')
+                if n == 1 and "f429" in prompt:
+                    return self._send(429, b'{"error": "slow down"}', {"Retry-After": "1"})
+                if n == 1 and "f500" in prompt:
+                    return self._send(500, b'{"error": "oops"}')
+                if n == 1 and "hang" in prompt:
+                    time.sleep(2.0)
+                    return self._send(503, b'{"error": "too late"}')
+                if n == 1 and "malformed" in prompt:
+                    return self._send(200, b'{"choices": [ {"message": ')
+                msg = {"role": "assistant", "content": f"echo: {prompt} [{n_images} images]"}
+                finish = "stop"
+                if "refuse" in prompt:
+                    msg = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
+                if "block" in prompt:
+                    msg, finish = {"role": "assistant", "content": ""}, "content_filter"
+                out = {"id": "x", "object": "chat.completion", "model": body["model"],
+                       "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
+                       "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+                with srv.lock:
+                    srv.billed[prompt] = srv.billed.get(prompt, 0) + 1
+                self._send(200, json.dumps(out).encode())
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    s = FaultServer()
+    yield s
+    s.close()
+
+
+def _backend(url, keys=(GOOD_KEY,), **kw):
+    return OpenAICompatibleBackend("mock-gpt", url, keys, timeout_s=0.5, max_retries=3, backoff_s=0.05,
+                                   price_in=2.5, price_out=10.0, **kw)
+
+
+def _img(seed):
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8))
+
+
+PROMPTS = ["plain one", "plain two", "f429 please", "f500 please", "hang please", "malformed please",
+           "refuse please", "block please", "always500 please", "plain one"]  # the last repeats the first
+
+
+def test_faults_end_answered_or_failed_without_duplicate_spend_and_replay_from_cache(server, tmp_path):
+    convs = [[user(_img(i % 3), p)] for i, p in enumerate(PROMPTS)]
+    convs[-1] = convs[0]  # an identical request in the same batch
+    chat = Chat(_backend(server.url), tmp_path / "cache.sqlite", max_workers=4)
+    res = chat.generate_many(convs, GenParams(max_new_tokens=20), progress=False)
+    by = dict(zip(PROMPTS, res))
+    for p in ("plain one", "plain two", "f429 please", "f500 please", "hang please", "malformed please"):
+        assert by[p].status == "ok" and by[p].text == f"echo: {p} [1 images]", (p, by[p])
+    assert by["refuse please"].status == "refused" and "can't help" in by["refuse please"].error
+    assert by["block please"].status == "blocked"
+    assert by["always500 please"].status == "failed" and "HTTP 500" in by["always500 please"].error
+    assert by["always500 please"].attempts == 4          # 1 + max_retries
+    # Retry-After honoured; the hang ended by the client's timeout, then retried
+    t = server.attempts["f429 please"]
+    assert len(t) == 2 and t[1] - t[0] >= 0.95
+    assert len(server.attempts["hang please"]) == 2
+    # no duplicate spend: every prompt billed at most once, the repeated request sent once
+    assert max(server.billed.values()) == 1
+    assert len(server.attempts["plain one"]) == 1
+    assert chat.stats.requests == 9
+    ok_calls = sum(r.status != "failed" for r in res[:-1])
+    assert chat.stats.prompt_tokens == 10 * ok_calls
+    assert chat.stats.cost_usd == pytest.approx(ok_calls * (10 * 2.5 + 5 * 10.0) / 1e6)
+    # a second run replays everything from the cache: zero HTTP requests
+    before = server.requests
+    chat2 = Chat(_backend(server.url), tmp_path / "cache.sqlite")
+    res2 = chat2.generate_many(convs, GenParams(max_new_tokens=20), progress=False)
+    assert server.requests == before and chat2.stats.requests == 0
+    assert [r.text for r in res2] == [r.text for r in res] and all(r.from_cache for r in res2)
+    assert [r.status for r in res2] == [r.status for r in res]
+    # retry_failed re-asks only the failed request
+    chat3 = Chat(_backend(server.url), tmp_path / "cache.sqlite", retry_failed=True)
+    chat3.generate_many(convs, GenParams(max_new_tokens=20), progress=False)
+    assert chat3.stats.requests == 1
+
+
+def test_decoding_parameters_and_images_are_part_of_the_key():
+    ident = {"model": "m", "revision": "r"}
+    m1, m2 = [user(_img(1), "hi")], [user(_img(2), "hi")]
+    k = cache_key(ident, m1, GenParams())
+    assert k == cache_key(ident, [user(_img(1), "hi")], GenParams())
+    assert k != cache_key(ident, m2, GenParams())
+    assert k != cache_key(ident, m1, GenParams(temperature=0.7))
+    assert k != cache_key({"model": "m", "revision": "r2"}, m1, GenParams())
+
+
+def test_keys_rotate_past_a_rejected_key_and_never_reach_the_cache(server, tmp_path, monkeypatch):
+    monkeypatch.setenv("MOCK_API_KEY_1", BAD_KEY)
+    monkeypatch.setenv("MOCK_API_KEY_2", GOOD_KEY)
+    keys = api_keys("MOCK_API_KEY", env_file=tmp_path / "missing.env")
+    assert keys == [BAD_KEY, GOOD_KEY]
+    chat = Chat(_backend(server.url, keys=keys), tmp_path / "c.sqlite")
+    res = chat.generate_many([[user(f"plain {i}")] for i in range(6)], progress=False)
+    assert all(r.status == "ok" for r in res)
+    blob = (tmp_path / "c.sqlite").read_bytes() + b"".join(p.read_bytes() for p in tmp_path.glob("c.sqlite*"))
+    assert GOOD_KEY.encode() not in blob and BAD_KEY.encode() not in blob
+    # only rejected keys: the request fails, recorded as such
+    chat_bad = Chat(_backend(server.url, keys=[BAD_KEY]), None)
+    r = chat_bad.generate([user("plain x")])
+    assert r.status == "failed" and "rejected" in r.error
+
+
+def test_dotenv_keys(tmp_path, monkeypatch):
+    monkeypatch.delenv("DOTENV_KEY", raising=False)
+    (tmp_path / ".env").write_text("# keys\nexport DOTENV_KEY='a1'\nDOTENV_KEY_1=b2\nDOTENV_KEY_2=\"c3\"\n")
+    assert read_dotenv(tmp_path / ".env")["DOTENV_KEY"] == "a1"
+    assert api_keys("DOTENV_KEY", tmp_path / ".env") == ["a1", "b2", "c3"]
+
+
+def test_missing_key_is_a_clear_error(server):
+    from lib.presets import PresetError
+    with pytest.raises(PresetError, match="api_key_env"):
+        OpenAICompatibleBackend("m", server.url, [])
+
+
+class FlakyBackend:
+    """Answers until `crash_after` calls, then raises as a crashing process would."""
+
+    def __init__(self, crash_after=None):
+        self.calls = 0
+        self.crash_after = crash_after
+        self.lock = threading.Lock()
+
+    def identity(self):
+        return {"model": "flaky"}
+
+    def complete(self, messages, params):
+        with self.lock:
+            self.calls += 1
+            n = self.calls
+        if self.crash_after is not None and n > self.crash_after:
+            raise RuntimeError("process died")
+        return ChatResult(f"answer to {messages[0]['content'][0]['text']}", model="flaky")
+
+
+def test_a_crash_mid_run_loses_nothing_already_answered(tmp_path):
+    convs = [[user(f"q{i}")] for i in range(40)]
+    with pytest.raises(RuntimeError, match="process died"):
+        Chat(FlakyBackend(crash_after=15), tmp_path / "c.sqlite", max_workers=2).generate_many(convs, progress=False)
+    stored = len(ResponseCache(tmp_path / "c.sqlite"))
+    assert stored == 15          # every answer that arrived before the crash is kept
+    healthy = FlakyBackend()
+    res = Chat(healthy, tmp_path / "c.sqlite", max_workers=2).generate_many(convs, progress=False)
+    assert healthy.calls == 40 - stored
+    assert [r.text for r in res] == [f"answer to q{i}" for i in range(40)]
+
+
+def test_concurrent_writers_share_one_cache_file(tmp_path):
+    path = tmp_path / "shared.sqlite"
+    errors = []
+
+    def writer(w):
+        try:
+            c = ResponseCache(path)
+            for i in range(150):
+                c.put(f"{w}-{i}", ChatResult(f"{w}:{i}", model="m"))
+        except Exception as e:  # noqa: BLE001 - collected for the assertion
+            errors.append(e)
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    c = ResponseCache(path)
+    assert len(c) == 600 and c.get("3-149").text == "3:149"
+    # a failure never overwrites an answer
+    c.put("3-149", ChatResult("", "failed", error="x"))
+    assert c.get("3-149").status == "ok"
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_unknown_chat_preset_lists_known_ones():
+    from lib.presets import PresetError
+    with pytest.raises(PresetError, match="gpt-4o"):
+        load_chat("gpt-9")
