@@ -199,3 +199,136 @@ def evaluate_clip(model, tok, memeworld: Path, cfg: ClipConfig) -> dict[str, flo
         r1 = ((img @ orig.T).argmax(-1) == torch.arange(len(ids))).float().mean().item()
     return {"clip_foil_pair_acc": pair_acc, "clip_retrieval_r1": r1, "clip_eval_pairs": len(ids),
             "clip_retrieval_chance": 1.0 / max(1, len(ids))}
+
+
+# ----------------------------------------------------------------------------- the `models` stage
+@dataclass
+class Config:
+    """Parameters of the `models` stage (params/<profile>.yaml, section `models`)."""
+    train: bool = True            # embedded: train memeworld-clip and memeworld-vlm; paper: hub checkpoints
+    clip_epochs: int = 12
+    vlm_epochs: int = 8
+    vlm_eval_n: int = 300         # held-out memes captioned for ROUGE-L
+    seed: int = 0
+
+
+STAGE = "models"
+
+
+def _code_digest() -> str:
+    import hashlib
+    h = hashlib.sha256()
+    for mod in ("embedded_models.py", "memeworld_vlm.py"):
+        h.update((Path(__file__).parent / mod).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _cache_key(kind: str, cfg: Any, memeworld: Path, extra: str = "") -> str:
+    """What a trained model depends on: its config, the code, MemeWorld's generator parameters."""
+    import hashlib
+    from lib.artifacts import file_digest
+    blob = json.dumps({"kind": kind, "config": asdict(cfg), "code": _code_digest(),
+                       "memeworld": file_digest(memeworld / "params.json"), "extra": extra}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _cached(out_dir: Path, key: str) -> dict[str, Any] | None:
+    p = out_dir / "training.json"
+    if not p.exists():
+        return None
+    saved = json.loads(p.read_text())
+    return saved if saved.get("cache_key") == key else None
+
+
+def _stamp(out_dir: Path, key: str) -> dict[str, Any]:
+    saved = json.loads((out_dir / "training.json").read_text())
+    saved["cache_key"] = key
+    write_json(out_dir / "training.json", saved)
+    return saved
+
+
+def train_all(profile: str, params: Config, progress: bool = True) -> dict[str, Any]:
+    """Train (or reuse) both embedded models; write metrics.json, the curve figure and models.json."""
+    from lib.artifacts import require, stage_dir, write_manifest, write_metrics
+    from lib.memeworld_vlm import VlmConfig, train_memeworld_vlm
+    memeworld = require(profile, "memeworld", f"stage '{STAGE}'")
+    out = stage_dir(profile, STAGE)
+    ccfg = ClipConfig(epochs=params.clip_epochs, seed=params.seed)
+    clip_dir = out / "memeworld-clip"
+    ckey = _cache_key("clip", ccfg, memeworld)
+    clip = _cached(clip_dir, ckey)
+    if clip is None:
+        train_memeworld_clip(memeworld, clip_dir, ccfg, progress=progress)
+        clip = _stamp(clip_dir, ckey)
+    else:
+        print(f"memeworld-clip: cached ({clip_dir.relative_to(out.parent.parent.parent)}, key {ckey})")
+    vcfg = VlmConfig(epochs=params.vlm_epochs, eval_n=params.vlm_eval_n, seed=params.seed)
+    vlm_dir = out / "memeworld-vlm"
+    vkey = _cache_key("vlm", vcfg, memeworld, extra=ckey)   # the VLM starts from the CLIP vision tower
+    vlm = _cached(vlm_dir, vkey)
+    if vlm is None:
+        train_memeworld_vlm(memeworld, clip_dir, vlm_dir, vcfg, progress=progress)
+        vlm = _stamp(vlm_dir, vkey)
+    else:
+        print(f"memeworld-vlm: cached (key {vkey})")
+    cm, vm = clip["metrics"], vlm["metrics"]
+    metrics = {k: cm[k] for k in ("clip_foil_pair_acc", "clip_retrieval_r1", "clip_retrieval_chance",
+                                  "clip_eval_pairs", "clip_train_s")}
+    metrics.update({k: vm[k] for k in ("vlm_rouge_l", "vlm_rouge_l_baseline", "vlm_exact_match", "vlm_eval_n",
+                                       "vlm_train_s")})
+    write_metrics(profile, STAGE, metrics)
+    write_json(out / "models.json", {
+        "memeworld-clip": {"path": "memeworld-clip", "preset": "memeworld-clip", "cache_key": ckey,
+                           "config": clip["config"]},
+        "memeworld-vlm": {"path": "memeworld-vlm", "preset": "memeworld-vlm", "cache_key": vkey,
+                          "config": vlm["config"], "examples": vm.get("vlm_examples", [])}})
+    figure(clip["curve"], vlm["curve"], metrics, profile)
+    write_manifest(out, asdict(params), outputs=["memeworld-clip", "memeworld-vlm", "metrics.json", "models.json"],
+                   inputs={"memeworld": "00_data_prep/memeworld"})
+    return metrics
+
+
+def figure(clip_curve, vlm_curve, metrics: dict[str, Any], profile: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from lib.plotting import save_figure, setup
+    setup()
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    for ax, curve, title, note in (
+            (axes[0], clip_curve, "memeworld-clip (contrastive + FOIL negatives)",
+             f"held-out FOIL pair acc {metrics['clip_foil_pair_acc']:.3f}, R@1 {metrics['clip_retrieval_r1']:.3f}"),
+            (axes[1], vlm_curve, "memeworld-vlm (captioning)",
+             f"held-out ROUGE-L {metrics['vlm_rouge_l']:.3f} (1-caption baseline {metrics['vlm_rouge_l_baseline']:.3f})")):
+        ax.plot([c["epoch"] for c in curve], [c["loss"] for c in curve], marker="o")
+        ax.set(title=title, xlabel="epoch", ylabel="training loss")
+        ax.text(0.98, 0.95, note, transform=ax.transAxes, ha="right", va="top", fontsize=8)
+    fig.suptitle(f"Embedded models trained on MemeWorld (profile {profile}, CPU)", fontsize=10)
+    save_figure(fig, "models_training_curves", profile)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    from lib.artifacts import stage_dir, write_manifest
+    from lib.params import validate_profile
+    ap = argparse.ArgumentParser(description="Train (or reuse) the embedded models: memeworld-clip, memeworld-vlm.")
+    ap.add_argument("--profile", default="embedded")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    section = validate_profile(args.profile)[STAGE]
+    params = Config(**section)
+    if not params.train:
+        out = stage_dir(args.profile, STAGE)
+        write_json(out / "models.json", {"note": "profile uses hub checkpoints named by presets; nothing trained"})
+        write_manifest(out, asdict(params), outputs=["models.json"])
+        print(f"profile {args.profile}: models come from hub presets (params/presets/); nothing to train")
+        return 0
+    metrics = train_all(args.profile, params, progress=not args.no_progress)
+    for k, v in metrics.items():
+        print(f"{k}: {v:.4f}" if isinstance(v, float) else f"{k}: {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

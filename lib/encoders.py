@@ -49,7 +49,8 @@ class Encoder:
         self.device = device
 
     # -- inputs
-    def tokenize(self, texts: Sequence[str]) -> dict[str, Any]:
+    def tokenize(self, texts: Sequence[str], **kw) -> dict[str, Any]:
+        """Token ids and mask; extra keywords go to the tokenizer (e.g. return_offsets_mapping)."""
         raise NotImplementedError
 
     def preprocess(self, images) -> dict[str, Any]:
@@ -152,10 +153,10 @@ class HFClipEncoder(Encoder):
     backend = "hf_clip"
     supports_attention = True
 
-    def tokenize(self, texts):
+    def tokenize(self, texts, **kw):
         return self.tokenizer(list(texts), padding=True, truncation=True,
                               max_length=self.model.config.text_config.max_position_embeddings,
-                              return_tensors="pt")
+                              return_tensors="pt", **kw)
 
     def preprocess(self, images):
         return self.processor(images=images, return_tensors="pt")
@@ -211,9 +212,9 @@ class HFSiglipEncoder(Encoder):
     def _max_len(self) -> int:
         return int(getattr(self.model.config.text_config, "max_position_embeddings", 64))
 
-    def tokenize(self, texts):
+    def tokenize(self, texts, **kw):
         return self.tokenizer(list(texts), padding="max_length", truncation=True, max_length=self._max_len,
-                              return_tensors="pt")
+                              return_tensors="pt", **kw)
 
     def preprocess(self, images):
         return self.processor(images=images, return_tensors="pt")
@@ -270,8 +271,8 @@ class HFBlipEncoder(Encoder):
     The paper uses its image embeddings for exemplar retrieval."""
     backend = "hf_blip"
 
-    def tokenize(self, texts):
-        return self.tokenizer(list(texts), padding=True, truncation=True, max_length=35, return_tensors="pt")
+    def tokenize(self, texts, **kw):
+        return self.tokenizer(list(texts), padding=True, truncation=True, max_length=35, return_tensors="pt", **kw)
 
     def preprocess(self, images):
         return self.processor(images=images, return_tensors="pt")
@@ -311,7 +312,7 @@ class OpenClipEncoder(Encoder):
     """open_clip models (native text towers, or Hugging Face text towers such as XLM-RoBERTa)."""
     backend = "open_clip"
 
-    def tokenize(self, texts):
+    def tokenize(self, texts, **kw):
         ids = self.tokenizer(list(texts))
         return {"input_ids": ids}
 

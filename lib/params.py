@@ -47,7 +47,9 @@ class Stage:
 #: Python steps between notebooks: (stage name, runs after the notebook with this prefix, module).
 #: The module defines `Config` (a dataclass: the stage's parameters) and `main(argv)`
 #: taking `--profile`. Later issues register theirs here (e.g. the embedded models).
-PYTHON_STAGES: list[tuple[str, str, str]] = []
+PYTHON_STAGES: list[tuple[str, str, str]] = [
+    ("models", "00", "lib.embedded_models"),   # memeworld-clip, memeworld-vlm (embedded profile)
+]
 
 
 def _module_schema(module: str) -> Callable[[], dict[str, Any]]:

@@ -1,0 +1,404 @@
+"""CLIP4DM: dense misalignment from CLIP by negative gradient attribution.
+
+    from lib.clip4dm import CLIP4DM
+    model = CLIP4DM.from_pretrained("clip-vit-b32", template="A photo depicts ",
+                                    start_layer_text=-3, sorted_by="threshold", epsilon=-5e-5)
+    model(image, "a cup of coke")
+    # {'negative_word': '3_coke', 'sum_negative_attribution': ..., 'negative_word_score_list': [...],
+    #  'clip_score': ..., 'word_attributions': [('a', ...), ('cup', ...), ('of', ...), ('coke', ...)]}
+
+For one (image, caption): the text is template + caption; s = cosine(image embedding, text
+embedding); for each of the last |start_layer_text| text layers, cam = mean over heads of
+(ds/dA * A) with A the post-softmax attention (negative values kept); R = mean over those
+layers; token scores are R's row at the pooled (EOT) position over the content tokens; a
+word's score is the mean of its tokens'; template words are dropped.
+
+`batch` runs many pairs per forward and backward pass. Each pair's similarity depends only
+on its own sequence and the causal/padding masks keep padded positions out of the EOT row,
+so one backward pass of the summed similarities gives every pair's attribution, equal to
+the one-pair path.
+
+PATH may be a preset name (params/presets/encoders.yaml) or any local Hugging Face CLIP
+folder. Hugging Face SigLIP works too (its pooled position is the last token); open_clip
+raises a clear error because its text attention maps are not reachable.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from lib.encoders import AttentionUnavailable, Encoder, load_encoder
+
+PUNCT = {".", ","}
+WORD_RE = re.compile(r"[^\s.,]+|[.,]")
+
+
+def words_with_spans(text: str) -> list[tuple[str, int, int]]:
+    """Split on spaces with '.' and ',' as their own words; (word, start, end) character spans."""
+    return [(m.group(), m.start(), m.end()) for m in WORD_RE.finditer(text)]
+
+
+class CLIP4DM:
+    def __init__(self, encoder: Encoder, template: str = "A photo depicts ", start_layer_text: int = -3,
+                 sorted_by: str = "threshold", epsilon: float = -5e-5, batch_size: int = 32):
+        if sorted_by not in ("threshold", "most_negative"):
+            raise ValueError(f"sorted_by must be 'threshold' or 'most_negative', not {sorted_by!r}")
+        if start_layer_text >= 0:
+            raise ValueError(f"start_layer_text counts from the last layer and must be negative, not {start_layer_text}")
+        if not encoder.supports_attention:
+            raise AttentionUnavailable(f"CLIP4DM needs differentiable text attention maps; the {encoder.backend} "
+                                       f"backend does not expose them (use a Hugging Face CLIP or SigLIP model)")
+        self.encoder = encoder
+        self.template = template
+        self.start_layer_text = start_layer_text
+        self.sorted_by = sorted_by
+        self.epsilon = epsilon
+        self.batch_size = batch_size
+
+    @classmethod
+    def from_pretrained(cls, name_or_path, device: str | None = None, **kw) -> "CLIP4DM":
+        return cls(load_encoder(name_or_path, device=device), **kw)
+
+    # ------------------------------------------------------------------ public API
+    def __call__(self, image, caption: str) -> dict[str, Any]:
+        return self._attribute([image], [caption])[0]
+
+    def batch(self, images: Sequence, captions: Sequence[str], batch_size: int | None = None,
+              progress: bool = False, desc: str = "CLIP4DM") -> list[dict[str, Any]]:
+        """The same dicts as __call__, for many pairs, `batch_size` pairs per pass."""
+        from tqdm.auto import tqdm
+        if len(images) != len(captions):
+            raise ValueError(f"batch: {len(images)} images but {len(captions)} captions")
+        bs = batch_size or self.batch_size
+        out: list[dict[str, Any]] = []
+        for k in tqdm(range(0, len(captions), bs), desc=desc, disable=not progress):
+            out += self._attribute(list(images[k:k + bs]), list(captions[k:k + bs]))
+        return out
+
+    # ------------------------------------------------------------------ internals
+    def _tokenize(self, texts: list[str]):
+        enc = self.encoder.tokenize(texts, return_offsets_mapping=True)
+        offsets = enc.pop("offset_mapping")
+        return enc, offsets
+
+    def token_scores(self, images, captions) -> tuple[list[np.ndarray], list[list[tuple[int, int]]], np.ndarray, list[str]]:
+        """Per pair: content-token scores, their character offsets, and the cosine similarities."""
+        import torch
+        import torch.nn.functional as F
+        texts = [self.template + c for c in captions]
+        tokens, offsets = self._tokenize(texts)
+        with torch.no_grad():
+            img = F.normalize(self.encoder.encode_images(images, normalize=False).float(), dim=-1)
+        with torch.enable_grad():
+            emb, atts, pool = self.encoder.text_forward_with_attentions(tokens)
+            txt = F.normalize(emb.float(), dim=-1)
+            sims = (img * txt).sum(-1)
+            k = -self.start_layer_text
+            if k > len(atts):
+                raise ValueError(f"start_layer_text={self.start_layer_text} but the text encoder has {len(atts)} layers")
+            layers = atts[-k:]
+            grads = torch.autograd.grad(sims.sum(), layers)
+        cams = torch.stack([(g * a).float().mean(1) for g, a in zip(grads, layers)])   # [L, B, N, N]
+        R = cams.mean(0).detach().cpu()
+        pool = pool.cpu()
+        out_scores, out_offsets = [], []
+        for b in range(len(texts)):
+            e = int(pool[b])
+            offs = [tuple(int(x) for x in o) for o in offsets[b].tolist()]
+            idx = [j for j in range(e) if offs[j][1] > offs[j][0]]      # content tokens before the pooled one
+            out_scores.append(R[b, e, idx].numpy().astype(np.float64))
+            out_offsets.append([offs[j] for j in idx])
+        return out_scores, out_offsets, sims.detach().cpu().numpy().astype(np.float64), texts
+
+    def _attribute(self, images, captions) -> list[dict[str, Any]]:
+        scores, offsets, sims, texts = self.token_scores(images, captions)
+        return [self._words(t, s, o, float(c)) for t, s, o, c in zip(texts, scores, offsets, sims)]
+
+    def _words(self, text: str, tok_scores: np.ndarray, tok_offsets: list[tuple[int, int]], cos: float) -> dict[str, Any]:
+        spans = words_with_spans(text)
+        buckets: list[list[float]] = [[] for _ in spans]
+        w = 0
+        for score, (start, _end) in zip(tok_scores, tok_offsets):
+            while w < len(spans) and start >= spans[w][2]:
+                w += 1
+            if w < len(spans):
+                buckets[w].append(float(score))
+        n_template = len(self.template)
+        attributions = [(word, float(np.mean(b))) for (word, s, _), b in zip(spans, buckets)
+                        if s >= n_template and b]
+        return self._select(attributions, cos)
+
+    def _select(self, attributions: list[tuple[str, float]], cos: float) -> dict[str, Any]:
+        named = [(f"{i}_{w}", s) for i, (w, s) in enumerate(attributions) if w not in PUNCT]
+        if self.sorted_by == "threshold":
+            kept = sorted([(n, s) for n, s in named if s < self.epsilon], key=lambda x: x[1])
+            neg_word = kept[0][0] if kept else None
+            total = float(sum(s for _, s in kept)) if kept else 0.0
+            score_list = [s for _, s in kept]
+        else:
+            lowest = min(named, key=lambda x: x[1]) if named else None
+            neg_word = lowest[0] if lowest else None
+            total = float(lowest[1]) if lowest else 0.0
+            score_list = [total] if lowest else []
+        return {"negative_word": neg_word, "sum_negative_attribution": total,
+                "negative_word_score_list": score_list, "clip_score": clip_score_from_cos(cos),
+                "word_attributions": attributions}
+
+
+# ----------------------------------------------------------------------------- scores
+def clip_score_from_cos(cos: float, w: float = 2.5) -> float:
+    """CLIPScore = w * max(cos, 0) (Hessel et al.), on the templated text."""
+    return float(w * max(cos, 0.0))
+
+
+def f_clipscore(result: dict[str, Any]) -> float:
+    """F-CLIPScore = sum of negative attributions * (1 - CLIPScore / 2.5); higher = better aligned."""
+    return float(result["sum_negative_attribution"] * (1.0 - result["clip_score"] / 2.5))
+
+
+def ref_clipscore(model: CLIP4DM, images, captions: Sequence[str], references: Sequence[Sequence[str]],
+                  first_reference_only: bool = False, batch_size: int = 64) -> np.ndarray:
+    """RefCLIPScore = harmonic mean of CLIPScore s and r = max(max_ref cos(caption, ref), 0).
+
+    The official code uses only the first reference (`first_reference_only=True` reproduces it);
+    the paper's definition, the default here, takes the maximum over all references."""
+    import torch
+    enc = model.encoder
+    out = []
+    with torch.no_grad():
+        for k in range(0, len(captions), batch_size):
+            ims, caps = list(images[k:k + batch_size]), [model.template + c for c in captions[k:k + batch_size]]
+            refs = [list(r[:1] if first_reference_only else r) for r in references[k:k + batch_size]]
+            img = enc.encode_images(ims)
+            cap = enc.encode_texts(caps)
+            s = 2.5 * torch.clamp((img * cap).sum(-1), min=0)
+            for i, rs in enumerate(refs):
+                if not rs:
+                    out.append(float("nan"))
+                    continue
+                r = enc.encode_texts([model.template + x for x in rs])
+                rmax = float(torch.clamp((r @ cap[i]).max(), min=0))
+                si = float(s[i])
+                out.append(0.0 if si + rmax == 0 else 2 * si * rmax / (si + rmax))
+    return np.asarray(out)
+
+
+# ----------------------------------------------------------------------------- benchmark metrics
+def _strip_index(name: str | None) -> str | None:
+    return None if name is None else name.split("_", 1)[1] if "_" in name else name
+
+
+def _norm(w: str) -> str:
+    return re.sub(r"[^\w\-']", "", w.lower())
+
+
+def localization_accuracy(results: Sequence[dict[str, Any]], foil_words: Sequence[str]) -> float:
+    """Share of foil captions whose first predicted word is the foil word."""
+    hits = [(_strip_index(r["negative_word"]) is not None and _norm(_strip_index(r["negative_word"])) == _norm(fw))
+            for r, fw in zip(results, foil_words)]
+    return float(np.mean(hits)) if hits else float("nan")
+
+
+def average_precision(scores: Sequence[float], positive: Sequence[bool]) -> float:
+    from sklearn.metrics import average_precision_score
+    return float(average_precision_score(np.asarray(positive, dtype=int), np.asarray(scores, dtype=float)))
+
+
+def evaluate_foil(results: Sequence[dict[str, Any]], records) -> dict[str, float]:
+    """FOIL / nocaps-FOIL: LA over foil captions; AP (original = positive) by CLIPScore, by the sum of
+    negative attributions and by F-CLIPScore; LA chance = 1 / mean number of caption words."""
+    foil = [(r, rec) for r, rec in zip(results, records) if rec.is_foil]
+    la = localization_accuracy([r for r, _ in foil], [rec.misaligned_words[0] for _, rec in foil])
+    n_words = [len([w for w, _ in r["word_attributions"] if w not in PUNCT]) for r, _ in foil]
+    orig = [not rec.is_foil for rec in records]
+    return {"la": la, "la_chance": float(np.mean([1.0 / max(1, n) for n in n_words])) if n_words else float("nan"),
+            "ap_clipscore": average_precision([r["clip_score"] for r in results], orig),
+            "ap_neg_attribution": average_precision([r["sum_negative_attribution"] for r in results], orig),
+            "ap_fclipscore": average_precision([f_clipscore(r) for r in results], orig),
+            "ap_chance": float(np.mean(orig)), "n_pairs": len(results), "n_foil": len(foil)}
+
+
+def predicted_phrases(result: dict[str, Any], epsilon: float) -> list[tuple[list[int], float]]:
+    """Adjacent words scoring below epsilon merged into phrases: (word indices, lowest score)."""
+    attrs = result["word_attributions"]
+    phrases, cur = [], []
+    for i, (w, s) in enumerate(attrs):
+        if w not in PUNCT and s < epsilon:
+            cur.append(i)
+        elif w in PUNCT and cur:
+            phrases.append(cur)
+            cur = []
+        elif cur:
+            phrases.append(cur)
+            cur = []
+    if cur:
+        phrases.append(cur)
+    return [(p, min(attrs[i][1] for i in p)) for p in phrases]
+
+
+def _gt_word_flags(result: dict[str, Any], token_labels: Sequence[tuple[str, int]]) -> list[int]:
+    """Ground-truth misalignment per attributed word, aligning the benchmark's words to ours."""
+    flags = []
+    labels = []
+    for tok, m in token_labels:
+        for w in WORD_RE.findall(tok):
+            labels.append((w, m if w not in PUNCT else 0))
+    j = 0
+    for w, _ in result["word_attributions"]:
+        if j < len(labels) and _norm(labels[j][0]) == _norm(w):
+            flags.append(labels[j][1])
+            j += 1
+        else:
+            flags.append(0)
+    return flags
+
+
+def evaluate_hat(results: Sequence[dict[str, Any]], records, epsilon: float) -> dict[str, float]:
+    """HAT: the lowest predicted phrase is correct if it lies inside the ground-truth phrase
+    (accuracy over misaligned captions); AP with the misaligned caption as the positive class
+    on the negated F-CLIPScore."""
+    hits = []
+    for r, rec in zip(results, records):
+        if not rec.is_foil:
+            continue
+        flags = _gt_word_flags(r, rec.token_labels)
+        phrases = predicted_phrases(r, epsilon)
+        if not phrases:
+            named = [(i, s) for i, (w, s) in enumerate(r["word_attributions"]) if w not in PUNCT]
+            phrases = [([min(named, key=lambda x: x[1])[0]], 0.0)] if named else []
+        if not phrases:
+            hits.append(False)
+            continue
+        lowest = min(phrases, key=lambda p: p[1])[0]
+        hits.append(all(flags[i] for i in lowest))
+    pos = [rec.is_foil for rec in records]
+    return {"hat_la": float(np.mean(hits)) if hits else float("nan"),
+            "hat_ap": average_precision([-f_clipscore(r) for r in results], pos),
+            "hat_ap_chance": float(np.mean(pos)), "hat_n": len(results)}
+
+
+def evaluate_richhf(results: Sequence[dict[str, Any]], records, epsilon: float) -> dict[str, float]:
+    """RichHF-18K: token-level P/R/F1 of words below epsilon against the misaligned-token labels;
+    Pearson and Spearman of -F-CLIPScore and of -sum of negative attributions against the
+    misalignment score."""
+    from scipy.stats import pearsonr, spearmanr
+    tp = fp = fn = 0
+    for r, rec in zip(results, records):
+        flags = _gt_word_flags(r, rec.token_labels)
+        pred = [w not in PUNCT and s < epsilon for w, s in r["word_attributions"]]
+        tp += sum(p and f for p, f in zip(pred, flags))
+        fp += sum(p and not f for p, f in zip(pred, flags))
+        fn += sum(f and not p for p, f in zip(pred, flags))
+    prec = tp / (tp + fp) if tp + fp else 0.0
+    rec_ = tp / (tp + fn) if tp + fn else 0.0
+    gold = np.asarray([rec.score for rec in records], dtype=float)
+    fcs = -np.asarray([f_clipscore(r) for r in results])
+    neg = -np.asarray([r["sum_negative_attribution"] for r in results])
+    return {"richhf_precision": prec, "richhf_recall": rec_,
+            "richhf_f1": 2 * prec * rec_ / (prec + rec_) if prec + rec_ else 0.0,
+            "richhf_pearson": float(pearsonr(fcs, gold)[0]), "richhf_spearman": float(spearmanr(fcs, gold)[0]),
+            "richhf_pearson_neg_attribution": float(pearsonr(neg, gold)[0])}
+
+
+def predicted_phrase_text(result: dict[str, Any], epsilon: float) -> str:
+    """The lowest predicted phrase as text (SeeTRUE-Feedback compares it with the annotated one)."""
+    phrases = predicted_phrases(result, epsilon)
+    attrs = result["word_attributions"]
+    if not phrases:
+        named = [(i, s) for i, (w, s) in enumerate(attrs) if w not in PUNCT]
+        if not named:
+            return ""
+        phrases = [([min(named, key=lambda x: x[1])[0]], 0.0)]
+    lowest = min(phrases, key=lambda p: p[1])[0]
+    return " ".join(attrs[i][0] for i in lowest)
+
+
+def evaluate_seetrue(results: Sequence[dict[str, Any]], records, epsilon: float, nli_model: str | None,
+                     device: str | None = None) -> dict[str, Any]:
+    """SeeTRUE-Feedback: mean NLI entailment probability (premise = annotated misalignment,
+    hypothesis = predicted phrase) under a configurable NLI model (bart-large-mnli in the paper).
+    Without an NLI model the score is not computed and the result says so."""
+    preds = [predicted_phrase_text(r, epsilon) for r in results]
+    if not nli_model:
+        return {"seetrue_nli": None, "seetrue_note": "no NLI model configured (set nli_model, e.g. "
+                "facebook/bart-large-mnli); the NLI score was not computed"}
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(nli_model)
+    model = AutoModelForSequenceClassification.from_pretrained(nli_model).eval()
+    if device:
+        model.to(device)
+    label2id = {k.lower(): v for k, v in model.config.label2id.items()}
+    ent = label2id.get("entailment")
+    if ent is None:
+        raise ValueError(f"{nli_model}: no 'entailment' label in its config (labels: {sorted(label2id)})")
+    probs = []
+    with torch.no_grad():
+        for k in range(0, len(preds), 32):
+            prem = [rec.misaligned_words[0] for rec in records[k:k + 32]]
+            enc = tok(prem, preds[k:k + 32], padding=True, truncation=True, return_tensors="pt").to(model.device)
+            probs += model(**enc).logits.softmax(-1)[:, ent].tolist()
+    return {"seetrue_nli": float(np.mean(probs)), "seetrue_note": f"NLI model {nli_model}"}
+
+
+# ----------------------------------------------------------------------------- speed
+@dataclass
+class SpeedResult:
+    pairs: int
+    batch_size: int
+    pairs_per_s_batched: float
+    pairs_per_s_single: float
+    max_abs_diff: float
+
+    @property
+    def speedup(self) -> float:
+        return self.pairs_per_s_batched / self.pairs_per_s_single
+
+
+def benchmark(model: CLIP4DM, images, captions, batch_size: int = 32, repeats: int = 1) -> SpeedResult:
+    """Pairs per second batched vs one pair at a time on the same pairs, and the largest difference
+    between the two paths' word attributions and sums."""
+    import time
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        single = [model(im, c) for im, c in zip(images, captions)]
+    t_single = (time.perf_counter() - t0) / repeats
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        batched = model.batch(images, captions, batch_size=batch_size)
+    t_batched = (time.perf_counter() - t0) / repeats
+    diff = 0.0
+    for a, b in zip(single, batched):
+        diff = max(diff, abs(a["sum_negative_attribution"] - b["sum_negative_attribution"]),
+                   abs(a["clip_score"] - b["clip_score"]),
+                   *[abs(x[1] - y[1]) for x, y in zip(a["word_attributions"], b["word_attributions"])])
+    return SpeedResult(len(captions), batch_size, len(captions) / t_batched, len(captions) / t_single, diff)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line, like the official infer.py: print the result dict for one image and caption."""
+    import argparse
+    import json
+    from PIL import Image
+    ap = argparse.ArgumentParser(description="CLIP4DM: misaligned words of a caption for an image.")
+    ap.add_argument("--model", default="memeworld-clip", help="encoder preset or local Hugging Face CLIP folder")
+    ap.add_argument("--image", required=True)
+    ap.add_argument("--caption", required=True)
+    ap.add_argument("--template", default="A photo depicts ")
+    ap.add_argument("--start_layer_text", type=int, default=-3)
+    ap.add_argument("--sorted_by", choices=["threshold", "most_negative"], default="threshold")
+    ap.add_argument("--epsilon", type=float, default=-5e-5)
+    ap.add_argument("--device", default=None)
+    a = ap.parse_args(argv)
+    model = CLIP4DM.from_pretrained(a.model, device=a.device, template=a.template,
+                                    start_layer_text=a.start_layer_text, sorted_by=a.sorted_by, epsilon=a.epsilon)
+    res = model(Image.open(a.image).convert("RGB"), a.caption)
+    print(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
