@@ -207,7 +207,7 @@ class Config:
     """Parameters of the `models` stage (params/<profile>.yaml, section `models`)."""
     train: bool = True            # embedded: train memeworld-clip and memeworld-vlm; paper: hub checkpoints
     clip_epochs: int = 12
-    vlm_epochs: int = 8
+    vlm_epochs: int = 3
     vlm_eval_n: int = 300         # held-out memes captioned for ROUGE-L
     seed: int = 0
 

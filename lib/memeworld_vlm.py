@@ -50,7 +50,7 @@ class VlmConfig:
     layers: int = 3
     heads: int = 4
     intermediate: int = 512
-    epochs: int = 8
+    epochs: int = 3
     batch_size: int = 64
     lr: float = 1.5e-3
     weight_decay: float = 0.05
@@ -116,7 +116,8 @@ def build_vlm(tok, clip_dir: Path, cfg: VlmConfig):
     config.vision_config.model_type = "clip_vision_model"
     torch.manual_seed(cfg.seed)
     model = LlavaForConditionalGeneration(config)
-    model.model.vision_tower.vision_model.load_state_dict(clip.vision_model.state_dict())
+    tower = model.model.vision_tower
+    getattr(tower, "vision_model", tower).load_state_dict(clip.vision_model.state_dict())
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     ip = CLIPImageProcessor.from_pretrained(clip_dir)

@@ -141,3 +141,43 @@ def test_hat_phrases_merge_adjacent_flagged_words():
 def test_word_spans():
     assert [w for w, _, _ in words_with_spans("A photo depicts a dog, a cat.")] == \
         ["A", "photo", "depicts", "a", "dog", ",", "a", "cat", "."]
+
+
+def test_command_line_prints_the_result_dict(tiny_clip_dir, tmp_path):
+    import json
+    import subprocess
+    import sys
+    _imgs(1)[0].save(tmp_path / "x.png")
+    out = subprocess.run([sys.executable, "-m", "lib.clip4dm", "--model", str(tiny_clip_dir), "--image",
+                          str(tmp_path / "x.png"), "--caption", "a cup of coke", "--device", "cpu"],
+                         capture_output=True, text=True, check=True).stdout
+    d = json.loads(out)
+    assert [w for w, _ in d["word_attributions"]] == ["a", "cup", "of", "coke"]
+
+
+def test_attribute_pairs_resumes_and_skips_a_torn_line(model, tmp_path):
+    from lib.clip4dm import attribute_pairs, select
+    for i, im in enumerate(_imgs(3, seed=5)):
+        im.save(tmp_path / f"{i}.png")
+    pairs = [(str(tmp_path / f"{i}.png"), CAPTIONS[i]) for i in range(3)]
+    cache = tmp_path / "attr.jsonl"
+    first = attribute_pairs(model, pairs[:2], cache, batch_size=1, progress=False)
+    with open(cache, "a") as f:
+        f.write('{"key": "torn')              # a crash mid-write
+    calls = []
+    orig = model.token_scores
+    model.token_scores = lambda *a, **k: (calls.append(len(a[1])), orig(*a, **k))[1]
+    try:
+        again = attribute_pairs(model, pairs, cache, batch_size=8, progress=False)
+    finally:
+        model.token_scores = orig
+    assert calls == [1]                       # only the third pair is computed
+    assert again[:2] == first
+    direct = model(Image.open(pairs[2][0]).convert("RGB"), CAPTIONS[2])
+    sel = select(again[2], "threshold", model.epsilon)
+    assert [w for w, _ in sel["word_attributions"]] == [w for w, _ in direct["word_attributions"]]
+    np.testing.assert_allclose([s for _, s in sel["word_attributions"]],
+                               [s for _, s in direct["word_attributions"]], atol=1e-6)
+    assert sel["negative_word"] == direct["negative_word"]
+    lines = cache.read_text().splitlines()
+    assert len(lines) == 3 and all(l.startswith('{"key"') and l.endswith("]]}") for l in lines)

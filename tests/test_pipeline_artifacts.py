@@ -1,0 +1,59 @@
+"""Checks on what the embedded pipeline produced (`make test` runs the stages first).
+
+These read `artifacts/embedded/`: the trained models meet their held-out figures, load
+through the same presets as hub checkpoints, and the notebooks' headline numbers hold."""
+import json
+
+import pytest
+
+from lib.artifacts import ARTIFACTS_ROOT
+
+pytestmark = pytest.mark.artifacts
+EMB = ARTIFACTS_ROOT / "embedded"
+
+
+def _metrics(stage):
+    p = EMB / stage / "metrics.json"
+    if not p.exists():
+        pytest.skip(f"{p} not produced yet (make reproduce NB={stage.split('_')[0]})")
+    return json.loads(p.read_text())
+
+
+def test_models_meet_their_held_out_figures():
+    m = _metrics("models")
+    assert m["clip_foil_pair_acc"] >= 0.95
+    assert m["clip_retrieval_r1"] > 50 * m["clip_retrieval_chance"]
+    assert m["clip_train_s"] <= 300
+    assert m["vlm_rouge_l"] >= 0.6 and m["vlm_rouge_l"] > m["vlm_rouge_l_baseline"] + 0.2
+    assert m["vlm_train_s"] > 0
+    assert (ARTIFACTS_ROOT.parent / "figures" / "embedded" / "models_training_curves.png").exists()
+
+
+def test_embedded_models_load_through_their_presets():
+    import torch
+    from PIL import Image
+    from lib.chat import GenParams, load_chat, user
+    from lib.encoders import load_encoder
+    from lib.memeworld_vlm import CAPTION_PROMPT
+    _metrics("models")
+    mw = EMB / "00_data_prep" / "memeworld"
+    rows = [json.loads(l) for l in (mw / "captions" / "scene_captions.jsonl").read_text().splitlines()][:4]
+    img = Image.open(mw / rows[0]["img"])
+    enc = load_encoder("memeworld-clip", device="cpu")
+    with torch.no_grad():
+        sim = enc.similarity([img], [rows[0]["caption"], rows[0]["foil"]])
+    assert sim[0, 0] > sim[0, 1]
+    chat = load_chat("memeworld-vlm", cache=None, device="cpu")
+    r = chat.generate([user(img, CAPTION_PROMPT)], GenParams(max_new_tokens=40))
+    assert r.status == "ok" and len(r.text.split()) >= 5
+
+
+def test_clip4dm_headline_numbers():
+    m = _metrics("03_clip4dm")
+    for k in ("la", "ap_clipscore", "ap_neg_attribution", "ap_fclipscore", "pairs_per_s_batched", "pairs_per_s_single"):
+        assert k in m
+    assert m["la"] > 3 * m["la_chance"]                    # clearly above chance
+    assert m["pairs_per_s_batched"] >= 5 * m["pairs_per_s_single"]
+    assert m["batched_max_abs_diff"] < 1e-5
+    assert 0.5 < m["ap_clipscore"] <= 1.0
+    assert (ARTIFACTS_ROOT.parent / "figures" / "embedded" / "clip4dm_word_attributions.png").exists()
