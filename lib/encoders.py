@@ -124,6 +124,13 @@ class Encoder:
     def text_layers(self):
         raise NotImplementedError
 
+    def text_hidden_below(self, tokens, layer: int):
+        raise NotImplementedError(f"{type(self).__name__}: frozen-prefix caching is implemented for hf_clip; "
+                                  f"train this backbone uncached (cache_frozen=False)")
+
+    def text_features_from(self, hidden, tokens, layer: int):
+        raise NotImplementedError(f"{type(self).__name__}: frozen-prefix caching is implemented for hf_clip")
+
     def text_forward_with_attentions(self, tokens):
         raise AttentionUnavailable(f"{type(self).__name__}: text attention maps are not reachable for this backend")
 
@@ -138,6 +145,11 @@ class Encoder:
     def __repr__(self) -> str:
         name = self.preset.name if self.preset else "(unnamed)"
         return f"<{type(self).__name__} {name} on {self.device}>"
+
+
+def torch_arange(n, device):
+    import torch
+    return torch.arange(n, device=device)
 
 
 def _require_eager(model, who: str) -> None:
@@ -185,6 +197,34 @@ class HFClipEncoder(Encoder):
     @property
     def image_dim(self):
         return self.model.config.vision_config.hidden_size
+
+    # -- frozen-prefix caching (TRACE): hidden states below the lowest unfrozen layer are computed once
+    def _causal_mask(self, hidden, attention_mask):
+        from transformers.masking_utils import create_causal_mask
+        return create_causal_mask(config=self.model.text_model.config, inputs_embeds=hidden,
+                                  attention_mask=attention_mask, past_key_values=None)
+
+    def text_hidden_below(self, tokens, layer: int):
+        """Hidden states entering text layer `layer` (0-based): embeddings + layers[:layer]."""
+        inp = self._text_inputs(tokens)
+        tm = self.model.text_model
+        h = tm.embeddings(input_ids=inp["input_ids"])
+        mask = self._causal_mask(h, inp.get("attention_mask"))
+        for blk in tm.encoder.layers[:layer]:
+            h = blk(h, mask)
+        return h
+
+    def text_features_from(self, hidden, tokens, layer: int):
+        """Pooled text output (before projection) from hidden states entering layer `layer`;
+        equal to `text_features(tokens)` when `hidden = text_hidden_below(tokens, layer)`."""
+        inp = self._text_inputs(tokens)
+        tm = self.model.text_model
+        mask = self._causal_mask(hidden, inp.get("attention_mask"))
+        h = hidden
+        for blk in tm.encoder.layers[layer:]:
+            h = blk(h, mask)
+        h = tm.final_layer_norm(h)
+        return h[torch_arange(h.shape[0], h.device), self.pool_index(inp["input_ids"])]
 
     def pool_index(self, input_ids):
         """The EOT position CLIP pools at (first eos; argmax id for legacy eos_token_id == 2)."""

@@ -1,0 +1,95 @@
+"""TRACE building blocks on a tiny CLIP: cached frozen-prefix features equal the full backbone,
+the classifier and its losses follow the specification, thresholds come from validation."""
+import numpy as np
+import pytest
+import torch
+
+from lib.datasets import MemeRecord
+from lib.encoders import load_encoder
+from lib.trace import (CLIPClassifier, FeatureCache, MemeBatchData, TrainConfig, Trainer, batch_features,
+                       best_threshold, focal_bce, gumbel_tau, mcnemar, metrics_at, trace_loss)
+
+
+@pytest.fixture()
+def tiny(tiny_clip_dir, tmp_path):
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    recs = []
+    for i in range(24):
+        p = tmp_path / f"{i}.png"
+        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(p)
+        caps = {"vlm_caption": f"a red sun number {i % 5}"} if i % 3 else {}
+        recs.append(MemeRecord(str(i), p, f"meme text {i} about zorblins", i % 2, ["train", "dev_seen", "test_seen"][i % 3],
+                               captions=caps))
+    data = MemeBatchData.from_records(recs, ["vlm_caption"])
+    return load_encoder(tiny_clip_dir, device="cpu"), data
+
+
+def test_cached_features_equal_the_full_backbone(tiny):
+    enc, data = tiny
+    cache = FeatureCache(enc, data, lowest_unfrozen=2, batch_size=7, progress=False)
+    rows = np.arange(10)
+    with torch.no_grad():
+        a = batch_features(enc, data, rows, cache)
+        b = batch_features(enc, data, rows, None)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+    assert a[4][:, 1].tolist() == [bool(i % 3) for i in range(10)]      # missing captions are masked
+
+
+def test_classifier_selects_one_caption_in_training_and_softmax_at_inference():
+    m = CLIPClassifier(8, 6, hidden=32, heads=4)
+    img, caps = torch.randn(5, 8), torch.randn(5, 3, 6)
+    mask = torch.tensor([[1, 1, 0]] * 5, dtype=torch.bool)
+    m.train()
+    out = m(img, caps, mask, tau=0.5)
+    assert torch.all(out["weights"].sum(-1) == 1) and torch.all(out["weights"][:, 2] == 0)
+    assert set(out["weights"].unique().tolist()) <= {0.0, 1.0}              # hard Gumbel selection
+    m.eval()
+    out = m(img, caps, mask)
+    assert torch.all(out["weights"][:, 2] < 1e-6) and torch.all((out["weights"] > 0).sum(-1) >= 2)
+    assert out["logit"].shape == (5,) and m.log_vars.shape == (3,)
+
+
+def test_losses_follow_the_specification():
+    logit, y = torch.tensor([2.0, -1.0]), torch.tensor([1.0, 0.0])
+    p = torch.sigmoid(logit)
+    bce = -(torch.log(p[0]) + torch.log(1 - p[1])) / 2
+    focal = (0.25 * (1 - p[0]) ** 2 * -torch.log(p[0]) + 0.75 * p[1] ** 2 * -torch.log(1 - p[1])) / 2
+    assert focal_bce(logit, y).item() == pytest.approx((0.9 * focal + 0.1 * bce).item(), rel=1e-5)
+    assert gumbel_tau(0, 30) == 1.0 and gumbel_tau(29, 30) == pytest.approx(max(1 - 0.9 * 29 / 30, 0.1))
+    assert gumbel_tau(40, 30) == 0.1
+    out = {"logit": logit, "scores": torch.tensor([[1.0, 3.0], [0.0, -2.0]]), "img_proj": torch.randn(2, 4),
+           "txt_proj": torch.randn(2, 4)}
+    mask = torch.tensor([[True, True], [True, False]])
+    s = torch.tensor([0.3, -0.2, 0.0])
+    total, parts = trace_loss(out, y, mask, ("cls", "rel"), s)
+    rel = focal_bce(torch.tensor([2.0, 0.0]), y)
+    expect = torch.exp(-s[0]) * parts["cls"] + 0.5 * s[0] + torch.exp(-s[1]) * rel + 0.5 * s[1]
+    assert total.item() == pytest.approx(expect.item(), rel=1e-5)
+    fixed, _ = trace_loss(out, y, mask, ("cls", "con", "rel"), None, {"cls": 1.0, "con": 0.3, "rel": 0.7})
+    assert fixed.item() > 0
+
+
+def test_threshold_from_validation_and_mcnemar():
+    pv, yv = np.array([0.1, 0.4, 0.6, 0.9]), np.array([0, 0, 1, 1])
+    t = best_threshold(pv, yv)
+    assert metrics_at(pv, yv, t)["accuracy"] == 1.0 and 0.4 < t <= 0.6
+    r = mcnemar([True] * 30 + [False] * 10, [True] * 20 + [False] * 20)
+    assert r["b"] == 10 and r["c"] == 0 and r["pvalue"] < 0.05
+
+
+def test_trainer_runs_cached_and_reports_honest_thresholds(tiny):
+    enc, data = tiny
+    cache = FeatureCache(enc, data, lowest_unfrozen=2, progress=False)
+    cfg = TrainConfig(hidden=32, epochs=2, batch_size=4, grad_accum=2, lr=1e-3, unfreeze_text_layers=(-1,))
+    before = enc.text_layers()[-1].mlp.fc1.weight.detach().clone()
+    frozen = enc.text_layers()[0].mlp.fc1.weight.detach().clone()
+    tr = Trainer(enc, data, cfg, cache, progress=False)
+    sp = np.array(data.splits)
+    tr.fit(np.where(sp == "train")[0], np.where(sp == "dev_seen")[0])
+    ev = tr.evaluate(np.where(sp == "dev_seen")[0], {"test_seen": np.where(sp == "test_seen")[0]})
+    assert len(tr.curve) >= 1 and "accuracy_optimistic_threshold_on_test" in ev["splits"]["test_seen"]
+    assert {p["threshold"] for p in ev["predictions"]} == {ev["threshold"]}
+    assert not torch.equal(before, enc.text_layers()[-1].mlp.fc1.weight)      # the unfrozen layer trained
+    assert torch.equal(frozen, enc.text_layers()[0].mlp.fc1.weight)           # the frozen one did not
