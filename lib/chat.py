@@ -219,11 +219,12 @@ class Chat:
     """A backend behind the response cache, with batching over a bounded thread pool."""
 
     def __init__(self, backend: ChatBackend, cache: ResponseCache | str | Path | None = None,
-                 retry_failed: bool = False, max_workers: int = 4, name: str = ""):
+                 retry_failed: bool = False, max_workers: int = 4, name: str = "", batch_size: int = 1):
         self.backend = backend
         self.cache = ResponseCache(cache) if isinstance(cache, (str, Path)) else cache
         self.retry_failed = retry_failed
         self.max_workers = max_workers
+        self.batch_size = batch_size          # > 1: local backends generate this many conversations per call
         self.name = name
         self.stats = ChatStats()
         self._lock = threading.Lock()
@@ -245,13 +246,16 @@ class Chat:
         res = self.backend.complete(messages, params)
         if self.cache is not None:
             self.cache.put(key, res)
+        self._count(res)
+        return res
+
+    def _count(self, res: ChatResult) -> None:
         with self._lock:
             self.stats.failed += res.status == "failed"
             self.stats.refused += res.status in ("refused", "blocked")
             self.stats.prompt_tokens += res.usage.get("prompt_tokens", 0)
             self.stats.completion_tokens += res.usage.get("completion_tokens", 0)
             self.stats.cost_usd += res.cost_usd
-        return res
 
     def generate(self, messages: Sequence[dict[str, Any]], params: GenParams = GenParams()) -> ChatResult:
         key = self.key(messages, params)
@@ -280,6 +284,23 @@ class Chat:
             else:
                 todo[k] = m
         bar = tqdm(total=len(todo), desc=desc or f"chat {self.name}".strip(), disable=not progress or not todo)
+        if hasattr(self.backend, "complete_batch") and self.batch_size > 1:
+            # local models: batched generation, each batch's answers cached as it finishes
+            items = list(todo.items())
+            try:
+                for s in range(0, len(items), self.batch_size):
+                    chunk = items[s:s + self.batch_size]
+                    with self._lock:
+                        self.stats.requests += len(chunk)
+                    for (k, _), res in zip(chunk, self.backend.complete_batch([m for _, m in chunk], params)):
+                        if self.cache is not None:
+                            self.cache.put(k, res)
+                        self._count(res)
+                        results[k] = res
+                    bar.update(len(chunk))
+            finally:
+                bar.close()
+            return [results[k] for k in keys]
         workers = max(1, min(max_workers or self.max_workers, len(todo) or 1))
         pool = ThreadPoolExecutor(max_workers=workers)
         try:
@@ -527,6 +548,44 @@ class HFChatBackend:
             out.append({"role": m["role"], "content": parts})
         return out
 
+    def complete_batch(self, conversations: Sequence[Sequence[dict[str, Any]]], params: GenParams) -> list[ChatResult]:
+        """Several conversations in one left-padded generate call (greedy or seeded sampling)."""
+        import torch
+        tok = getattr(self.processor, "tokenizer", self.processor)
+        side = tok.padding_side
+        tok.padding_side = "left"
+        try:
+            inputs = self.processor.apply_chat_template([self._hf_messages(m) for m in conversations],
+                                                        add_generation_prompt=True, tokenize=True, return_dict=True,
+                                                        return_tensors="pt", processor_kwargs={"padding": True})
+        finally:
+            tok.padding_side = side
+        dtype = next(self.model.parameters()).dtype
+        inputs = {k: (v.to(self.device, dtype) if v.is_floating_point() else v.to(self.device))
+                  for k, v in inputs.items() if hasattr(v, "to")}
+        gen = {"max_new_tokens": params.max_new_tokens, "do_sample": params.temperature > 0}
+        if params.temperature > 0:
+            gen.update(temperature=params.temperature, top_p=params.top_p)
+        if tok.pad_token_id is not None:
+            gen["pad_token_id"] = tok.pad_token_id
+        with self._lock, torch.no_grad():
+            torch.manual_seed(params.seed)
+            out = self.model.generate(**inputs, **gen)
+        n_in = inputs["input_ids"].shape[1]
+        eos = self.model.generation_config.eos_token_id
+        eos = set(eos if isinstance(eos, list) else [eos])
+        results = []
+        for i in range(len(conversations)):
+            new = out[i, n_in:]
+            keep = [t for t in new.tolist() if t != tok.pad_token_id]
+            n_new = next((j + 1 for j, t in enumerate(keep) if t in eos), len(keep))
+            finish = "stop" if n_new < len(keep) + 1 and keep and keep[n_new - 1] in eos else "length"
+            prompt_len = int(inputs["attention_mask"][i].sum()) if "attention_mask" in inputs else n_in
+            results.append(ChatResult(tok.decode(keep[:n_new], skip_special_tokens=True).strip(),
+                                      usage={"prompt_tokens": prompt_len, "completion_tokens": n_new},
+                                      finish_reason=finish, model=self.model_id))
+        return results
+
     def complete(self, messages, params: GenParams) -> ChatResult:
         import torch
         inputs = self.processor.apply_chat_template(self._hf_messages(messages), add_generation_prompt=True,
@@ -588,4 +647,4 @@ def load_chat(name_or_path: str | Path, cache: ResponseCache | str | Path | None
     backend = load_backend(preset, device, env_file)
     return Chat(backend, cache, retry_failed=retry_failed,
                 max_workers=int(preset.options.get("max_workers", 1 if preset.backend == "hf" else 8)),
-                name=preset.name)
+                name=preset.name, batch_size=int(preset.options.get("batch_size", 16 if preset.backend == "hf" else 1)))

@@ -3,6 +3,7 @@ loaded through AutoModelForImageTextToText / AutoProcessor by the chat backend, 
 training prompt equal to what the chat template builds."""
 import json
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -64,3 +65,43 @@ def test_chat_backend_reproduces_the_training_prompt_and_greedy_captions(tiny_vl
 def test_rouge_l_is_one_for_identical_and_lower_otherwise():
     assert rouge_l(["a red sun on the left"], ["a red sun on the left"]) == 1.0
     assert rouge_l(["a blue tree"], ["a red sun on the left"]) < 0.5
+
+
+def test_batched_generation_equals_one_at_a_time_and_is_cached(tiny_vlm, tmp_path):
+    out, path, _ = tiny_vlm
+    imgs = [Image.open(p).convert("RGB") for p in sorted((out / "img").iterdir())[:5]]
+    convs = [[user(im, CAPTION_PROMPT)] for im in imgs] + [[user(imgs[0], "Describe the image in detail.")]]
+    one = load_chat(path, cache=None, device="cpu")
+    singles = [one.generate(c, GenParams(max_new_tokens=12)) for c in convs]
+    chat = load_chat(path, cache=tmp_path / "b.sqlite", device="cpu")
+    assert chat.batch_size > 1
+    batched = chat.generate_many(convs, GenParams(max_new_tokens=12), progress=False)
+    assert [b.text for b in batched] == [s.text for s in singles]
+    assert [b.usage for b in batched] == [s.usage for s in singles]
+    again = load_chat(path, cache=tmp_path / "b.sqlite", device="cpu")
+    assert [r.text for r in again.generate_many(convs, GenParams(max_new_tokens=12), progress=False)] == \
+        [s.text for s in singles] and again.stats.requests == 0
+
+
+def test_zero_shot_tagger_and_caption_columns(tiny_vlm, tmp_path):
+    from lib.captioning import ZeroShotTagger, caption_many, grounded_prompt, tag_caption, trace_records
+    from lib.datasets import MemeRecord
+    from lib.encoders import load_encoder
+    out, path, _ = tiny_vlm
+    enc = load_encoder(path.parent / "clip", device="cpu")
+    vocab = ["sun", "house", "tree", "boat", "cup"]
+    paths = sorted((out / "img").iterdir())[:3]
+    imgs = [Image.open(p).convert("RGB") for p in paths]
+    tagger = ZeroShotTagger(enc, vocab, top_k=2, min_prob=0.0)
+    tags = tagger.tags(imgs)
+    probs = tagger.scores(imgs)
+    assert np.allclose(probs.sum(1), 1.0, atol=1e-5)
+    assert all(len(t) == 2 and t[0][0] == vocab[int(np.argmax(p))] for t, p in zip(tags, probs))
+    assert "sun" in grounded_prompt([("sun", 0.9)]) and tag_caption([]) == ""
+    chat = load_chat(path, cache=tmp_path / "cap.sqlite", device="cpu")
+    caps = caption_many(chat, imgs, [CAPTION_PROMPT] * 3, max_new_tokens=8)
+    recs = [MemeRecord(str(i), p, "meme text", 0, "train") for i, p in enumerate(paths)]
+    rows = trace_records(recs, {"vlm_caption": [c.text for c in caps], "tag_caption": ["", "objects: sun", ""]})
+    assert rows[1]["tag_caption"] == "objects: sun" and "tag_caption" not in rows[0]
+    assert all(r["vlm_caption"] == c.text for r, c in zip(rows, caps) if c.text)
+
