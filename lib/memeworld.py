@@ -811,3 +811,9 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def tag_vocabulary() -> list[str]:
+    """Every object MemeWorld draws, as a tagger vocabulary (TRACE grounding in the embedded profile)."""
+    return (list(BENIGN_OBJECTS) + [f"{s} sigil" for s in SYMBOLS] + [f"crossed-out {s} sigil" for s in SYMBOLS]
+            + ["brown sludge rat", "green myth stamp", "grey hand emblem"])

@@ -57,3 +57,28 @@ def test_clip4dm_headline_numbers():
     assert m["batched_max_abs_diff"] < 1e-5
     assert 0.5 < m["ap_clipscore"] <= 1.0
     assert (ARTIFACTS_ROOT.parent / "figures" / "embedded" / "clip4dm_word_attributions.png").exists()
+
+
+def test_captioning_headline_numbers():
+    m = _metrics("01_captioning")
+    assert m["n_memes"] > 0 and m["n_unreadable"] == 0
+    assert m["rouge_l_vlm_caption"] >= 0.6
+    rows = json.loads((EMB / "01_captioning" / "trace_captions.json").read_text())
+    assert len(rows) == m["n_memes"] and all({"img", "text", "label", "split"} <= set(r) for r in rows)
+    assert sum("vlm_caption" in r for r in rows) == len(rows)
+
+
+def test_trace_multimodal_beats_both_unimodal_baselines_on_emergent_types():
+    m = _metrics("02_finetuning")
+    for k in ("auroc", "accuracy", "macro_f1", "epoch_s_cached", "epoch_s_uncached"):
+        assert k in m
+    for t in ("001", "110"):
+        assert m[f"acc_type_{t}"] > m[f"text_only_acc_type_{t}"] + 0.1
+        assert m[f"acc_type_{t}"] > m[f"image_only_acc_type_{t}"] + 0.1
+    assert m["auroc"] > 0.8
+    assert m["epoch_s_uncached"] > m["epoch_s_cached"]
+    preds = EMB / "02_finetuning" / "predictions_cls_rel.csv"
+    import pandas as pd
+    df = pd.read_csv(preds)
+    assert {"id", "split", "probability", "threshold", "prediction", "label"} <= set(df.columns)
+    assert df["threshold"].nunique() == 1                      # one threshold, chosen on validation
