@@ -587,29 +587,7 @@ class HFChatBackend:
         return results
 
     def complete(self, messages, params: GenParams) -> ChatResult:
-        import torch
-        inputs = self.processor.apply_chat_template(self._hf_messages(messages), add_generation_prompt=True,
-                                                    tokenize=True, return_dict=True, return_tensors="pt")
-        dtype = next(self.model.parameters()).dtype
-        inputs = {k: (v.to(self.device, dtype) if v.is_floating_point() else v.to(self.device))
-                  for k, v in inputs.items() if hasattr(v, "to")}
-        gen = {"max_new_tokens": params.max_new_tokens, "do_sample": params.temperature > 0}
-        if params.temperature > 0:
-            gen.update(temperature=params.temperature, top_p=params.top_p)
-        tok = getattr(self.processor, "tokenizer", self.processor)
-        if tok.pad_token_id is not None:
-            gen["pad_token_id"] = tok.pad_token_id
-        with self._lock, torch.no_grad():
-            torch.manual_seed(params.seed)
-            out = self.model.generate(**inputs, **gen)
-        n_in = inputs["input_ids"].shape[1]
-        new = out[0, n_in:]
-        eos = self.model.generation_config.eos_token_id
-        eos = set(eos if isinstance(eos, list) else [eos])
-        finish = "stop" if len(new) and int(new[-1]) in eos else "length"
-        txt = tok.decode(new, skip_special_tokens=True).strip()
-        return ChatResult(txt, usage={"prompt_tokens": int(n_in), "completion_tokens": int(len(new))},
-                          finish_reason=finish, model=self.model_id)
+        return self.complete_batch([messages], params)[0]
 
 
 # ----------------------------------------------------------------------------- loading

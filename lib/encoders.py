@@ -122,7 +122,8 @@ class Encoder:
 
     # -- internals for attribution and fine-tuning
     def text_layers(self):
-        raise NotImplementedError
+        """The text encoder's transformer layers (Hugging Face CLIP/SigLIP layout by default)."""
+        return self.model.text_model.encoder.layers
 
     def text_hidden_below(self, tokens, layer: int):
         raise NotImplementedError(f"{type(self).__name__}: frozen-prefix caching is implemented for hf_clip; "
@@ -136,11 +137,11 @@ class Encoder:
 
     @property
     def text_dim(self) -> int:
-        raise NotImplementedError
+        return self.model.config.text_config.hidden_size
 
     @property
     def image_dim(self) -> int:
-        raise NotImplementedError
+        return self.model.config.vision_config.hidden_size
 
     def __repr__(self) -> str:
         name = self.preset.name if self.preset else "(unnamed)"
@@ -186,17 +187,6 @@ class HFClipEncoder(Encoder):
 
     def project_text(self, feats):
         return self.model.text_projection(feats)
-
-    def text_layers(self):
-        return self.model.text_model.encoder.layers
-
-    @property
-    def text_dim(self):
-        return self.model.config.text_config.hidden_size
-
-    @property
-    def image_dim(self):
-        return self.model.config.vision_config.hidden_size
 
     # -- frozen-prefix caching (TRACE): hidden states below the lowest unfrozen layer are computed once
     def _causal_mask(self, hidden, attention_mask):
@@ -282,17 +272,6 @@ class HFSiglipEncoder(Encoder):
     def logit_bias(self):
         return float(self.model.logit_bias.reshape(-1)[0])
 
-    def text_layers(self):
-        return self.model.text_model.encoder.layers
-
-    @property
-    def text_dim(self):
-        return self.model.config.text_config.hidden_size
-
-    @property
-    def image_dim(self):
-        return self.model.config.vision_config.hidden_size
-
     def text_forward_with_attentions(self, tokens):
         import torch
         _require_eager(self.model, "hf_siglip")
@@ -338,14 +317,6 @@ class HFBlipEncoder(Encoder):
 
     def text_layers(self):
         return self.model.text_encoder.encoder.layer
-
-    @property
-    def text_dim(self):
-        return self.model.config.text_config.hidden_size
-
-    @property
-    def image_dim(self):
-        return self.model.config.vision_config.hidden_size
 
 
 class OpenClipEncoder(Encoder):
