@@ -31,6 +31,22 @@ class AttentionUnavailable(NotImplementedError):
     """The backend does not expose differentiable text attention maps."""
 
 
+class _StopForward(Exception):
+    """Raised by a hook to end a forward pass once the wanted hidden states are captured."""
+
+
+_HIDDEN_KEYS = ("hidden_states", "q_x", "x", "hidden")
+
+
+def _hidden_arg(args, kwargs):
+    if args:
+        return args[0]
+    for k in _HIDDEN_KEYS:
+        if k in kwargs:
+            return kwargs[k]
+    raise RuntimeError(f"text layer called without a recognisable hidden-states argument: {sorted(kwargs)}")
+
+
 def _pooled(out):
     """transformers 5 returns model outputs from get_*_features; older versions tensors."""
     return out.pooler_output if hasattr(out, "pooler_output") else out
@@ -125,12 +141,90 @@ class Encoder:
         """The text encoder's transformer layers (Hugging Face CLIP/SigLIP layout by default)."""
         return self.model.text_model.encoder.layers
 
+    # -- frozen-prefix caching (TRACE). The generic path works on any backend whose text tower runs
+    # `text_layers()` in order: a pre-hook captures the hidden states entering layer `layer`, and the
+    # resumed pass swaps the layers below for pass-throughs and feeds the cached states to `layer`,
+    # so everything after it (final norms, poolers, heads) is the backend's own code.
     def text_hidden_below(self, tokens, layer: int):
-        raise NotImplementedError(f"{type(self).__name__}: frozen-prefix caching is implemented for hf_clip; "
-                                  f"train this backbone uncached (cache_frozen=False)")
+        """Hidden states entering text layer `layer` (0-based), as the tower's own loop passes them."""
+        layers = self.text_layers()
+        if not 0 <= layer < len(layers):
+            raise ValueError(f"{type(self).__name__}: layer {layer} outside 0..{len(layers) - 1}")
+        box: dict[str, Any] = {}
+
+        def grab(module, args, kwargs):
+            box["h"] = _hidden_arg(args, kwargs)
+            raise _StopForward
+
+        handle = layers[layer].register_forward_pre_hook(grab, with_kwargs=True)
+        try:
+            self.text_features(tokens)
+        except _StopForward:
+            pass
+        finally:
+            handle.remove()
+        if "h" not in box:
+            raise RuntimeError(f"{type(self).__name__}: text layer {layer} was never called")
+        return box["h"]
 
     def text_features_from(self, hidden, tokens, layer: int):
-        raise NotImplementedError(f"{type(self).__name__}: frozen-prefix caching is implemented for hf_clip")
+        """Pooled text output (before projection) from hidden states entering layer `layer`; equal to
+        `text_features(tokens)` when `hidden = text_hidden_below(tokens, layer)`. Only the layers from
+        `layer` on run, so gradients reach exactly the unfrozen ones."""
+        import torch.nn as nn
+        layers = self.text_layers()
+        fmt = self._layer_output_format() if layer > 0 else None
+
+        class _PassThrough(nn.Module):
+            """Stands in for a cached layer: returns its input; attribute lookups reach the layer."""
+            def __init__(self, orig):
+                super().__init__()
+                object.__setattr__(self, "_orig", orig)
+
+            def __getattr__(self, name):
+                try:
+                    return super().__getattr__(name)
+                except AttributeError:
+                    return getattr(self.__dict__["_orig"], name)
+
+            def forward(self, *args, **kwargs):
+                h = _hidden_arg(args, kwargs)
+                return h if fmt is None else (h,) + (None,) * (fmt - 1)
+
+        def feed(module, args, kwargs):
+            if args:
+                return (hidden,) + tuple(args[1:]), kwargs
+            key = next(k for k in _HIDDEN_KEYS if k in kwargs)
+            return args, {**kwargs, key: hidden}
+
+        saved = [layers[i] for i in range(layer)]
+        for i in range(layer):
+            layers[i] = _PassThrough(saved[i])
+        handle = layers[layer].register_forward_pre_hook(feed, with_kwargs=True)
+        try:
+            return self.text_features(tokens)
+        finally:
+            handle.remove()
+            for i, m in enumerate(saved):
+                layers[i] = m
+
+    def _layer_output_format(self):
+        """None when a text layer returns a tensor, else the length of the tuple it returns."""
+        if not hasattr(self, "_layer_fmt"):
+            import torch
+            box: dict[str, Any] = {}
+
+            def look(module, args, out):
+                box["fmt"] = len(out) if isinstance(out, tuple) else None
+
+            handle = self.text_layers()[0].register_forward_hook(look)
+            try:
+                with torch.no_grad():
+                    self.text_features(["a"])
+            finally:
+                handle.remove()
+            self._layer_fmt = box["fmt"]
+        return self._layer_fmt
 
     def text_forward_with_attentions(self, tokens):
         raise AttentionUnavailable(f"{type(self).__name__}: text attention maps are not reachable for this backend")
@@ -146,6 +240,29 @@ class Encoder:
     def __repr__(self) -> str:
         name = self.preset.name if self.preset else "(unnamed)"
         return f"<{type(self).__name__} {name} on {self.device}>"
+
+
+def _clip_layer_at(blk, h, pos, attention_mask):
+    """One CLIP encoder layer evaluated only at position `pos[b]` of each sequence (causal attention
+    over positions <= pos, padding masked): the layer's output rows [B, D] at those positions."""
+    import torch
+    B, T, D = h.shape
+    a = blk.self_attn
+    ar = torch.arange(B, device=h.device)
+    x = blk.layer_norm1(h)
+    q = a.q_proj(x[ar, pos]).view(B, a.num_heads, 1, a.head_dim)
+    k = a.k_proj(x).view(B, T, a.num_heads, a.head_dim).transpose(1, 2)
+    v = a.v_proj(x).view(B, T, a.num_heads, a.head_dim).transpose(1, 2)
+    w = torch.matmul(q, k.transpose(-1, -2)) * a.scale                      # [B, H, 1, T]
+    allowed = torch.arange(T, device=h.device)[None, :] <= pos[:, None]
+    if attention_mask is not None:
+        allowed = allowed & attention_mask.bool()
+    w = w.masked_fill(~allowed[:, None, None, :], torch.finfo(w.dtype).min)
+    w = torch.nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+    w = torch.nn.functional.dropout(w, p=a.dropout if a.training else 0.0, training=a.training)
+    o = a.out_proj(torch.matmul(w, v).reshape(B, D))
+    r = h[ar, pos] + o
+    return r + blk.mlp(blk.layer_norm2(r))
 
 
 def torch_arange(n, device):
@@ -165,6 +282,7 @@ def _require_eager(model, who: str) -> None:
 class HFClipEncoder(Encoder):
     backend = "hf_clip"
     supports_attention = True
+    trims_padding = True          # tokenize pads to the batch's longest text
 
     def tokenize(self, texts, **kw):
         return self.tokenizer(list(texts), padding=True, truncation=True,
@@ -204,17 +322,34 @@ class HFClipEncoder(Encoder):
             h = blk(h, mask)
         return h
 
-    def text_features_from(self, hidden, tokens, layer: int):
+    #: compute only the pooled position in the last text layer when resuming from a cache (exact)
+    pooled_only = True
+
+    def text_features_from(self, hidden, tokens, layer: int, pooled_only: bool | None = None):
         """Pooled text output (before projection) from hidden states entering layer `layer`;
-        equal to `text_features(tokens)` when `hidden = text_hidden_below(tokens, layer)`."""
+        equal to `text_features(tokens)` when `hidden = text_hidden_below(tokens, layer)`.
+
+        pooled_only: CLIP pools one position (EOT) after a per-token final LayerNorm, so the last
+        layer's other positions are never used; computing only the pooled query there (keys and
+        values still over all positions) gives the same output and gradients at a fraction of
+        the cost."""
+        pooled_only = self.pooled_only if pooled_only is None else pooled_only
         inp = self._text_inputs(tokens)
         tm = self.model.text_model
-        mask = self._causal_mask(hidden, inp.get("attention_mask"))
+        layers = tm.encoder.layers
+        last = len(layers) - 1 if pooled_only else len(layers)
+        pool = self.pool_index(inp["input_ids"])
+        ar = torch_arange(hidden.shape[0], hidden.device)
         h = hidden
-        for blk in tm.encoder.layers[layer:]:
-            h = blk(h, mask)
+        if layer < last:
+            mask = self._causal_mask(hidden, inp.get("attention_mask"))
+            for blk in layers[layer:last]:
+                h = blk(h, mask)
+        if pooled_only:
+            h = _clip_layer_at(layers[-1], h, pool, inp.get("attention_mask"))
+            return tm.final_layer_norm(h)
         h = tm.final_layer_norm(h)
-        return h[torch_arange(h.shape[0], h.device), self.pool_index(inp["input_ids"])]
+        return h[ar, pool]
 
     def pool_index(self, input_ids):
         """The EOT position CLIP pools at (first eos; argmax id for legacy eos_token_id == 2)."""

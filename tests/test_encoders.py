@@ -208,3 +208,63 @@ def test_local_folder_loads_through_the_same_backend(clip_tok, tmp_path):
         torch.testing.assert_close(loaded.similarity(_images(), TEXTS), enc.similarity(_images(), TEXTS))
     _, atts, _ = loaded.text_forward_with_attentions(loaded.tokenize(TEXTS))
     assert len(atts) == 2
+
+
+def _build(arch, clip_tok, tmp_path):
+    toks = TEXTS
+    if arch == "hf_clip":
+        enc, _ = _hf_clip(clip_tok)
+    elif arch == "hf_siglip":
+        enc, _, toks = _hf_siglip(clip_tok)
+    elif arch == "hf_siglip2":
+        enc, _, toks = _hf_siglip2(clip_tok)
+    elif arch == "hf_blip":
+        enc, _ = _hf_blip(clip_tok)
+    elif arch == "open_clip":
+        enc, _ = _open_clip_native()
+    else:
+        enc, _ = _open_clip_hf_text(tmp_path)
+    if isinstance(toks, list):
+        toks = dict(enc.tokenize(toks))
+    return enc, toks
+
+
+@pytest.mark.parametrize("arch", BUILDERS)
+def test_frozen_prefix_cache_equals_the_full_text_tower(arch, clip_tok, tmp_path):
+    """TRACE's cache: features resumed from the hidden states entering layer l equal the full
+    tower's, and gradients reach the layers from l on exactly as in the full pass."""
+    enc, toks = _build(arch, clip_tok, tmp_path)
+    enc.model.double()                                # float64: equal up to rounding, not up to float32 noise
+    last = enc.text_layers()[-1]
+    for layer in range(len(enc.text_layers())):
+        with torch.no_grad():
+            hidden = enc.text_hidden_below(toks, layer)
+        for p in enc.model.parameters():
+            p.grad = None
+        full = enc.text_features(toks)
+        full.pow(2).sum().backward()
+        g_full = [p.grad.clone() for p in last.parameters() if p.grad is not None]
+        for p in enc.model.parameters():
+            p.grad = None
+        resumed = enc.text_features_from(hidden, toks, layer)
+        torch.testing.assert_close(resumed, full.detach(), rtol=1e-10, atol=1e-10)
+        resumed.pow(2).sum().backward()
+        g_res = [p.grad.clone() for p in last.parameters() if p.grad is not None]
+        assert len(g_full) == len(g_res) > 0
+        for a, b in zip(g_full, g_res):
+            torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-12)
+        below = [p.grad for blk in list(enc.text_layers())[:layer] for p in blk.parameters()]
+        assert all(g is None for g in below)          # the cached layers are not run at all
+    assert len(enc.text_layers()) == 2                # the layers were put back
+
+
+def test_hf_clip_pooled_only_last_layer_is_exact(clip_tok):
+    enc, _ = _hf_clip(clip_tok)
+    toks = enc.tokenize(TEXTS)
+    with torch.no_grad():
+        h = enc.text_hidden_below(toks, 1)
+        a = enc.text_features_from(h, toks, 1, pooled_only=True)
+        b = enc.text_features_from(h, toks, 1, pooled_only=False)
+        c = enc.text_features(toks)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
