@@ -8,10 +8,13 @@ Losses: classification (0.9 focal + 0.1 BCE), relevance (the same loss on the me
 logit over valid captions) and contrastive (InfoNCE, or sigmoid for SigLIP), combined with
 learned uncertainty weights or fixed weights (MultiOFF recipe).
 
-The backbone is frozen except selected text layers. Frozen parts are computed once: image
-features for every meme and the text hidden states entering the lowest unfrozen layer for
-every distinct caption (`FeatureCache`); training then runs only the unfrozen layers and the
-classifier. `features(..., cached=False)` runs the full backbone and gives the same numbers.
+The backbone is frozen except selected text layers (or LoRA adapters on them). Frozen parts
+are computed once: image features for every meme and the text hidden states entering the
+lowest unfrozen layer for every distinct caption (`FeatureCache`, for every encoder backend);
+training then runs only the layers from there on and the classifier (for CLIP, the last layer
+at the pooled position only). `FeatureCache=None` runs the full backbone every step and gives
+the same numbers. `Trainer(..., accelerator=...)` trains over several processes (GPUs);
+`python -m lib.trace` is the command `accelerate launch` runs.
 
 Evaluation is honest: the decision threshold is chosen on validation only; the official
 code's threshold-tuned-on-test number can be computed beside it, labelled optimistic.
@@ -215,13 +218,26 @@ class FeatureCache:
             self.image_feat = torch.cat(feats)
             self.image_emb = torch.cat(embs)
             tok = encoder.tokenize(data.texts)
-            self.input_ids, self.attention_mask = tok["input_ids"], tok["attention_mask"]
+            self.tokens = {k: v for k, v in tok.items() if hasattr(v, "shape")}
             hs = []
             for k in tqdm(range(0, len(data.texts), batch_size), desc="cache text hidden states",
                           disable=not progress):
-                t = {"input_ids": self.input_ids[k:k + batch_size], "attention_mask": self.attention_mask[k:k + batch_size]}
+                t = {n: v[k:k + batch_size] for n, v in self.tokens.items()}
                 hs.append(encoder.text_hidden_below(t, self.layer).float().cpu())
             self.hidden = torch.cat(hs)
+        #: backends that pad to the batch's longest text (hf_clip) can run cached rows trimmed to
+        #: their own longest; fixed-length towers (SigLIP, open_clip) need the full length
+        self.trim = bool(getattr(encoder, "trims_padding", False)) and "attention_mask" in self.tokens
+
+    def text_inputs(self, idx):
+        """Cached hidden states and tokens for distinct-text indices `idx`."""
+        t = {n: v[idx] for n, v in self.tokens.items()}
+        h = self.hidden[idx]
+        if self.trim:
+            L = int(t["attention_mask"].sum(1).max())
+            t = {n: v[:, :L] for n, v in t.items()}
+            h = h[:, :L]
+        return h.contiguous(), t
 
 
 def text_features(encoder, data: MemeBatchData, text_idx, cache: FeatureCache | None, tokens=None):
@@ -229,9 +245,8 @@ def text_features(encoder, data: MemeBatchData, text_idx, cache: FeatureCache | 
     import torch
     idx = torch.as_tensor(text_idx)
     if cache is not None:
-        L = int(cache.attention_mask[idx].sum(1).max())
-        t = {"input_ids": cache.input_ids[idx, :L], "attention_mask": cache.attention_mask[idx, :L]}
-        f = encoder.text_features_from(cache.hidden[idx, :L].to(encoder.device), t, cache.layer)
+        h, t = cache.text_inputs(idx)
+        f = encoder.text_features_from(h.to(encoder.device), t, cache.layer)
     else:
         f = encoder.text_features([data.texts[i] for i in idx.tolist()])
     return f, encoder.project_text(f)
@@ -294,7 +309,7 @@ def set_trainable(encoder, cfg: TrainConfig) -> list[int]:
         p.requires_grad_(False)
     if cfg.lora_rank > 0:
         from peft import LoraConfig, inject_adapter_in_model
-        targets = [f"text_model.encoder.layers.{i}.self_attn.{m}" for i in idx for m in ("q_proj", "v_proj")]
+        targets = lora_targets(encoder, idx)
         inject_adapter_in_model(LoraConfig(r=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank, target_modules=targets),
                                 encoder.model)
         for name, p in encoder.model.named_parameters():
@@ -304,6 +319,27 @@ def set_trainable(encoder, cfg: TrainConfig) -> list[int]:
             for p in layers[i].parameters():
                 p.requires_grad_(True)
     return idx
+
+
+_QV = ("q_proj", "v_proj", "query", "value")
+
+
+def lora_targets(encoder, layer_idx) -> list[str]:
+    """Full module names for LoRA in the given text layers: the attention query/value projections
+    (HF CLIP/SigLIP `q_proj`/`v_proj`, (XLM-)RoBERTa `query`/`value`), or every linear layer of
+    the block where the attention is a fused nn.MultiheadAttention (open_clip's native tower)."""
+    import torch.nn as nn
+    layers = encoder.text_layers()
+    names = {id(m): n for n, m in encoder.model.named_modules()}
+    out = []
+    for i in layer_idx:
+        prefix = names[id(layers[i])]
+        lin = [(n, m) for n, m in layers[i].named_modules() if isinstance(m, nn.Linear)]
+        qv = [n for n, _ in lin if n.rsplit(".", 1)[-1] in _QV]
+        out += [f"{prefix}.{n}" for n in (qv or [n for n, _ in lin])]
+    if not out:
+        raise ValueError(f"{type(encoder).__name__}: no linear layers found for LoRA in text layers {list(layer_idx)}")
+    return out
 
 
 def metrics_at(probs: np.ndarray, labels: np.ndarray, threshold: float) -> dict[str, float]:
@@ -326,9 +362,16 @@ class Trainer:
     """Fine-tunes `CLIPClassifier` (+ the unfrozen text layers) on MemeBatchData."""
 
     def __init__(self, encoder, data: MemeBatchData, cfg: TrainConfig, cache: FeatureCache | None = None,
-                 progress: bool = True):
+                 progress: bool = True, accelerator=None):
+        """accelerator: an `accelerate.Accelerator` for multi-process (multi-GPU) training: every process
+        takes its share of each epoch's batches and gradients are averaged over processes before each
+        optimizer step, so all processes hold the same weights (the encoder must already be on
+        `accelerator.device`)."""
         import torch
         self.encoder, self.data, self.cfg, self.progress = encoder, data, cfg, progress
+        self.acc = accelerator
+        self.world = accelerator.num_processes if accelerator is not None else 1
+        self.rank = accelerator.process_index if accelerator is not None else 0
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed)
         self.unfrozen = set_trainable(encoder, cfg)
@@ -361,24 +404,48 @@ class Trainer:
         cfg = self.cfg
         self.model.train()
         self.encoder.model.train()
-        perm = np.random.permutation(rows)
+        perm = np.random.permutation(rows)            # the same on every process (same seed)
         tau = gumbel_tau(epoch, cfg.epochs)
         t0, losses = time.time(), []
         self.opt.zero_grad(set_to_none=True)
-        n_batches = math.ceil(len(perm) / cfg.batch_size)
-        for b in tqdm(range(n_batches), desc=f"epoch {epoch + 1}", disable=not self.progress, leave=False):
-            r = perm[b * cfg.batch_size:(b + 1) * cfg.batch_size]
+        n_batches = math.ceil(len(perm) / (cfg.batch_size * self.world))
+        for b in tqdm(range(n_batches), desc=f"epoch {epoch + 1}", disable=not self.progress or self.rank > 0,
+                      leave=False):
+            big = perm[b * cfg.batch_size * self.world:(b + 1) * cfg.batch_size * self.world]
+            r = big[self.rank::self.world]
+            if len(r) == 0:                           # a short last batch: this process adds zero gradient
+                r = big[:1]
             out, mask = self._forward(r, True, tau)
             y = torch.as_tensor(self.data.labels[r], device=out["logit"].device)
             loss, parts = trace_loss(out, y, mask, self.enabled, self.model.log_vars, cfg.fixed_weights,
                                      cfg.sigmoid_contrastive)
-            (loss / cfg.grad_accum).backward()
+            scale = 0.0 if len(big[self.rank::self.world]) == 0 else 1.0
+            (scale * loss / cfg.grad_accum).backward()
             if (b + 1) % cfg.grad_accum == 0 or b + 1 == n_batches:
+                self._sync_gradients()
                 torch.nn.utils.clip_grad_norm_(self._params, cfg.grad_clip)
                 self.opt.step()
                 self.opt.zero_grad(set_to_none=True)
             losses.append(float(loss.detach()))
         return {"loss": float(np.mean(losses)), "seconds": time.time() - t0, "tau": tau}
+
+    def _sync_gradients(self) -> None:
+        """Average gradients over processes (what DDP does), one flat all-reduce per step."""
+        if self.world <= 1:
+            return
+        import torch
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat = self.acc.reduce(flat, reduction="mean")
+        at = 0
+        for p, g in zip(self._params, grads):
+            n = g.numel()
+            p.grad = flat[at:at + n].view_as(p).clone()
+            at += n
+
+    def time_epoch(self, rows: np.ndarray, repeats: int = 3) -> float:
+        """Seconds for one training epoch over `rows`: the fastest of `repeats` (the first pays warm-up)."""
+        return min(self.epoch(np.asarray(rows), 0)["seconds"] for _ in range(max(1, repeats)))
 
     def predict(self, rows: np.ndarray, batch_size: int = 512) -> tuple[np.ndarray, np.ndarray]:
         """Probabilities and the per-candidate selection weights for meme rows."""
@@ -461,3 +528,119 @@ def mcnemar(correct_a: Sequence[bool], correct_b: Sequence[bool]) -> dict[str, f
     table = [[int((a & b).sum()), int((a & ~b).sum())], [int((~a & b).sum()), int((~a & ~b).sum())]]
     r = _mc(table, exact=False, correction=True)
     return {"statistic": float(r.statistic), "pvalue": float(r.pvalue), "b": table[0][1], "c": table[1][0]}
+
+
+# ----------------------------------------------------------------------------- runs (notebook 02 and the CLI)
+VALIDATION_SPLITS = ("dev_seen", "dev_unseen", "val")
+TEST_SPLITS = ("test_seen", "test_unseen", "test")
+MULTIOFF_RECIPE = {"loss_config": "all", "fixed_weights": {"cls": 1.0, "con": 0.3, "rel": 0.7},
+                   "select_on": "macro_f1", "unfreeze_text_layers": (-1,), "batch_size": 32, "grad_accum": 4,
+                   "epochs": 20, "seed": 42}
+
+
+def split_rows(data: MemeBatchData) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """train rows, validation rows (dev_seen + dev_unseen, or MultiOFF's val) and each test split's rows."""
+    sp = np.array(data.splits)
+    tests = {s: np.where(sp == s)[0] for s in TEST_SPLITS if (sp == s).any()}
+    return np.where(sp == "train")[0], np.where(np.isin(sp, VALIDATION_SPLITS))[0], tests
+
+
+def load_trace_data(path, columns: Sequence[str]) -> MemeBatchData:
+    """A TRACE JSON file (notebook 01's output) as MemeBatchData over the meme text + `columns`."""
+    from pathlib import Path
+    from lib import datasets
+    path = Path(path)
+    ds = datasets.load("trace", path.parent, file=path.name, image_root="/", caption_columns=None)
+    return MemeBatchData.from_records(ds.records, list(columns))
+
+
+def lowest_layer(encoder, unfreeze_text_layers: Sequence[int]) -> int:
+    n = len(encoder.text_layers())
+    return min((n + i) if i < 0 else i for i in unfreeze_text_layers)
+
+
+def train_variant(encoder, data: MemeBatchData, cfg: TrainConfig, cache: FeatureCache | None = None,
+                  progress: bool = True, accelerator=None) -> dict[str, Any]:
+    """Fit with validation-based selection, then evaluate every test split at the validation threshold."""
+    train, val, tests = split_rows(data)
+    if len(train) == 0 or len(val) == 0:
+        raise ValueError(f"TRACE data has {len(train)} train and {len(val)} validation memes; both are needed "
+                         f"(validation splits: {', '.join(VALIDATION_SPLITS)})")
+    t0 = time.time()
+    tr = Trainer(encoder, data, cfg, cache, progress=progress, accelerator=accelerator)
+    fit = tr.fit(train, val)
+    ev = tr.evaluate(val, tests)
+    return {"fit": fit, "curve": tr.curve, "eval": ev, "seconds": time.time() - t0, "trainer": tr}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Train one TRACE variant from a profile, single- or multi-process:
+
+        python -m lib.trace --profile paper --backbone clip-vit-l14 --loss-config cls+rel
+        accelerate launch --multi_gpu --num_processes 4 -m lib.trace --profile paper --dataset multioff
+
+    Reads the profile's `02_finetuning` section (and its `recipes` / `multioff` entries), the TRACE
+    JSON from notebook 01, and writes metrics.json, predictions.csv and curve.json under
+    artifacts/<profile>/02_finetuning/runs/<dataset>_<backbone>_<variant>/ (main process only)."""
+    import argparse
+    import pandas as pd
+    from lib.artifacts import require, stage_dir, write_json, write_text
+    from lib.encoders import load_encoder
+    from lib.params import load_profile
+    ap = argparse.ArgumentParser(prog="python -m lib.trace", description=main.__doc__.split("\n")[0])
+    ap.add_argument("--profile", default="embedded")
+    ap.add_argument("--dataset", choices=("fhm", "multioff"), default="fhm")
+    ap.add_argument("--backbone", help="encoder preset (default: the profile's first backbone)")
+    ap.add_argument("--loss-config", choices=sorted(LOSS_CONFIGS))
+    ap.add_argument("--modality", choices=("both", "text", "image"), default="both")
+    ap.add_argument("--epochs", type=int)
+    ap.add_argument("--no-progress", action="store_true")
+    a = ap.parse_args(argv)
+    p = load_profile(a.profile).get("02_finetuning", {})
+    acc = None
+    try:
+        from accelerate import Accelerator
+        acc = Accelerator(mixed_precision="no")      # AMP is the Trainer's own autocast
+    except ImportError:
+        pass
+    device = str(acc.device) if acc is not None else p.get("device")
+    if a.dataset == "multioff":
+        mo = {**MULTIOFF_RECIPE, **p.get("multioff", {})}
+        backbone = a.backbone or mo.pop("backbone", p.get("backbones", ["memeworld-clip"])[0])
+        mo.pop("backbone", None)
+        over, src = mo, require(a.profile, "trace_captions_multioff", "python -m lib.trace")
+    else:
+        backbone = a.backbone or p.get("backbones", ["memeworld-clip"])[0]
+        over = dict(p.get("recipes", {}).get(backbone, {}))
+        src = require(a.profile, "trace_captions", "python -m lib.trace")
+    fields = {f for f in TrainConfig.__dataclass_fields__}
+    base = {k: v for k, v in p.items() if k in fields}
+    cfg_kw = {**base, **{k: v for k, v in over.items() if k in fields}}
+    if a.loss_config:
+        cfg_kw["loss_config"] = a.loss_config
+    if a.epochs:
+        cfg_kw["epochs"] = a.epochs
+    cfg_kw["modality"] = a.modality
+    cfg_kw["unfreeze_text_layers"] = tuple(cfg_kw.get("unfreeze_text_layers", (-1,)))
+    cfg = TrainConfig(**cfg_kw)
+    data = load_trace_data(src, p.get("caption_columns", []))
+    enc = load_encoder(backbone, device=device)
+    cache = FeatureCache(enc, data, lowest_layer(enc, cfg.unfreeze_text_layers),
+                         progress=not a.no_progress) if cfg.cache_frozen else None
+    r = train_variant(enc, data, cfg, cache, progress=not a.no_progress, accelerator=acc)
+    if acc is None or acc.is_main_process:
+        name = f"{a.dataset}_{backbone}_{cfg.loss_config.replace('+', '_')}" + ("" if a.modality == "both" else f"_{a.modality}_only")
+        out = stage_dir(a.profile, "02_finetuning") / "runs" / name
+        out.mkdir(parents=True, exist_ok=True)
+        flat = {"threshold": r["eval"]["threshold"], "processes": acc.num_processes if acc else 1,
+                "seconds": r["seconds"], **{f"{s}_{k}": v for s, m in r["eval"]["splits"].items() for k, v in m.items()}}
+        write_json(out / "metrics.json", flat)
+        write_json(out / "curve.json", r["curve"])
+        write_text(out / "predictions.csv", pd.DataFrame(r["eval"]["predictions"]).to_csv(index=False))
+        print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in flat.items() if isinstance(v, float)))
+        print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

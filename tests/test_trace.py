@@ -93,3 +93,71 @@ def test_trainer_runs_cached_and_reports_honest_thresholds(tiny):
     assert {p["threshold"] for p in ev["predictions"]} == {ev["threshold"]}
     assert not torch.equal(before, enc.text_layers()[-1].mlp.fc1.weight)      # the unfrozen layer trained
     assert torch.equal(frozen, enc.text_layers()[0].mlp.fc1.weight)           # the frozen one did not
+
+
+def test_lora_trains_only_adapters_on_the_chosen_layers(tiny):
+    enc, data = tiny
+    cache = FeatureCache(enc, data, lowest_unfrozen=2, progress=False)
+    cfg = TrainConfig(hidden=32, epochs=1, batch_size=4, lr=1e-2, unfreeze_text_layers=(-1,), lora_rank=2)
+    base = {n: p.detach().clone() for n, p in enc.model.named_parameters()}
+    tr = Trainer(enc, data, cfg, cache, progress=False)
+    trainable = [n for n, p in enc.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n and "encoder.layers.2." in n for n in trainable)
+    assert {n.split(".self_attn.")[1].split(".")[0] for n in trainable} == {"q_proj", "v_proj"}
+    tr.epoch(np.where(np.array(data.splits) == "train")[0], 0)
+    after = {n.replace(".base_layer", ""): p for n, p in enc.model.named_parameters()}
+    assert all(torch.equal(base[n], after[n]) for n in base)                # the pretrained weights are untouched
+    assert any(not torch.equal(p, torch.zeros_like(p)) for n, p in after.items() if "lora_B" in n)
+
+
+@pytest.mark.parametrize("arch", ["open_clip_hf_text", "open_clip", "hf_siglip2"])
+def test_other_backbones_train_cached_with_the_same_features(arch, tiny, tmp_path):
+    """CLIP-(XLM-)RoBERTa (open_clip HF tower), native open_clip and SigLIP2 go through the same
+    cache and trainer: cached batch features equal the full backbone's, one epoch trains."""
+    from test_encoders import _hf_siglip2, _open_clip_hf_text, _open_clip_native
+    from lib.embedded_models import build_clip_tokenizer
+    from lib.trace import lora_targets
+    _, data = tiny
+    enc = {"open_clip_hf_text": lambda: _open_clip_hf_text(tmp_path)[0], "open_clip": lambda: _open_clip_native()[0],
+           "hf_siglip2": lambda: _hf_siglip2(build_clip_tokenizer())[0]}[arch]()
+    cache = FeatureCache(enc, data, lowest_unfrozen=1, batch_size=5, progress=False)
+    rows = np.arange(9)
+    with torch.no_grad():
+        a = batch_features(enc, data, rows, cache)
+        b = batch_features(enc, data, rows, None)
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+    tr = Trainer(enc, data, TrainConfig(hidden=16, epochs=1, batch_size=6, lr=1e-3, unfreeze_text_layers=(-1,),
+                                        sigmoid_contrastive=arch == "hf_siglip2", loss_config="all"),
+                 cache, progress=False)
+    before = [p.detach().clone() for p in enc.text_layers()[-1].parameters()]
+    assert np.isfinite(tr.epoch(np.where(np.array(data.splits) == "train")[0], 0)["loss"])
+    assert any(not torch.equal(x, y) for x, y in zip(before, enc.text_layers()[-1].parameters()))
+    assert lora_targets(enc, [1])                                             # LoRA finds its targets here too
+
+
+def test_two_processes_stay_in_sync(tiny_clip_dir, tmp_path):
+    """Multi-process training (accelerate, gloo on CPU): each process trains on its share of every
+    batch and gradients are averaged, so both processes end with identical weights that moved."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                        "--master_addr", "127.0.0.1", "--master_port", str(port),
+                        str(root / "tests" / "dist_train_worker.py"), str(tiny_clip_dir), str(tmp_path)],
+                       cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, b = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    assert a["world"] == b["world"] == 2
+    assert a["state"].keys() == b["state"].keys()
+    for k in a["state"]:
+        torch.testing.assert_close(a["state"][k], b["state"][k], rtol=0, atol=1e-6)
+    init = load_encoder(tiny_clip_dir, device="cpu").text_layers()[-1].mlp.fc1.weight
+    assert not torch.equal(a["state"]["enc.text_model.encoder.layers.2.mlp.fc1.weight"], init)
