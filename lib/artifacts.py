@@ -45,6 +45,7 @@ ARTIFACTS: dict[str, Artifact] = {
     "datasets": Artifact("00_data_prep", "datasets.json", "make reproduce NB=00"),
     "memeworld": Artifact("00_data_prep", "memeworld", "make reproduce NB=00"),
     "trace_captions": Artifact("01_captioning", "trace_captions.json", "make reproduce NB=01"),
+    "trace_captions_multioff": Artifact("01_captioning", "trace_captions_multioff.json", "make reproduce NB=01"),
     "memeworld-clip": Artifact("models", "memeworld-clip", "make reproduce NB=models"),
     "memeworld-vlm": Artifact("models", "memeworld-vlm", "make reproduce NB=models"),
 }

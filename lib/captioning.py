@@ -6,7 +6,10 @@ profiles:
 
 - `ZeroShotTagger`: tags from an encoder's zero-shot image-text scores over a tag vocabulary
   (embedded: memeworld-clip over MemeWorld's object, colour and symbol words);
-- `grounded_prompt`: the captioner prompt with the grounding written into it;
+- `CropGrounder`: boxes for the tags by scoring image windows against each tag with the same
+  encoder (embedded; a zero-shot localiser in the spirit of sliding-window CLIP), and
+  `GroundingDinoGrounder`: GroundingDINO through transformers, prompted with the tags (paper);
+- `grounded_prompt`: the captioner prompt with the grounding (tags and boxes) written into it;
 - `caption_many`: captions for many images through any cached chat model (batched for local
   models, a thread pool for HTTP ones), so reruns and crashes cost nothing twice;
 - `trace_records`: rows in the TRACE JSON format with one column per caption source.
@@ -57,13 +60,183 @@ class ZeroShotTagger:
         return out
 
 
-def grounded_prompt(tags: Sequence[tuple[str, float]], template: str = GROUNDED_PROMPT) -> str:
-    return template.format(tags=", ".join(t for t, _ in tags) if tags else "none")
+# ----------------------------------------------------------------------------- boxes
+def _windows(width: int, height: int, scales: Sequence[float], stride: float) -> list[tuple[int, int, int, int]]:
+    out = []
+    for s in scales:
+        n = int(np.floor((1 - s) / stride + 1e-9)) + 1
+        starts = np.linspace(0, 1 - s, n) if n > 1 else np.array([(1 - s) / 2])
+        for fy in starts:
+            for fx in starts:
+                out.append((int(round(fx * width)), int(round(fy * height)),
+                            int(round((fx + s) * width)), int(round((fy + s) * height))))
+    return out
 
 
-def tag_caption(tags: Sequence[tuple[str, float]]) -> str:
-    """The grounding written as a caption candidate of its own."""
-    return "objects: " + ", ".join(t for t, _ in tags) if tags else ""
+@dataclass
+class CropGrounder:
+    """Boxes for tags from an image-text encoder: every window (square crops of each `scales`
+    fraction of the image, `stride` apart) is scored against every tag; a tag's box is its
+    best-scoring window. Zero-shot and architecture-agnostic; coarser than a detector."""
+    encoder: Any
+    prompt: str = "a {}"
+    scales: Sequence[float] = (0.4,)
+    stride: float = 0.3
+    batch_images: int = 32
+
+    def __post_init__(self):
+        self._text: dict[str, Any] = {}
+
+    def _tag_embeddings(self, tags):
+        import torch
+        new = [t for t in dict.fromkeys(tags) if t not in self._text]
+        if new:
+            with torch.no_grad():
+                for t, e in zip(new, self.encoder.encode_texts([self.prompt.format(t) for t in new])):
+                    self._text[t] = e
+        return torch.stack([self._text[t] for t in tags]) if tags else None
+
+    def ground(self, images: Sequence, tags: Sequence[Sequence[str]]) -> list[list[dict[str, Any]]]:
+        """One list per image of {"tag", "box" [x0, y0, x1, y1] in pixels, "score"} for its tags."""
+        import torch
+        if len(images) != len(tags):
+            raise ValueError(f"CropGrounder.ground: {len(images)} images but {len(tags)} tag lists")
+        out: list[list[dict[str, Any]]] = []
+        for k in range(0, len(images), self.batch_images):
+            chunk, chunk_tags = images[k:k + self.batch_images], tags[k:k + self.batch_images]
+            wins = [_windows(*im.size, self.scales, self.stride) for im in chunk]
+            crops = [im.crop(w) for im, ws in zip(chunk, wins) for w in ws]
+            with torch.no_grad():
+                emb = self.encoder.encode_images(crops) if crops else None
+            at = 0
+            for im, ws, tg in zip(chunk, wins, chunk_tags):
+                e = emb[at:at + len(ws)]
+                at += len(ws)
+                if not tg:
+                    out.append([])
+                    continue
+                sims = (e @ self._tag_embeddings(list(tg)).T).float().cpu().numpy()     # [windows, tags]
+                best = sims.argmax(0)
+                out.append([{"tag": t, "box": [float(v) for v in ws[int(b)]], "score": float(sims[b, j])}
+                            for j, (t, b) in enumerate(zip(tg, best))])
+        return out
+
+
+class GroundingDinoGrounder:
+    """GroundingDINO (transformers `AutoModelForZeroShotObjectDetection`) prompted with the tags as
+    "tag one. tag two.", as TRACE's captioning pipeline does; detected phrases are mapped back to
+    the tag they name and boxes below `box_threshold` are dropped."""
+
+    def __init__(self, model, processor, box_threshold: float = 0.35, text_threshold: float = 0.25,
+                 max_boxes_per_tag: int = 2, device: str = "cpu"):
+        self.model, self.processor, self.device = model, processor, device
+        self.box_threshold, self.text_threshold, self.max_boxes_per_tag = box_threshold, text_threshold, max_boxes_per_tag
+
+    @classmethod
+    def from_pretrained(cls, model_id: str = "IDEA-Research/grounding-dino-base", revision: str | None = None,
+                        device: str | None = None, **kw) -> "GroundingDinoGrounder":
+        import torch
+        from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        rk = {"revision": revision} if revision else {}
+        model = AutoModelForZeroShotObjectDetection.from_pretrained(model_id, **rk).to(device).eval()
+        return cls(model, AutoProcessor.from_pretrained(model_id, **rk), device=device, **kw)
+
+    @staticmethod
+    def _match(phrase: str, tags: Sequence[str]) -> str | None:
+        p = phrase.strip().lower()
+        if not p:
+            return None
+        for t in tags:
+            if p == t.lower():
+                return t
+        cands = [t for t in tags if p in t.lower() or t.lower() in p]
+        return max(cands, key=len) if cands else None
+
+    def ground(self, images: Sequence, tags: Sequence[Sequence[str]]) -> list[list[dict[str, Any]]]:
+        import torch
+        if len(images) != len(tags):
+            raise ValueError(f"GroundingDinoGrounder.ground: {len(images)} images but {len(tags)} tag lists")
+        out = []
+        for im, tg in zip(images, tags):
+            if not tg:
+                out.append([])
+                continue
+            text = ". ".join(t.lower() for t in tg) + "."
+            inp = self.processor(images=im, text=text, return_tensors="pt").to(self.device)
+            with torch.no_grad():
+                res = self.model(**inp)
+            r = self.processor.post_process_grounded_object_detection(
+                res, inp["input_ids"], threshold=self.box_threshold, text_threshold=self.text_threshold,
+                target_sizes=[im.size[::-1]])[0]
+            labels = r["text_labels"] if "text_labels" in r else r["labels"]
+            found: dict[str, list[dict[str, Any]]] = {}
+            for box, score, lab in zip(r["boxes"].tolist(), r["scores"].tolist(), labels):
+                t = self._match(str(lab), tg)
+                if t is not None:
+                    found.setdefault(t, []).append({"tag": t, "box": [float(v) for v in box], "score": float(score)})
+            out.append([b for t in tg for b in sorted(found.get(t, []), key=lambda b: -b["score"])[: self.max_boxes_per_tag]])
+        return out
+
+
+def load_grounder(spec: dict[str, Any] | None, device: str | None = None):
+    """A grounder from a profile spec: {"kind": "crops", "encoder": PRESET, "scales": [...], "stride": s}
+    or {"kind": "grounding-dino", "model": HUB_ID, "revision": ..., "box_threshold": ...}; None: no boxes."""
+    if not spec:
+        return None
+    spec = dict(spec)
+    kind = spec.pop("kind", None)
+    if kind == "crops":
+        from lib.encoders import load_encoder
+        enc = load_encoder(spec.pop("encoder"), device=device)
+        return CropGrounder(enc, **spec)
+    if kind == "grounding-dino":
+        return GroundingDinoGrounder.from_pretrained(spec.pop("model", "IDEA-Research/grounding-dino-base"),
+                                                     revision=spec.pop("revision", None), device=device, **spec)
+    raise ValueError(f"grounder kind {kind!r} is not one of 'crops', 'grounding-dino'")
+
+
+def position_word(box: Sequence[float], width: float) -> str:
+    """left / middle / right from the box centre's horizontal third."""
+    cx = (box[0] + box[2]) / 2 / width
+    return "left" if cx < 1 / 3 else ("right" if cx > 2 / 3 else "middle")
+
+
+def box_iou(a: Sequence[float], b: Sequence[float]) -> float:
+    ix = max(0.0, min(a[2], b[2]) - max(a[0], b[0]))
+    iy = max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+    inter = ix * iy
+    union = (a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter
+    return inter / union if union > 0 else 0.0
+
+
+# ----------------------------------------------------------------------------- prompts and columns
+_PHRASE = {"left": "on the left", "middle": "in the middle", "right": "on the right"}
+
+
+def _grounding_list(tags, boxes=None, width: float | None = None, with_coords: bool = True) -> list[str]:
+    if not boxes:
+        return [t for t, _ in tags]
+    items = []
+    for b in sorted(boxes, key=lambda b: b["box"][0]):
+        where = _PHRASE[position_word(b["box"], width)] if width else ""
+        coords = " [" + ", ".join(str(int(round(v))) for v in b["box"]) + "]" if with_coords else ""
+        items.append(" ".join(x for x in (b["tag"] + coords, where) if x))
+    return items
+
+
+def grounded_prompt(tags: Sequence[tuple[str, float]], template: str = GROUNDED_PROMPT,
+                    boxes: Sequence[dict[str, Any]] | None = None, width: float | None = None) -> str:
+    """The captioner prompt with the grounding: tags, or tags with pixel boxes and their position."""
+    items = _grounding_list(tags, boxes, width)
+    return template.format(tags="; ".join(items) if items else "none")
+
+
+def tag_caption(tags: Sequence[tuple[str, float]], boxes: Sequence[dict[str, Any]] | None = None,
+                width: float | None = None) -> str:
+    """The grounding written as a caption candidate of its own (left to right when boxed)."""
+    items = _grounding_list(tags, boxes, width, with_coords=False)
+    return "objects: " + ", ".join(items) if items else ""
 
 
 def caption_many(chat, images: Sequence, prompts: Sequence[str], max_new_tokens: int = 60,

@@ -817,3 +817,23 @@ def tag_vocabulary() -> list[str]:
     """Every object MemeWorld draws, as a tagger vocabulary (TRACE grounding in the embedded profile)."""
     return (list(BENIGN_OBJECTS) + [f"{s} sigil" for s in SYMBOLS] + [f"crossed-out {s} sigil" for s in SYMBOLS]
             + ["brown sludge rat", "green myth stamp", "grey hand emblem"])
+
+
+def object_tag(obj: dict[str, Any]) -> str:
+    """The tag-vocabulary entry naming a gold object (a record's `objects` item)."""
+    kind = obj["kind"]
+    if kind in BENIGN_OBJECTS:
+        return kind
+    return {"sigil": f"{obj.get('symbol')} sigil", "defaced": f"crossed-out {obj.get('symbol')} sigil",
+            "vermin": "brown sludge rat", "stamp": "green myth stamp", "hand": "grey hand emblem"}[kind]
+
+
+def object_box(position: str, size: int = 128, style: str = "fhm") -> list[float]:
+    """The nominal pixel box [x0, y0, x1, y1] of an object drawn at `position` (the renderer jitters
+    centres by at most 2.5% of the size, so the true box overlaps this one with IoU > 0.7)."""
+    band = int(size * 0.18)
+    cy = size / 2 + (0 if style == "fhm" else -band / 3)
+    r = size * 0.15
+    cx = POSITIONS[position] * size
+    return [cx - r, cy - r, cx + r, cy + r]
+
