@@ -159,22 +159,34 @@ class ResponseCache:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
-        with self._conn() as c:
-            c.execute("CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, model TEXT, status TEXT, "
-                      "created REAL, payload TEXT NOT NULL)")
+        self._retry(lambda: self._conn().execute(
+            "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, model TEXT, status TEXT, "
+            "created REAL, payload TEXT NOT NULL)"))
+
+    @staticmethod
+    def _retry(fn, attempts: int = 50):
+        """SQLite answers 'database is locked' at once, without waiting for the busy timeout, when
+        connections race to switch a new file to WAL or to upgrade a lock; such a call is retried."""
+        for i in range(attempts):
+            try:
+                return fn()
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) and "busy" not in str(e) or i == attempts - 1:
+                    raise
+                time.sleep(min(0.5, 0.01 * 2 ** min(i, 6)))
 
     def _conn(self) -> sqlite3.Connection:
         c = getattr(self._local, "conn", None)
         if c is None:
             c = sqlite3.connect(str(self.path), timeout=60.0, isolation_level=None)
-            c.execute("PRAGMA journal_mode=WAL")
-            c.execute("PRAGMA synchronous=NORMAL")
             c.execute("PRAGMA busy_timeout=60000")
+            self._retry(lambda: c.execute("PRAGMA journal_mode=WAL"))
+            c.execute("PRAGMA synchronous=NORMAL")
             self._local.conn = c
         return c
 
     def get(self, key: str) -> ChatResult | None:
-        row = self._conn().execute("SELECT payload FROM responses WHERE key=?", (key,)).fetchone()
+        row = self._retry(lambda: self._conn().execute("SELECT payload FROM responses WHERE key=?", (key,)).fetchone())
         return ChatResult.from_json(json.loads(row[0])) if row else None
 
     def put(self, key: str, result: ChatResult) -> None:
@@ -182,13 +194,13 @@ class ResponseCache:
         payload = json.dumps(result.to_json(), ensure_ascii=False)
         c = self._conn()
         if result.status == "failed":
-            c.execute("INSERT OR IGNORE INTO responses VALUES (?,?,?,?,?)",
-                      (key, result.model, result.status, time.time(), payload))
+            self._retry(lambda: c.execute("INSERT OR IGNORE INTO responses VALUES (?,?,?,?,?)",
+                                          (key, result.model, result.status, time.time(), payload)))
         else:
-            c.execute("INSERT INTO responses VALUES (?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET "
-                      "status=excluded.status, created=excluded.created, payload=excluded.payload "
-                      "WHERE responses.status='failed'",
-                      (key, result.model, result.status, time.time(), payload))
+            self._retry(lambda: c.execute(
+                "INSERT INTO responses VALUES (?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET "
+                "status=excluded.status, created=excluded.created, payload=excluded.payload "
+                "WHERE responses.status='failed'", (key, result.model, result.status, time.time(), payload)))
 
     def __len__(self) -> int:
         return self._conn().execute("SELECT COUNT(*) FROM responses").fetchone()[0]
