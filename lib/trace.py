@@ -298,6 +298,9 @@ class TrainConfig:
     cache_frozen: bool = True
     amp: bool = True                      # autocast bf16/fp16 on GPU; ignored on CPU
     seed: int = 121
+    deterministic: bool = True            # torch deterministic algorithms (warn-only): the same run twice gives
+                                          # the same numbers (without it, 1e-7 differences in accumulated
+                                          # gradients grow into different models over 12 epochs)
 
 
 def set_trainable(encoder, cfg: TrainConfig) -> list[int]:
@@ -372,6 +375,8 @@ class Trainer:
         self.acc = accelerator
         self.world = accelerator.num_processes if accelerator is not None else 1
         self.rank = accelerator.process_index if accelerator is not None else 0
+        if cfg.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed)
         self.unfrozen = set_trainable(encoder, cfg)

@@ -161,3 +161,17 @@ def test_two_processes_stay_in_sync(tiny_clip_dir, tmp_path):
         torch.testing.assert_close(a["state"][k], b["state"][k], rtol=0, atol=1e-6)
     init = load_encoder(tiny_clip_dir, device="cpu").text_layers()[-1].mlp.fc1.weight
     assert not torch.equal(a["state"]["enc.text_model.encoder.layers.2.mlp.fc1.weight"], init)
+
+
+def test_the_same_run_twice_gives_the_same_model(tiny):
+    enc0, data = tiny
+    cache = FeatureCache(enc0, data, lowest_unfrozen=2, progress=False)
+    rows = np.where(np.array(data.splits) == "train")[0]
+    probs = []
+    for _ in range(2):
+        enc = load_encoder(enc0.preset.model, device="cpu")
+        tr = Trainer(enc, data, TrainConfig(hidden=16, epochs=1, batch_size=4, lr=1e-2, unfreeze_text_layers=(-1,)),
+                     cache, progress=False)
+        tr.epoch(rows, 0)
+        probs.append(tr.predict(np.arange(len(data.ids)))[0])
+    assert np.array_equal(probs[0], probs[1])
