@@ -131,8 +131,8 @@ def _open_clip_hf_text(tmp_path):
 BUILDERS = ["hf_clip", "hf_siglip", "hf_siglip2", "hf_blip", "open_clip", "open_clip_hf_text"]
 
 
-@pytest.mark.parametrize("arch", BUILDERS)
-def test_wrapper_similarity_equals_raw_model(arch, clip_tok, tmp_path):
+def _build_with_raw(arch, clip_tok, tmp_path):
+    """The wrapper, the raw model's logits and the texts (or tokens) they were computed on."""
     toks = TEXTS
     if arch == "hf_clip":
         enc, raw = _hf_clip(clip_tok)
@@ -146,6 +146,12 @@ def test_wrapper_similarity_equals_raw_model(arch, clip_tok, tmp_path):
         enc, raw = _open_clip_native()
     else:
         enc, raw = _open_clip_hf_text(tmp_path)
+    return enc, raw, toks
+
+
+@pytest.mark.parametrize("arch", BUILDERS)
+def test_wrapper_similarity_equals_raw_model(arch, clip_tok, tmp_path):
+    enc, raw, toks = _build_with_raw(arch, clip_tok, tmp_path)
     with torch.no_grad():
         ours = enc.similarity(_images(), toks)
     assert ours.shape == (2, 3)
@@ -211,19 +217,8 @@ def test_local_folder_loads_through_the_same_backend(clip_tok, tmp_path):
 
 
 def _build(arch, clip_tok, tmp_path):
-    toks = TEXTS
-    if arch == "hf_clip":
-        enc, _ = _hf_clip(clip_tok)
-    elif arch == "hf_siglip":
-        enc, _, toks = _hf_siglip(clip_tok)
-    elif arch == "hf_siglip2":
-        enc, _, toks = _hf_siglip2(clip_tok)
-    elif arch == "hf_blip":
-        enc, _ = _hf_blip(clip_tok)
-    elif arch == "open_clip":
-        enc, _ = _open_clip_native()
-    else:
-        enc, _ = _open_clip_hf_text(tmp_path)
+    """The wrapper and its tokens (a dict) for one architecture."""
+    enc, _, toks = _build_with_raw(arch, clip_tok, tmp_path)
     if isinstance(toks, list):
         toks = dict(enc.tokenize(toks))
     return enc, toks

@@ -25,15 +25,20 @@ def tiny(tiny_clip_dir, tmp_path):
     return load_encoder(tiny_clip_dir, device="cpu"), data
 
 
-def test_cached_features_equal_the_full_backbone(tiny):
-    enc, data = tiny
-    cache = FeatureCache(enc, data, lowest_unfrozen=2, batch_size=7, progress=False)
-    rows = np.arange(10)
+def _cached_equals_uncached(enc, data, rows, cache):
     with torch.no_grad():
         a = batch_features(enc, data, rows, cache)
         b = batch_features(enc, data, rows, None)
     for x, y in zip(a, b):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+    return a
+
+
+def test_cached_features_equal_the_full_backbone(tiny):
+    enc, data = tiny
+    cache = FeatureCache(enc, data, lowest_unfrozen=2, batch_size=7, progress=False)
+    rows = np.arange(10)
+    a = _cached_equals_uncached(enc, data, rows, cache)
     assert a[4][:, 1].tolist() == [bool(i % 3) for i in range(10)]      # missing captions are masked
 
 
@@ -121,12 +126,7 @@ def test_other_backbones_train_cached_with_the_same_features(arch, tiny, tmp_pat
     enc = {"open_clip_hf_text": lambda: _open_clip_hf_text(tmp_path)[0], "open_clip": lambda: _open_clip_native()[0],
            "hf_siglip2": lambda: _hf_siglip2(build_clip_tokenizer())[0]}[arch]()
     cache = FeatureCache(enc, data, lowest_unfrozen=1, batch_size=5, progress=False)
-    rows = np.arange(9)
-    with torch.no_grad():
-        a = batch_features(enc, data, rows, cache)
-        b = batch_features(enc, data, rows, None)
-    for x, y in zip(a, b):
-        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
+    _cached_equals_uncached(enc, data, np.arange(9), cache)
     tr = Trainer(enc, data, TrainConfig(hidden=16, epochs=1, batch_size=6, lr=1e-3, unfreeze_text_layers=(-1,),
                                         sigmoid_contrastive=arch == "hf_siglip2", loss_config="all"),
                  cache, progress=False)
