@@ -20,19 +20,32 @@ export TOKENIZERS_PARALLELISM := false
 export PYTHONHASHSEED := 0
 export MPLBACKEND := Agg
 
-.PHONY: reproduce test test-unit test-notebooks test-gpu data venv lock environment.yml check-params results clean-artifacts help
+.PHONY: disk-check reproduce test test-unit test-notebooks test-gpu data venv lock environment.yml check-params results clean-artifacts help
 
 help:
 	@sed -n '1,12p' Makefile
 
 $(STAMP): pyproject.toml requirements.lock
 	@echo ">> bootstrapping $(VENV) (python: $$($(PYTHON) --version))"
+	@test -x $(PY) || $(MAKE) --no-print-directory disk-check
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c requirements.lock -e .
 	@touch $(STAMP)
 
 venv: $(STAMP)
+
+# A new .venv takes about 6.5 GB (torch's CUDA build with its nvidia libraries: the build that
+# runs both here on CPU and on GPUs) plus pip's unpacked downloads while installing.
+VENV_GB ?= 8
+disk-check:
+	@for d in . "$${TMPDIR:-/tmp}"; do \
+	  free=$$(df -Pk "$$d" | awk 'NR==2 {print int($$4 / 1048576)}'); \
+	  if [ "$$free" -lt $(VENV_GB) ]; then \
+	    echo "error: bootstrapping $(VENV) needs about $(VENV_GB) GB free; $$(cd "$$d" && pwd) has $$free GB (set VENV_GB to override)" >&2; \
+	    exit 1; \
+	  fi; \
+	done
 
 reproduce: $(STAMP)
 	$(PY) -m lib.runner reproduce --profile $(PROFILE) $(if $(NB),--only $(NB),)

@@ -157,8 +157,12 @@ def test(skip_unit: bool = False) -> int:
     Ends with one line `summary: N passed, N failed, N skipped` over all steps.
     """
     import tempfile
+    with tempfile.TemporaryDirectory(prefix="compendium-test-") as tmp:
+        return _run_test_steps(Path(tmp), skip_unit)
+
+
+def _run_test_steps(report_dir: Path, skip_unit: bool) -> int:
     env = _env()
-    report_dir = Path(tempfile.mkdtemp(prefix="compendium-test-"))
     py = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     steps: list[tuple[str, list[str]]] = []
     if not skip_unit:

@@ -148,7 +148,9 @@ def test_two_processes_stay_in_sync(tiny_clip_dir, tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    # torch elastic writes its run folders under the temp dir: keep them inside this test's
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path / "tmp")}
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                         "--master_addr", "127.0.0.1", "--master_port", str(port),
                         str(root / "tests" / "dist_train_worker.py"), str(tiny_clip_dir), str(tmp_path)],
