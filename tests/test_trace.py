@@ -42,6 +42,23 @@ def test_cached_features_equal_the_full_backbone(tiny):
     assert a[4][:, 1].tolist() == [bool(i % 3) for i in range(10)]      # missing captions are masked
 
 
+def test_half_precision_cache_halves_the_hidden_states_and_stays_close(tiny):
+    enc, data = tiny
+    full = FeatureCache(enc, data, lowest_unfrozen=1, progress=False)
+    half = FeatureCache(enc, data, lowest_unfrozen=1, progress=False, store_dtype="float16")
+    assert half.hidden.dtype == torch.float16
+    assert half.hidden.shape == full.hidden.shape and 2 * half.hidden.element_size() == full.hidden.element_size()
+    assert half.nbytes < full.nbytes
+    rows = np.arange(10)
+    with torch.no_grad():
+        a = batch_features(enc, data, rows, full)
+        b = batch_features(enc, data, rows, half)
+    torch.testing.assert_close(b[2], a[2], rtol=1e-2, atol=1e-2)          # caption features
+    assert not torch.equal(b[2], a[2])                                    # rounded, not the same path
+    with pytest.raises(ValueError, match="store_dtype"):
+        FeatureCache(enc, data, lowest_unfrozen=1, progress=False, store_dtype="int8")
+
+
 def test_classifier_selects_one_caption_in_training_and_softmax_at_inference():
     m = CLIPClassifier(8, 6, hidden=32, heads=4)
     img, caps = torch.randn(5, 8), torch.randn(5, 3, 6)
