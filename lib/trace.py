@@ -23,11 +23,16 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
+
+# Deterministic cuBLAS (TrainConfig.deterministic on a GPU) needs a fixed workspace, chosen before
+# the process's first cuBLAS call; importing this module before any model runs sets it.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 LOSSES = ("cls", "rel", "con")
 LOSS_CONFIGS = {"cls+rel": ("cls", "rel"), "cls+con": ("cls", "con"), "all": ("cls", "rel", "con")}
@@ -394,6 +399,10 @@ class Trainer:
         self.rank = accelerator.process_index if accelerator is not None else 0
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
+            if torch.cuda.is_available() and os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in (":4096:8", ":16:8"):
+                import warnings
+                warnings.warn("deterministic training on a GPU needs CUBLAS_WORKSPACE_CONFIG=:4096:8 set before "
+                              "the first cuBLAS call (import lib.trace first, or export it)")
         torch.manual_seed(cfg.seed)
         np.random.seed(cfg.seed)
         self.unfrozen = set_trainable(encoder, cfg)

@@ -194,3 +194,16 @@ def test_the_same_run_twice_gives_the_same_model(tiny):
         tr.epoch(rows, 0)
         probs.append(tr.predict(np.arange(len(data.ids)))[0])
     assert np.array_equal(probs[0], probs[1])
+
+
+def test_importing_trace_fixes_the_cublas_workspace_for_deterministic_gpu_runs():
+    import os
+    import subprocess
+    import sys
+    code = "import os, lib.trace; print(os.environ['CUBLAS_WORKSPACE_CONFIG'])"
+    env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ":4096:8"
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "CUBLAS_WORKSPACE_CONFIG": ":16:8"},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ":16:8"                                  # a user's own setting is kept
