@@ -418,15 +418,20 @@ def _wrap(text: str, draw, font, width: int) -> list[str]:
     return lines
 
 
+def _object_row(size: int, style: str) -> tuple[float, float]:
+    """Centre height and radius of the scene's objects: mid-image for FHM, raised for MultiOFF
+    (whose text sits in one bottom band)."""
+    band = int(size * 0.18)
+    return size / 2 + (0 if style == "fhm" else -band / 3), size * 0.15
+
+
 def render_meme(spec: MemeSpec, size: int = 128, text_on_image: bool = True, style: str = "fhm"):
     """The meme's picture (PIL.Image, RGB): scene, then the meme text in top/bottom bands."""
     from PIL import Image, ImageDraw
     rng = np.random.default_rng(spec.render_seed)
     img = Image.new("RGB", (size, size), BACKGROUNDS[spec.background])
     draw = ImageDraw.Draw(img)
-    band = int(size * 0.18)
-    cy = size / 2 + (0 if style == "fhm" else -band / 3)
-    r = size * 0.15
+    cy, r = _object_row(size, style)
     for obj in spec.objects:
         jx, jy = rng.uniform(-size * .025, size * .025, 2)
         _draw_object(draw, obj, POSITIONS[obj.position] * size + jx, cy + jy, r)
@@ -831,9 +836,6 @@ def object_tag(obj: dict[str, Any]) -> str:
 def object_box(position: str, size: int = 128, style: str = "fhm") -> list[float]:
     """The nominal pixel box [x0, y0, x1, y1] of an object drawn at `position` (the renderer jitters
     centres by at most 2.5% of the size, so the true box overlaps this one with IoU > 0.7)."""
-    band = int(size * 0.18)
-    cy = size / 2 + (0 if style == "fhm" else -band / 3)
-    r = size * 0.15
+    cy, r = _object_row(size, style)
     cx = POSITIONS[position] * size
     return [cx - r, cy - r, cx + r, cy + r]
-
