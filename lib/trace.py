@@ -35,6 +35,7 @@ import numpy as np
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 LOSSES = ("cls", "rel", "con")
+CACHE_DTYPES = ("float32", "float16", "bfloat16")   # FeatureCache.store_dtype
 LOSS_CONFIGS = {"cls+rel": ("cls", "rel"), "cls+con": ("cls", "con"), "all": ("cls", "rel", "con")}
 
 
@@ -218,8 +219,8 @@ class FeatureCache:
         import torch
         from PIL import Image
         from tqdm.auto import tqdm
-        if store_dtype not in ("float32", "float16", "bfloat16"):
-            raise ValueError(f"FeatureCache: store_dtype must be float32, float16 or bfloat16, not {store_dtype!r}")
+        if store_dtype not in CACHE_DTYPES:
+            raise ValueError(f"FeatureCache: store_dtype must be one of {', '.join(CACHE_DTYPES)}, not {store_dtype!r}")
         store = getattr(torch, store_dtype)
         self.layer = lowest_unfrozen
         feats, embs = [], []
@@ -325,11 +326,16 @@ class TrainConfig:
                                           # gradients grow into different models over 12 epochs)
 
 
+def unfrozen_layer_indices(encoder, unfreeze_text_layers: Sequence[int]) -> list[int]:
+    """0-based text layer indices, sorted, from the config's numbers (negative = from the last layer)."""
+    n = len(encoder.text_layers())
+    return sorted({(n + i) if i < 0 else i for i in unfreeze_text_layers})
+
+
 def set_trainable(encoder, cfg: TrainConfig) -> list[int]:
     """Freeze the backbone except the chosen text layers (or LoRA adapters on them); return their indices."""
     layers = encoder.text_layers()
-    n = len(layers)
-    idx = sorted({(n + i) if i < 0 else i for i in cfg.unfreeze_text_layers})
+    idx = unfrozen_layer_indices(encoder, cfg.unfreeze_text_layers)
     for p in encoder.model.parameters():
         p.requires_grad_(False)
     if cfg.lora_rank > 0:
@@ -444,13 +450,13 @@ class Trainer:
                       leave=False):
             big = perm[b * cfg.batch_size * self.world:(b + 1) * cfg.batch_size * self.world]
             r = big[self.rank::self.world]
+            scale = 1.0
             if len(r) == 0:                           # a short last batch: this process adds zero gradient
-                r = big[:1]
+                r, scale = big[:1], 0.0
             out, mask = self._forward(r, True, tau)
             y = torch.as_tensor(self.data.labels[r], device=out["logit"].device)
             loss, parts = trace_loss(out, y, mask, self.enabled, self.model.log_vars, cfg.fixed_weights,
                                      cfg.sigmoid_contrastive)
-            scale = 0.0 if len(big[self.rank::self.world]) == 0 else 1.0
             (scale * loss / cfg.grad_accum).backward()
             if (b + 1) % cfg.grad_accum == 0 or b + 1 == n_batches:
                 self._sync_gradients()
@@ -569,6 +575,26 @@ MULTIOFF_RECIPE = {"loss_config": "all", "fixed_weights": {"cls": 1.0, "con": 0.
                    "epochs": 20, "seed": 42}
 
 
+def run_config(section: dict[str, Any], backbone: str | None = None, dataset: str = "fhm",
+               **overrides) -> tuple[str, TrainConfig]:
+    """The backbone and TrainConfig of one run from a profile's `02_finetuning` section (notebook
+    02's parameters): the section's TrainConfig fields, then for FHM the backbone's `recipes` entry,
+    for MultiOFF `MULTIOFF_RECIPE` updated by the section's `multioff` (whose `backbone` is the
+    default encoder there), then `overrides`. The backbone defaults to the section's first."""
+    fields = TrainConfig.__dataclass_fields__
+    first = (section.get("backbones") or ["memeworld-clip"])[0]
+    if dataset == "multioff":
+        recipe = {**MULTIOFF_RECIPE, **(section.get("multioff") or {})}
+        backbone = backbone or recipe.pop("backbone", first)
+    else:
+        backbone = backbone or first
+        recipe = dict((section.get("recipes") or {}).get(backbone, {}))
+    kw = {**{k: v for k, v in section.items() if k in fields}, **{k: v for k, v in recipe.items() if k in fields},
+          **overrides}
+    kw["unfreeze_text_layers"] = tuple(kw.get("unfreeze_text_layers", (-1,)))
+    return backbone, TrainConfig(**kw)
+
+
 def split_rows(data: MemeBatchData) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """train rows, validation rows (dev_seen + dev_unseen, or MultiOFF's val) and each test split's rows."""
     sp = np.array(data.splits)
@@ -586,8 +612,8 @@ def load_trace_data(path, columns: Sequence[str]) -> MemeBatchData:
 
 
 def lowest_layer(encoder, unfreeze_text_layers: Sequence[int]) -> int:
-    n = len(encoder.text_layers())
-    return min((n + i) if i < 0 else i for i in unfreeze_text_layers)
+    """The lowest unfrozen text layer: where `FeatureCache` stops."""
+    return unfrozen_layer_indices(encoder, unfreeze_text_layers)[0]
 
 
 def train_variant(encoder, data: MemeBatchData, cfg: TrainConfig, cache: FeatureCache | None = None,
@@ -625,7 +651,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--loss-config", choices=sorted(LOSS_CONFIGS))
     ap.add_argument("--modality", choices=("both", "text", "image"), default="both")
     ap.add_argument("--epochs", type=int)
-    ap.add_argument("--cache-dtype", choices=("float32", "float16", "bfloat16"),
+    ap.add_argument("--cache-dtype", choices=CACHE_DTYPES,
                     help="host dtype of the cached text hidden states (default float32, exact)")
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args(argv)
@@ -637,27 +663,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:
         pass
     device = str(acc.device) if acc is not None else p.get("device")
-    if a.dataset == "multioff":
-        mo = {**MULTIOFF_RECIPE, **p.get("multioff", {})}
-        backbone = a.backbone or mo.pop("backbone", p.get("backbones", ["memeworld-clip"])[0])
-        mo.pop("backbone", None)
-        over, src = mo, require(a.profile, "trace_captions_multioff", "python -m lib.trace")
-    else:
-        backbone = a.backbone or p.get("backbones", ["memeworld-clip"])[0]
-        over = dict(p.get("recipes", {}).get(backbone, {}))
-        src = require(a.profile, "trace_captions", "python -m lib.trace")
-    fields = {f for f in TrainConfig.__dataclass_fields__}
-    base = {k: v for k, v in p.items() if k in fields}
-    cfg_kw = {**base, **{k: v for k, v in over.items() if k in fields}}
-    if a.loss_config:
-        cfg_kw["loss_config"] = a.loss_config
-    if a.epochs:
-        cfg_kw["epochs"] = a.epochs
-    if a.cache_dtype:
-        cfg_kw["cache_dtype"] = a.cache_dtype
-    cfg_kw["modality"] = a.modality
-    cfg_kw["unfreeze_text_layers"] = tuple(cfg_kw.get("unfreeze_text_layers", (-1,)))
-    cfg = TrainConfig(**cfg_kw)
+    given = {"loss_config": a.loss_config, "epochs": a.epochs, "cache_dtype": a.cache_dtype}
+    backbone, cfg = run_config(p, a.backbone, a.dataset, modality=a.modality,
+                               **{k: v for k, v in given.items() if v})
+    src = require(a.profile, "trace_captions_multioff" if a.dataset == "multioff" else "trace_captions",
+                  "python -m lib.trace")
     data = load_trace_data(src, p.get("caption_columns", []))
     enc = load_encoder(backbone, device=device)
     cache = FeatureCache(enc, data, lowest_layer(enc, cfg.unfreeze_text_layers),

@@ -207,3 +207,17 @@ def test_importing_trace_fixes_the_cublas_workspace_for_deterministic_gpu_runs()
     out = subprocess.run([sys.executable, "-c", code], env={**env, "CUBLAS_WORKSPACE_CONFIG": ":16:8"},
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ":16:8"                                  # a user's own setting is kept
+
+
+def test_run_config_layers_section_recipe_and_overrides():
+    from lib.trace import MULTIOFF_RECIPE, run_config
+    section = {"backbones": ["a", "b"], "recipes": {"b": {"weight_decay": 0.01, "unfreeze_text_layers": [-2, -5]}},
+               "multioff": {"backbone": "c", "epochs": 3}, "lr": 0.5, "unfreeze_text_layers": [-1], "device": None}
+    bb, cfg = run_config(section)
+    assert bb == "a" and cfg.lr == 0.5 and cfg.weight_decay == 0.0 and cfg.unfreeze_text_layers == (-1,)
+    bb, cfg = run_config(section, "b", loss_config="all")
+    assert bb == "b" and cfg.weight_decay == 0.01 and cfg.unfreeze_text_layers == (-2, -5) and cfg.loss_config == "all"
+    bb, cfg = run_config(section, dataset="multioff")
+    assert bb == "c" and cfg.epochs == 3 and cfg.fixed_weights == MULTIOFF_RECIPE["fixed_weights"]
+    assert cfg.select_on == "macro_f1" and cfg.lr == 0.5
+    assert run_config(section, "b", dataset="multioff")[0] == "b"
