@@ -25,12 +25,13 @@ export MPLBACKEND := Agg
 help:
 	@sed -n '1,12p' Makefile
 
-$(STAMP): pyproject.toml requirements.lock
+$(STAMP): pyproject.toml requirements.lock requirements-nodeps.txt
 	@echo ">> bootstrapping $(VENV) (python: $$($(PYTHON) --version))"
 	@test -x $(PY) || $(MAKE) --no-print-directory disk-check
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c requirements.lock -e .
+	$(PY) -m pip install --quiet --no-deps -r requirements-nodeps.txt
 	@touch $(STAMP)
 
 venv: $(STAMP)

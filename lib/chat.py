@@ -45,18 +45,46 @@ from typing import Any, Callable, Protocol, Sequence
 from lib import ROOT
 from lib.presets import Preset, PresetError, get_preset, torch_dtype
 
-STATUSES = ("ok", "refused", "blocked", "failed")
+STATUSES = ("ok", "unparseable", "refused", "blocked", "failed")
+PROMPTS_DIR = ROOT / "params" / "prompts"
 
 
 # ----------------------------------------------------------------------------- messages
 @dataclass(frozen=True)
 class GenParams:
-    """Decoding parameters; part of the cache key."""
+    """Decoding parameters; part of the cache key (the schema and choices too)."""
     temperature: float = 0.0
     max_new_tokens: int = 256
     seed: int = 0
     top_p: float = 1.0
     json_mode: bool = False      # ask an HTTP endpoint for a JSON object (response_format)
+    json_schema: Any = field(default=None, hash=False)   # a JSON Schema the answer must match
+    choices: tuple[str, ...] | None = None                # or: the answer is one of these strings
+
+    def __post_init__(self):
+        if self.choices is not None:
+            object.__setattr__(self, "choices", tuple(str(c) for c in self.choices))
+            if not self.choices:
+                raise ValueError("GenParams.choices must hold at least one choice")
+        if self.json_schema is not None and self.choices is not None:
+            raise ValueError("GenParams takes a json_schema or choices, not both")
+        if self.json_schema is not None and not isinstance(self.json_schema, dict):
+            raise ValueError(f"GenParams.json_schema must be a JSON Schema object (dict), "
+                             f"got {type(self.json_schema).__name__}")
+
+    @property
+    def structured(self) -> bool:
+        return self.json_schema is not None or self.choices is not None
+
+    def schema(self) -> dict[str, Any] | None:
+        """The JSON Schema sent to the server: `json_schema`, or for `choices` an object with one
+        enum-valued field `answer` (OpenAI's structured output needs an object at the top)."""
+        if self.json_schema is not None:
+            return self.json_schema
+        if self.choices is not None:
+            return {"type": "object", "properties": {"answer": {"type": "string", "enum": list(self.choices)}},
+                    "required": ["answer"], "additionalProperties": False}
+        return None
 
 
 @dataclass
@@ -69,6 +97,8 @@ class ChatResult:
     error: str | None = None
     model: str = ""
     attempts: int = 1
+    parsed: Any = None                       # structured requests: the decoded object (choices: the choice)
+    latency_s: float = 0.0                   # wall time of the call(s) that produced it
     from_cache: bool = False
 
     @property
@@ -151,6 +181,72 @@ def cache_key(identity: dict[str, Any], messages: Sequence[dict[str, Any]], para
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
+# ----------------------------------------------------------------------------- structured output
+def prompt_template(relpath: str) -> str:
+    """A prompt template file under params/prompts/ (prompts are data, never strings in code)."""
+    path = PROMPTS_DIR / relpath
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"prompt template {path.relative_to(ROOT)} does not exist") from None
+
+
+def extract_json(text: str) -> Any:
+    """The JSON value in an answer: the whole text, else its first balanced {...} block
+    (models often wrap JSON in prose or code fences). Raises ValueError when there is none."""
+    t = (text or "").strip()
+    try:
+        return json.loads(t)
+    except ValueError:
+        pass
+    dec = json.JSONDecoder()
+    for i, ch in enumerate(t):
+        if ch == "{":
+            try:
+                return dec.raw_decode(t[i:])[0]
+            except ValueError:
+                continue
+    raise ValueError("no JSON object in the answer")
+
+
+def parse_structured(text: str, params: GenParams) -> tuple[Any, str | None]:
+    """(parsed value, None) when the answer matches the request's schema / choices, else (None, why).
+
+    For `choices` the value is the chosen string; a bare answer equal to one choice (case and
+    surrounding punctuation ignored) is accepted too, as models without constrained decoding give it.
+    """
+    import jsonschema
+    schema = params.schema()
+    try:
+        value = extract_json(text)
+    except ValueError as e:
+        if params.choices is not None:
+            bare = (text or "").strip().strip(".!\"'` ").lower()
+            hits = [c for c in params.choices if c.lower() == bare]
+            if len(hits) == 1:
+                return hits[0], None
+        return None, str(e)
+    try:
+        jsonschema.validate(value, schema)
+    except jsonschema.ValidationError as e:
+        where = "/".join(str(x) for x in e.absolute_path) or "the top level"
+        return None, f"{e.message} (at {where})"
+    return (value["answer"] if params.choices is not None else value), None
+
+
+def with_schema_instruction(messages: Sequence[dict[str, Any]], params: GenParams) -> list[dict[str, Any]]:
+    """The conversation with the schema instruction appended to its last user turn (for backends
+    without constrained decoding)."""
+    instr = prompt_template("structured/instruction.txt").format(
+        schema=json.dumps(params.schema(), ensure_ascii=False))
+    out = [dict(m) for m in messages]
+    last = max((i for i, m in enumerate(out) if m["role"] == "user"), default=None)
+    if last is None:
+        return out + [user(instr)]
+    out[last] = {**out[last], "content": _parts(out[last]) + [text("\n\n" + instr)]}
+    return out
+
+
 # ----------------------------------------------------------------------------- cache
 class ResponseCache:
     """SQLite store of answers keyed by request hash; safe across threads and processes."""
@@ -186,21 +282,24 @@ class ResponseCache:
         return c
 
     def get(self, key: str) -> ChatResult | None:
-        row = self._retry(lambda: self._conn().execute("SELECT payload FROM responses WHERE key=?", (key,)).fetchone())
+        """The stored answer, or None. Failures are never served (a file written before that rule
+        may hold some): a failed request is asked again."""
+        row = self._retry(lambda: self._conn().execute(
+            "SELECT payload FROM responses WHERE key=? AND status!='failed'", (key,)).fetchone())
         return ChatResult.from_json(json.loads(row[0])) if row else None
 
-    def put(self, key: str, result: ChatResult) -> None:
-        """Store an answer; a failure never overwrites an answer already stored."""
+    def put(self, key: str, result: ChatResult) -> bool:
+        """Store an answer (ok, unparseable, refused, blocked: each is what the model said).
+        A failure (server down, key revoked, retries exhausted) is not stored. Returns whether it was."""
+        if result.status == "failed":
+            return False
         payload = json.dumps(result.to_json(), ensure_ascii=False)
         c = self._conn()
-        if result.status == "failed":
-            self._retry(lambda: c.execute("INSERT OR IGNORE INTO responses VALUES (?,?,?,?,?)",
-                                          (key, result.model, result.status, time.time(), payload)))
-        else:
-            self._retry(lambda: c.execute(
-                "INSERT INTO responses VALUES (?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET "
-                "status=excluded.status, created=excluded.created, payload=excluded.payload "
-                "WHERE responses.status='failed'", (key, result.model, result.status, time.time(), payload)))
+        self._retry(lambda: c.execute(
+            "INSERT INTO responses VALUES (?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET "
+            "status=excluded.status, created=excluded.created, payload=excluded.payload "
+            "WHERE responses.status='failed'", (key, result.model, result.status, time.time(), payload)))
+        return True
 
     def __len__(self) -> int:
         return self._conn().execute("SELECT COUNT(*) FROM responses").fetchone()[0]
@@ -211,6 +310,10 @@ class ResponseCache:
 
 # ----------------------------------------------------------------------------- protocol
 class ChatBackend(Protocol):
+    """What a chat backend provides. Optional: `complete_batch(conversations, params)` (local models
+    generating several conversations in one call) and `native_schema` (True when the backend
+    constrains decoding to `params.schema()` itself, as llama.cpp, vLLM and OpenAI do)."""
+
     def identity(self) -> dict[str, Any]: ...          # model id + revision (+ weights digest): cache key
 
     def complete(self, messages: Sequence[dict[str, Any]], params: GenParams) -> ChatResult: ...
@@ -218,62 +321,141 @@ class ChatBackend(Protocol):
 
 @dataclass
 class ChatStats:
-    requests: int = 0          # calls that reached the backend
+    requests: int = 0          # requests that reached the backend (a structured retry counts as one more)
     cache_hits: int = 0
     failed: int = 0
-    refused: int = 0
+    refused: int = 0           # refused or blocked
+    unparseable: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0     # prompt tokens the server took from its prefix cache
     cost_usd: float = 0.0
 
 
+def _add_usage(into: ChatResult, other: ChatResult) -> None:
+    for k, v in other.usage.items():
+        into.usage[k] = into.usage.get(k, 0) + v
+    into.cost_usd += other.cost_usd
+    into.attempts += other.attempts
+    into.latency_s += other.latency_s
+
+
 class Chat:
-    """A backend behind the response cache, with batching over a bounded thread pool."""
+    """A backend behind the response cache, with batching over a bounded thread pool.
+
+    Structured requests (`GenParams.json_schema` / `choices`): a backend with `native_schema`
+    gets the schema (constrained decoding) and its answer is validated; any other backend gets
+    the schema as an instruction (params/prompts/structured/) and, when the answer does not
+    parse or validate, up to `schema_retries` follow-up turns quoting the error. An answer that
+    still does not match is returned with status `unparseable` (and cached: it is an answer).
+    """
 
     def __init__(self, backend: ChatBackend, cache: ResponseCache | str | Path | None = None,
-                 retry_failed: bool = False, max_workers: int = 4, name: str = "", batch_size: int = 1):
+                 max_workers: int = 4, name: str = "", batch_size: int = 1, schema_retries: int = 2):
         self.backend = backend
         self.cache = ResponseCache(cache) if isinstance(cache, (str, Path)) else cache
-        self.retry_failed = retry_failed
         self.max_workers = max_workers
         self.batch_size = batch_size          # > 1: local backends generate this many conversations per call
+        self.schema_retries = schema_retries
         self.name = name
         self.stats = ChatStats()
         self._lock = threading.Lock()
 
+    @property
+    def native_schema(self) -> bool:
+        return bool(getattr(self.backend, "native_schema", False))
+
     def key(self, messages, params: GenParams) -> str:
-        return cache_key(self.backend.identity(), messages, params)
+        ident = self.backend.identity()
+        if params.structured and not self.native_schema:
+            # the prompt-side instruction and the retry policy shape the answer: part of the key
+            ident = {**ident, "structured": {"instruction": prompt_template("structured/instruction.txt"),
+                                             "retry": prompt_template("structured/retry.txt"),
+                                             "retries": self.schema_retries}}
+        return cache_key(ident, messages, params)
 
     def _lookup(self, key: str) -> ChatResult | None:
-        if self.cache is None:
-            return None
-        hit = self.cache.get(key)
-        if hit is None or (hit.status == "failed" and self.retry_failed):
-            return None
-        return hit
+        return None if self.cache is None else self.cache.get(key)
 
-    def _call(self, key: str, messages, params: GenParams) -> ChatResult:
+    # -- one round trip to the backend, batched where the backend can
+    def _raw(self, conversations: Sequence[Sequence[dict[str, Any]]], params: GenParams) -> list[ChatResult]:
         with self._lock:
-            self.stats.requests += 1
-        res = self.backend.complete(messages, params)
-        if self.cache is not None:
-            self.cache.put(key, res)
-        self._count(res)
+            self.stats.requests += len(conversations)
+        t0 = time.perf_counter()
+        if hasattr(self.backend, "complete_batch") and len(conversations) > 1:
+            out = self.backend.complete_batch(conversations, params)
+            for r in out:
+                r.latency_s = r.latency_s or (time.perf_counter() - t0)
+            return out
+        out = []
+        for m in conversations:
+            t1 = time.perf_counter()
+            r = self.backend.complete(m, params)
+            r.latency_s = r.latency_s or (time.perf_counter() - t1)
+            out.append(r)
+        return out
+
+    def _answer(self, conversations: Sequence[Sequence[dict[str, Any]]], params: GenParams) -> list[ChatResult]:
+        """Answers for a chunk of conversations, structured output handled (see the class docstring)."""
+        if not params.structured:
+            return self._raw(conversations, params)
+        if self.native_schema:
+            res = self._raw(conversations, params)
+            for r in res:
+                self._check(r, params)
+            return res
+        convs = [with_schema_instruction(m, params) for m in conversations]
+        res = self._raw(convs, params)
+        errors = [self._check(r, params) for r in res]
+        for _ in range(self.schema_retries):
+            bad = [i for i, e in enumerate(errors) if e is not None]
+            if not bad:
+                break
+            retry = prompt_template("structured/retry.txt")
+            for i in bad:
+                convs[i] = list(convs[i]) + [assistant(res[i].text), user(retry.format(error=errors[i]))]
+            again = self._raw([convs[i] for i in bad], params)
+            for i, r in zip(bad, again):
+                _add_usage(r, res[i])
+                res[i], errors[i] = r, self._check(r, params)
         return res
 
-    def _count(self, res: ChatResult) -> None:
+    @staticmethod
+    def _check(r: ChatResult, params: GenParams) -> str | None:
+        """Parse an ok answer against the request's schema; mark it unparseable when it does not match."""
+        if r.status not in ("ok", "unparseable"):
+            return None
+        r.parsed, err = parse_structured(r.text, params)
+        if err is not None and r.finish_reason == "length":
+            err = f"the answer was cut off at max_new_tokens={params.max_new_tokens} ({err})"
+        r.status = "ok" if err is None else "unparseable"
+        if err is not None:
+            r.error = f"answer does not match the schema: {err}"
+        return err
+
+    def _store(self, key: str, res: ChatResult) -> None:
+        if self.cache is not None:
+            self.cache.put(key, res)
         with self._lock:
             self.stats.failed += res.status == "failed"
             self.stats.refused += res.status in ("refused", "blocked")
+            self.stats.unparseable += res.status == "unparseable"
             self.stats.prompt_tokens += res.usage.get("prompt_tokens", 0)
             self.stats.completion_tokens += res.usage.get("completion_tokens", 0)
+            self.stats.cached_tokens += res.usage.get("cached_tokens", 0)
             self.stats.cost_usd += res.cost_usd
+
+    def _call(self, key: str, messages, params: GenParams) -> ChatResult:
+        res = self._answer([messages], params)[0]
+        self._store(key, res)
+        return res
 
     def generate(self, messages: Sequence[dict[str, Any]], params: GenParams = GenParams()) -> ChatResult:
         key = self.key(messages, params)
         hit = self._lookup(key)
         if hit is not None:
-            self.stats.cache_hits += 1
+            with self._lock:
+                self.stats.cache_hits += 1
             return hit
         return self._call(key, messages, params)
 
@@ -281,7 +463,8 @@ class Chat:
                       max_workers: int | None = None, desc: str | None = None,
                       progress: bool = True) -> list[ChatResult]:
         """Answers in input order. Cached answers are replayed, identical requests sent once,
-        the rest run on a bounded pool; each answer is cached as soon as it arrives."""
+        the rest run on a bounded pool (an HTTP server batches the requests in flight) or, for
+        local models, in batches; each answer is cached as soon as it arrives."""
         from tqdm.auto import tqdm
         keys = [self.key(m, params) for m in conversations]
         results: dict[str, ChatResult] = {}
@@ -295,6 +478,8 @@ class Chat:
                 self.stats.cache_hits += 1
             else:
                 todo[k] = m
+        if todo and hasattr(self.backend, "prepare"):
+            self.backend.prepare(list(todo.values()))     # e.g. caption every image in one batched pass
         bar = tqdm(total=len(todo), desc=desc or f"chat {self.name}".strip(), disable=not progress or not todo)
         if hasattr(self.backend, "complete_batch") and self.batch_size > 1:
             # local models: batched generation, each batch's answers cached as it finishes
@@ -302,12 +487,8 @@ class Chat:
             try:
                 for s in range(0, len(items), self.batch_size):
                     chunk = items[s:s + self.batch_size]
-                    with self._lock:
-                        self.stats.requests += len(chunk)
-                    for (k, _), res in zip(chunk, self.backend.complete_batch([m for _, m in chunk], params)):
-                        if self.cache is not None:
-                            self.cache.put(k, res)
-                        self._count(res)
+                    for (k, _), res in zip(chunk, self._answer([m for _, m in chunk], params)):
+                        self._store(k, res)
                         results[k] = res
                     bar.update(len(chunk))
             finally:
@@ -324,7 +505,6 @@ class Chat:
             pool.shutdown(wait=True, cancel_futures=True)
             bar.close()
         return [results[k] for k in keys]
-
 
 # ----------------------------------------------------------------------------- API keys
 def read_dotenv(path: str | Path) -> dict[str, str]:
@@ -401,13 +581,26 @@ def _retry_after(value: str | None) -> float | None:
 
 
 class OpenAICompatibleBackend:
-    """POST /chat/completions on any OpenAI-compatible server."""
+    """POST /chat/completions on any OpenAI-compatible server (OpenAI, vLLM, llama.cpp's server...).
+
+    `structured_output`: "json_schema" sends a structured request's schema as OpenAI's
+    `response_format: {"type": "json_schema", ...}` (the server constrains decoding: OpenAI,
+    vLLM, llama.cpp); "prompt" leaves the schema to the prompt and the parse-and-retry path of
+    `Chat`, for servers that lack it. `identity_extra` joins the cache identity (a served
+    model's weights digest and engine, so the cache does not depend on its ephemeral port).
+    """
 
     def __init__(self, model: str, base_url: str, keys: Sequence[str] = (), revision: str | None = None,
                  timeout_s: float = 60.0, max_retries: int = 5, backoff_s: float = 1.0, max_backoff_s: float = 60.0,
                  price_in: float = 0.0, price_out: float = 0.0, api_key_optional: bool = False,
-                 sleep: Callable[[float], None] = time.sleep):
+                 sleep: Callable[[float], None] = time.sleep, structured_output: str = "json_schema",
+                 identity_extra: dict[str, Any] | None = None, max_connections: int = 64):
         import httpx
+        if structured_output not in ("json_schema", "prompt"):
+            raise PresetError(f"structured_output must be 'json_schema' or 'prompt', got {structured_output!r}")
+        self.structured_output = structured_output
+        self.native_schema = structured_output == "json_schema"
+        self.identity_extra = dict(identity_extra or {})
         self.model = model
         self.revision = revision
         self.base_url = base_url.rstrip("/")
@@ -421,10 +614,12 @@ class OpenAICompatibleBackend:
         self.max_backoff_s = max_backoff_s
         self.price_in, self.price_out = price_in, price_out
         self._sleep = sleep
-        self._client = httpx.Client(timeout=httpx.Timeout(timeout_s), limits=httpx.Limits(max_connections=64))
+        self._client = httpx.Client(timeout=httpx.Timeout(timeout_s),
+                                    limits=httpx.Limits(max_connections=max_connections,
+                                                        max_keepalive_connections=max_connections))
 
     def identity(self) -> dict[str, Any]:
-        return {"model": self.model, "revision": self.revision, "endpoint": "openai_compatible"}
+        return {"model": self.model, "revision": self.revision, "endpoint": "openai_compatible", **self.identity_extra}
 
     @staticmethod
     def _wire_messages(messages) -> list[dict[str, Any]]:
@@ -453,7 +648,10 @@ class OpenAICompatibleBackend:
     def _body(self, messages, params: GenParams) -> dict[str, Any]:
         body = {"model": self.model, "messages": self._wire_messages(messages), "temperature": params.temperature,
                 "max_tokens": params.max_new_tokens, "seed": params.seed, "top_p": params.top_p}
-        if params.json_mode:
+        if params.structured and self.native_schema:
+            body["response_format"] = {"type": "json_schema",
+                                       "json_schema": {"name": "response", "schema": params.schema(), "strict": True}}
+        elif params.json_mode:
             body["response_format"] = {"type": "json_object"}
         return body
 
@@ -463,8 +661,10 @@ class OpenAICompatibleBackend:
     def _parse(self, data: dict[str, Any], attempts: int) -> ChatResult:
         choice = data["choices"][0]
         msg = choice.get("message") or {}
-        usage = {"prompt_tokens": int((data.get("usage") or {}).get("prompt_tokens", 0)),
-                 "completion_tokens": int((data.get("usage") or {}).get("completion_tokens", 0))}
+        u = data.get("usage") or {}
+        details = u.get("prompt_tokens_details") or {}
+        usage = {"prompt_tokens": int(u.get("prompt_tokens") or 0), "completion_tokens": int(u.get("completion_tokens") or 0),
+                 "cached_tokens": int(details.get("cached_tokens") or 0)}
         finish = choice.get("finish_reason")
         res = ChatResult(text=msg.get("content") or "", usage=usage, cost_usd=self._cost(usage), finish_reason=finish,
                          model=self.model, attempts=attempts)
@@ -523,18 +723,34 @@ class OpenAICompatibleBackend:
 
 # ----------------------------------------------------------------------------- Hugging Face backend
 class HFChatBackend:
-    """A Hugging Face image-text-to-text model driven through its processor's chat template."""
+    """A Hugging Face chat model driven through its chat template.
+
+    `task="image-text-to-text"` (default): AutoModelForImageTextToText + AutoProcessor
+    (InternVL3.5, Pixtral, PaliGemma, memeworld-vlm). `task="causal-lm"`: a text-only
+    AutoModelForCausalLM + AutoTokenizer, optionally from a GGUF file (`gguf_file`,
+    dequantized by transformers); image parts are an error (wrap it in `CaptionedBackend`).
+    """
 
     def __init__(self, model_id: str, revision: str | None = None, dtype: str = "float32", device: str | None = None,
-                 model=None, processor=None, identity: dict[str, Any] | None = None):
+                 model=None, processor=None, identity: dict[str, Any] | None = None,
+                 task: str = "image-text-to-text", gguf_file: str | None = None):
         import torch
-        self.model_id, self.revision = model_id, revision
+        if task not in ("image-text-to-text", "causal-lm"):
+            raise PresetError(f"hf chat task must be 'image-text-to-text' or 'causal-lm', got {task!r}")
+        self.model_id, self.revision, self.task = model_id, revision, task
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if model is None:
-            from transformers import AutoModelForImageTextToText, AutoProcessor
-            kw = {"revision": revision} if revision and not Path(model_id).exists() else {}
-            processor = AutoProcessor.from_pretrained(model_id, **kw)
-            model = AutoModelForImageTextToText.from_pretrained(model_id, dtype=torch_dtype(dtype), **kw)
+            kw: dict[str, Any] = {"revision": revision} if revision and not Path(model_id).exists() else {}
+            if gguf_file:
+                kw["gguf_file"] = gguf_file
+            if task == "causal-lm":
+                from transformers import AutoModelForCausalLM, AutoTokenizer
+                processor = AutoTokenizer.from_pretrained(model_id, **kw)
+                model = AutoModelForCausalLM.from_pretrained(model_id, dtype=torch_dtype(dtype), **kw)
+            else:
+                from transformers import AutoModelForImageTextToText, AutoProcessor
+                processor = AutoProcessor.from_pretrained(model_id, **kw)
+                model = AutoModelForImageTextToText.from_pretrained(model_id, dtype=torch_dtype(dtype), **kw)
         self.model = model.to(self.device).eval()
         self.processor = processor
         self._identity = identity or {"model": model_id, "revision": revision}
@@ -543,11 +759,16 @@ class HFChatBackend:
     def identity(self) -> dict[str, Any]:
         return self._identity
 
-    @staticmethod
-    def _hf_messages(messages) -> list[dict[str, Any]]:
+    def _hf_messages(self, messages) -> list[dict[str, Any]]:
         from PIL import Image
         out = []
         for m in messages:
+            if self.task == "causal-lm":
+                if any(p["type"] == "image" for p in _parts(m)):
+                    raise ValueError(f"{self.model_id} is a text-only model and got an image part: wrap it in the "
+                                     f"captioned adapter (backend: captioned) to replace images by captions")
+                out.append({"role": m["role"], "content": "".join(p["text"] for p in _parts(m))})
+                continue
             parts = []
             for p in _parts(m):
                 if p["type"] == "image":
@@ -567,9 +788,14 @@ class HFChatBackend:
         side = tok.padding_side
         tok.padding_side = "left"
         try:
-            inputs = self.processor.apply_chat_template([self._hf_messages(m) for m in conversations],
-                                                        add_generation_prompt=True, tokenize=True, return_dict=True,
-                                                        return_tensors="pt", processor_kwargs={"padding": True})
+            msgs = [self._hf_messages(m) for m in conversations]
+            if self.task == "causal-lm":
+                inputs = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                                 return_tensors="pt", padding=True)
+            else:
+                inputs = self.processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                                            return_dict=True, return_tensors="pt",
+                                                            processor_kwargs={"padding": True})
         finally:
             tok.padding_side = side
         dtype = next(self.model.parameters()).dtype
@@ -588,13 +814,14 @@ class HFChatBackend:
         eos = set(eos if isinstance(eos, list) else [eos])
         results = []
         for i in range(len(conversations)):
-            new = out[i, n_in:]
-            keep = [t for t in new.tolist() if t != tok.pad_token_id]
-            n_new = next((j + 1 for j, t in enumerate(keep) if t in eos), len(keep))
-            finish = "stop" if n_new < len(keep) + 1 and keep and keep[n_new - 1] in eos else "length"
+            new = out[i, n_in:].tolist()
+            # the answer ends at its first end-of-sequence token (pad may equal eos: cut, don't filter)
+            n_new = next((j + 1 for j, t in enumerate(new) if t in eos), None)
+            finish = "stop" if n_new is not None else "length"
+            keep = new[:n_new] if n_new is not None else [t for t in new if t != tok.pad_token_id]
             prompt_len = int(inputs["attention_mask"][i].sum()) if "attention_mask" in inputs else n_in
-            results.append(ChatResult(tok.decode(keep[:n_new], skip_special_tokens=True).strip(),
-                                      usage={"prompt_tokens": prompt_len, "completion_tokens": n_new},
+            results.append(ChatResult(tok.decode(keep, skip_special_tokens=True).strip(),
+                                      usage={"prompt_tokens": prompt_len, "completion_tokens": len(keep)},
                                       finish_reason=finish, model=self.model_id))
         return results
 
@@ -602,39 +829,153 @@ class HFChatBackend:
         return self.complete_batch([messages], params)[0]
 
 
+# ----------------------------------------------------------------------------- images for text-only models
+class CaptionedBackend:
+    """Lets a text-only chat model take the protocol's image parts: each image is replaced by a
+    caption written by a captioner (any chat model that sees pixels), then the conversation goes
+    to the text-only model. Captions go through the captioner's own response cache (keyed by the
+    image bytes and the caption prompt), so each image is captioned once.
+
+    The adapter's identity (adapter, captioner identity, caption prompt and decoding, the
+    template that inlines the caption) is part of every cache key: the same question with
+    another captioner is another request. A model behind this adapter never saw pixels, and
+    every notebook that uses one says so.
+    """
+
+    def __init__(self, inner: ChatBackend, captioner: Chat, caption_prompt: str = "Describe the image.",
+                 caption_params: GenParams = GenParams(temperature=0.0, max_new_tokens=60),
+                 image_template: str | None = None):
+        self.inner = inner
+        self.captioner = captioner
+        self.caption_prompt = caption_prompt
+        self.caption_params = caption_params
+        self.image_template = image_template or prompt_template("captioned/image.txt").strip("\n")
+        self.native_schema = bool(getattr(inner, "native_schema", False))
+        self._captions: dict[str, ChatResult] = {}
+        self._lock = threading.Lock()
+
+    def identity(self) -> dict[str, Any]:
+        return {**self.inner.identity(), "adapter": "captioned", "captioner": self.captioner.backend.identity(),
+                "caption_prompt": self.caption_prompt, "caption_params": asdict(self.caption_params),
+                "image_template": self.image_template}
+
+    def caption_images(self, images: Sequence[Any]) -> list[ChatResult]:
+        """Captions for images (cached per image by content), batched through the captioner."""
+        digests = [hashlib.sha256(image_bytes(im)).hexdigest() for im in images]
+        with self._lock:
+            todo = {d: im for d, im in zip(digests, images) if d not in self._captions}
+        if todo:
+            res = self.captioner.generate_many([[user(im, self.caption_prompt)] for im in todo.values()],
+                                               self.caption_params, progress=False)
+            with self._lock:
+                self._captions.update(zip(todo, res))
+        return [self._captions[d] for d in digests]
+
+    def describe(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The conversation with every image part replaced by its caption (a text part)."""
+        images = [p["image"] for m in messages for p in _parts(m) if p.get("type") == "image"]
+        caps = iter(self.caption_images(images)) if images else iter(())
+        out = []
+        for m in messages:
+            parts = []
+            for p in _parts(m):
+                if p.get("type") == "image":
+                    c = next(caps)
+                    if c.status != "ok":
+                        raise CaptionError(f"captioner {self.captioner.name or 'model'} could not caption an image "
+                                           f"({c.status}: {c.error})")
+                    parts.append(text(self.image_template.format(caption=c.text)))
+                else:
+                    parts.append(p)
+            out.append({"role": m["role"], "content": parts})
+        return out
+
+    def prepare(self, conversations: Sequence[Sequence[dict[str, Any]]]) -> None:
+        """Caption every image of these conversations in one batched pass (optional warm-up)."""
+        self.caption_images([p["image"] for c in conversations for m in c for p in _parts(m)
+                             if p.get("type") == "image"])
+
+    def complete(self, messages, params: GenParams) -> ChatResult:
+        try:
+            described = self.describe(messages)
+        except CaptionError as e:
+            return ChatResult("", "failed", error=str(e), model=str(self.inner.identity().get("model", "")))
+        return self.inner.complete(described, params)
+
+
+class CaptionError(RuntimeError):
+    """The captioner behind a CaptionedBackend could not caption an image."""
+
+
 # ----------------------------------------------------------------------------- loading
 def default_cache_path(profile: str) -> Path:
     return ROOT / "artifacts" / profile / "cache" / "responses.sqlite"
 
 
-def load_backend(preset: Preset, device: str | None = None, env_file: str | Path | None = None) -> ChatBackend:
+def served_identity(preset: Preset) -> dict[str, Any]:
+    """Cache identity of a model this compendium serves itself (a `serve:` section): the GGUF's
+    digest and the engine's version, not the (ephemeral) port."""
+    from importlib import metadata
+
+    from lib.presets import resolve_model_path, weights_digest
+    gguf = Path(resolve_model_path(preset.options["serve"]["gguf"]))
+    try:
+        engine = f"llama.cpp (xllamacpp {metadata.version('xllamacpp')})"
+    except metadata.PackageNotFoundError:
+        engine = "llama.cpp"
+    return {"gguf": weights_digest(gguf) if gguf.exists() else str(gguf), "engine": engine}
+
+
+def load_backend(preset: Preset, device: str | None = None, env_file: str | Path | None = None,
+                 base_url: str | None = None, cache: ResponseCache | str | Path | None = None) -> ChatBackend:
+    """The backend a preset names. `base_url` overrides an HTTP preset's endpoint (a server started
+    on a free port); `cache` is the response cache a captioned adapter's captioner uses."""
+    o = preset.options
     if preset.backend == "hf":
         local = preset.resolved_model
         if "{artifacts}" in preset.model and not Path(local).exists():
             from lib.artifacts import MissingInputError
             raise MissingInputError(f"chat preset '{preset.name}': {local} does not exist; "
                                     f"train it with `make reproduce NB=models`")
-        return HFChatBackend(local, preset.revision, preset.dtype, device, identity=preset.identity())
+        return HFChatBackend(local, preset.revision, preset.dtype, device, identity=preset.identity(),
+                             task=o.get("task", "image-text-to-text"), gguf_file=o.get("gguf_file"))
     if preset.backend == "openai_compatible":
-        o = preset.options
         keys = api_keys(o["api_key_env"], env_file) if o.get("api_key_env") else []
-        return OpenAICompatibleBackend(preset.model, o["base_url"], keys, revision=preset.revision,
+        served = "serve" in o
+        return OpenAICompatibleBackend(preset.model, base_url or o["base_url"], keys, revision=preset.revision,
                                        timeout_s=float(o.get("timeout_s", 60)),
                                        max_retries=int(o.get("max_retries", 5)),
                                        price_in=float(o.get("price_in", 0.0)), price_out=float(o.get("price_out", 0.0)),
-                                       api_key_optional=bool(o.get("api_key_optional", False)))
-    raise PresetError(f"chat preset '{preset.name}': unknown backend '{preset.backend}' (hf, openai_compatible)")
+                                       api_key_optional=bool(o.get("api_key_optional", served)),
+                                       structured_output=str(o.get("structured_output", "json_schema")),
+                                       identity_extra=served_identity(preset) if served else None)
+    if preset.backend == "captioned":
+        inner = load_backend(get_preset("chat", preset.model), device, env_file, base_url, cache)
+        captioner = load_chat(o["captioner"], cache=cache, device=device, env_file=env_file)
+        return CaptionedBackend(inner, captioner, caption_prompt=str(o.get("caption_prompt", "Describe the image.")),
+                                caption_params=GenParams(temperature=0.0,
+                                                         max_new_tokens=int(o.get("caption_max_new_tokens", 60))))
+    raise PresetError(f"chat preset '{preset.name}': unknown backend '{preset.backend}' "
+                      f"(hf, openai_compatible, captioned)")
 
 
 def load_chat(name_or_path: str | Path, cache: ResponseCache | str | Path | None = None, device: str | None = None,
-              retry_failed: bool = False, env_file: str | Path | None = None) -> Chat:
-    """A cached chat model from a preset name (params/presets/chat.yaml) or a local HF folder."""
+              env_file: str | Path | None = None, base_url: str | None = None) -> Chat:
+    """A cached chat model from a preset name (params/presets/chat.yaml) or a local HF folder.
+
+    `base_url` points an HTTP preset (or the text model behind a captioned one) at a running
+    server, e.g. `lib.serve.serve(...).base_url`."""
     p = Path(str(name_or_path))
     if p.is_dir() and (p / "config.json").exists():
         preset = Preset(name=p.name, backend="hf", model=str(p))
     else:
         preset = get_preset("chat", str(name_or_path))
-    backend = load_backend(preset, device, env_file)
-    return Chat(backend, cache, retry_failed=retry_failed,
-                max_workers=int(preset.options.get("max_workers", 1 if preset.backend == "hf" else 8)),
-                name=preset.name, batch_size=int(preset.options.get("batch_size", 16 if preset.backend == "hf" else 1)))
+    if isinstance(cache, (str, Path)):
+        cache = ResponseCache(cache)
+    backend = load_backend(preset, device, env_file, base_url, cache)
+    base = get_preset("chat", preset.model) if preset.backend == "captioned" else preset
+    local = base.backend == "hf"
+    opts = {**base.options, **preset.options}
+    return Chat(backend, cache, max_workers=int(opts.get("max_workers", 1 if local else 8)), name=preset.name,
+                batch_size=int(opts.get("batch_size", 16 if local else 1)),
+                schema_retries=int(opts.get("schema_retries", 2)))

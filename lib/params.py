@@ -49,6 +49,7 @@ class Stage:
 #: taking `--profile`. Later issues register theirs here (e.g. the embedded models).
 PYTHON_STAGES: list[tuple[str, str, str]] = [
     ("models", "00", "lib.embedded_models"),   # memeworld-clip, memeworld-vlm (embedded profile)
+    ("serving", "03", "lib.serving"),          # llama.cpp server vs transformers, same GGUF (benchmark)
 ]
 
 

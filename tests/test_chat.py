@@ -140,17 +140,16 @@ def test_faults_end_answered_or_failed_without_duplicate_spend_and_replay_from_c
     ok_calls = sum(r.status != "failed" for r in res[:-1])
     assert chat.stats.prompt_tokens == 10 * ok_calls
     assert chat.stats.cost_usd == pytest.approx(ok_calls * (10 * 2.5 + 5 * 10.0) / 1e6)
-    # a second run replays everything from the cache: zero HTTP requests
+    # a second run replays every answer from the cache (refusals and blocks included: they are
+    # answers) and asks again only the failed request, which is never stored
+    assert ResponseCache(tmp_path / "cache.sqlite").counts() == {"ok": 6, "refused": 1, "blocked": 1}
     before = server.requests
     chat2 = Chat(_backend(server.url), tmp_path / "cache.sqlite")
     res2 = chat2.generate_many(convs, GenParams(max_new_tokens=20), progress=False)
-    assert server.requests == before and chat2.stats.requests == 0
-    assert [r.text for r in res2] == [r.text for r in res] and all(r.from_cache for r in res2)
+    assert chat2.stats.requests == 1 and server.requests == before + 4      # always500: 1 + 3 retries
+    assert [r.text for r in res2] == [r.text for r in res]
+    assert [r.from_cache for r in res2] == [p != "always500 please" for p in PROMPTS]
     assert [r.status for r in res2] == [r.status for r in res]
-    # retry_failed re-asks only the failed request
-    chat3 = Chat(_backend(server.url), tmp_path / "cache.sqlite", retry_failed=True)
-    chat3.generate_many(convs, GenParams(max_new_tokens=20), progress=False)
-    assert chat3.stats.requests == 1
 
 
 def test_decoding_parameters_and_images_are_part_of_the_key():
@@ -243,9 +242,15 @@ def test_concurrent_writers_share_one_cache_file(tmp_path):
     assert not errors
     c = ResponseCache(path)
     assert len(c) == 600 and c.get("3-149").text == "3:149"
-    # a failure never overwrites an answer
-    c.put("3-149", ChatResult("", "failed", error="x"))
+    # a failure is never stored, so it never overwrites an answer nor replays
+    assert c.put("3-149", ChatResult("", "failed", error="x")) is False
     assert c.get("3-149").status == "ok"
+    assert c.put("new", ChatResult("", "failed", error="x")) is False and c.get("new") is None
+    # a file written before that rule may hold failures: they are not served
+    with sqlite3.connect(path) as db:
+        db.execute("INSERT INTO responses VALUES ('old-failure', 'm', 'failed', 0, ?)",
+                   (json.dumps(ChatResult("", "failed", error="x").to_json()),))
+    assert c.get("old-failure") is None
     with sqlite3.connect(path) as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
