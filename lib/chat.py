@@ -675,6 +675,12 @@ class OpenAICompatibleBackend:
         return res
 
     def complete(self, messages, params: GenParams) -> ChatResult:
+        t0 = time.perf_counter()
+        res = self._complete(messages, params)
+        res.latency_s = time.perf_counter() - t0
+        return res
+
+    def _complete(self, messages, params: GenParams) -> ChatResult:
         import httpx
         body = self._body(messages, params)
         last_error = "no attempt"

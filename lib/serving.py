@@ -42,7 +42,7 @@ class Config:
     hf_preset: str = "smollm2-135m-instruct-hf"        # the same weights through transformers ("" skips it)
     concurrency: list = field(default_factory=lambda: [1, 2, 4, 8])   # requests in flight (served)
     hf_concurrency: list = field(default_factory=lambda: [1, 4])      # generate batch sizes (transformers)
-    n_requests: int = 16             # requests per served concurrency level
+    n_requests: int = 24             # requests per served concurrency level
     hf_requests: int = 8             # requests per transformers level (it is the slow side)
     max_new_tokens: int = 64
     shots: int = 4                   # exemplars in the prefix-cache prompt
