@@ -403,13 +403,16 @@ def load_hvli(root: Path, ctx: _Ctx, splits=None, image_root: str | None = None)
             where = f"{path}: sample {sid!r}"
             labels = {k: _label(_field(obj, k, where, (int, str)), set(HVLI_LABELS), where, k)
                       for k in ("text_label", "image_label", "final_label")}
-            typ = _field(obj, "type", where)
+            # the official files' first release has no type / difficulty, and later ones store difficulty
+            # in lower case: derive both as the official evaluator does; a stored value must agree
             expect = "".join("1" if labels[k] > 0 else "0" for k in ("text_label", "image_label", "final_label"))
+            typ = obj.get("type", expect)
             if typ not in HVLI_TYPES or typ != expect:
                 raise DataError(f"{where}: field 'type' is {typ!r} but the labels give {expect!r}")
-            diff = obj.get("difficulty", HVLI_DIFFICULTY[typ])
-            if diff != HVLI_DIFFICULTY[typ]:
-                raise DataError(f"{where}: field 'difficulty' is {diff!r}; type {typ} is {HVLI_DIFFICULTY[typ]!r}")
+            diff = HVLI_DIFFICULTY[typ]
+            stored = obj.get("difficulty")
+            if stored is not None and (not isinstance(stored, str) or stored.lower() != diff.lower()):
+                raise DataError(f"{where}: field 'difficulty' is {stored!r}; type {typ} is {diff!r}")
             meta = {**labels, "type": typ, "difficulty": diff, "final_label_multiclass": labels["final_label"]}
             rec = MemeRecord(str(sid), base / _field(obj, "image_path", where), _field(obj, "tweet_text", where),
                              int(labels["final_label"] > 0), split, meta=meta)

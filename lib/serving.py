@@ -47,7 +47,7 @@ class Config:
     max_new_tokens: int = 64
     shots: int = 4                   # exemplars in the prefix-cache prompt
     prefix_trials: int = 3           # cold/warm pairs, each with a prefix of its own
-    schemas: list = field(default_factory=lambda: ["few_shot_label", "debate_cues"])  # params/schemas/*.json
+    schemas: list = field(default_factory=lambda: ["few_shot_label", "arcade_rapid_scan"])  # params/schemas/*.json
     schema_prompts: int = 12         # prompts per schema and arm
     schema_max_new_tokens: int = 320
     seed: int = 0

@@ -135,6 +135,28 @@ def test_hvli_type_must_match_labels(world):
         load_source("hvli", memeworld_sources(world)["hvli"])
 
 
+def test_hvli_official_files_load_lowercase_difficulty_and_no_type(world):
+    """The official release stores difficulty in lower case; its first release had neither type nor
+    difficulty: both are derived from the labels, as the official evaluator does."""
+    p = world / "hvli" / "train_set.json"
+    data = json.loads(p.read_text())
+    ids = list(data)
+    for sid in ids[:5]:
+        data[sid]["difficulty"] = data[sid]["difficulty"].lower()
+    for sid in ids[5:10]:
+        del data[sid]["type"], data[sid]["difficulty"]
+    p.write_text(json.dumps(data))
+    recs = {r.id: r for r in load_source("hvli", memeworld_sources(world)["hvli"]) if r.split == "train"}
+    for sid in ids[:10]:
+        m = recs[sid].meta
+        expect = "".join("1" if m[k] > 0 else "0" for k in ("text_label", "image_label", "final_label"))
+        assert m["type"] == expect and m["difficulty"] in ("Easy", "Normal", "Hard")
+    data[ids[0]]["difficulty"] = "hard" if recs[ids[0]].meta["difficulty"] != "Hard" else "easy"
+    p.write_text(json.dumps(data))
+    with pytest.raises(DataError, match=rf"sample '{ids[0]}': field 'difficulty'"):
+        load_source("hvli", memeworld_sources(world)["hvli"])
+
+
 def test_multioff_bad_label(world):
     p = world / "multioff" / "Split Dataset" / "Testing_meme_dataset.csv"
     lines = p.read_text().splitlines()

@@ -18,7 +18,7 @@ from lib.serve import find_running, port_open, serve, server_answers
 
 PRESET = "smollm2-135m-instruct"
 LABEL_SCHEMA = json.loads((ROOT / "params" / "schemas" / "few_shot_label.json").read_text())
-CUES_SCHEMA = json.loads((ROOT / "params" / "schemas" / "debate_cues.json").read_text())
+CUES_SCHEMA = json.loads((ROOT / "params" / "schemas" / "arcade_rapid_scan.json").read_text())
 
 
 def _alive(pid: int) -> bool:

@@ -1,0 +1,576 @@
+"""ARCADE: a prosecutor / defender / judge debate with a gated dual track (Sun et al., ACL 2026 Findings).
+
+    court = Court(chat, CourtConfig(class_mode="multiclass", rounds=3))
+    results = court.run_many(samples)                 # samples: H-VLI records (lib.datasets.load_hvli)
+    report = evaluate(results, "multiclass")          # official and corrected views
+
+One sample's trial:
+1. rapid scan: the prosecutor lists 0-2 EXPLICIT cues (temperature 0.0);
+2. cues found -> Track I: prosecutor (0.8) brings 1-3 cues, defender (0.8) rebuts them, judge
+   (0.1) gives the verdict {label, label_str, reason};
+3. no cue -> Track II: K rounds of indirect prosecutor and defender (0.7), then the judge on the
+   transcript; when the first indirect prosecutor finds nothing, summary dismissal (label 0).
+`run_mode: none` is the direct baseline: one classification call (0.8).
+
+Two readings of "debate" (`debate_visibility`): `transcript` (default, the debate the paper
+describes: each side sees the transcript so far) and `official` (the official code: the Track II
+debaters see only the post, round-2 prompts included; only the judge reads the transcript).
+Two parsers (`parse`): `structured` (each role's JSON schema, constrained decoding where the
+backend has it) and `official` (free text read leniently with json-repair, as the official code).
+
+Prompts are data: `params/prompts/arcade/{<class_mode>,common}/<stage>.txt` (system prompts, the
+compendium's own wording), `params/prompts/arcade/user/<stage>.txt` (the user turn's task lines),
+schemas `params/schemas/arcade_<stage>.json`. A profile can point `prompt_dir` at other files, or
+`official_prompts_repo` at a checkout of the official repository, whose prompt constants are then
+read from its `court_prompts.py` / `court_prompts_binary.py` (nothing of them is copied here).
+
+Every call goes through the response cache: a rerun makes zero calls and a crash loses nothing.
+Samples run concurrently on a bounded pool; the stages of one sample run in order.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from lib import ROOT
+from lib.chat import Chat, ChatResult, GenParams, image, system, text
+
+LABELS = {0: "NotHate", 1: "Racist", 2: "Sexist", 3: "Homophobe", 4: "Religion", 5: "OtherHate"}
+TYPES = ("000", "001", "010", "011", "100", "101", "110", "111")
+DIFFICULTY = {"000": "Easy", "011": "Easy", "101": "Easy", "111": "Easy", "100": "Normal", "010": "Normal",
+              "001": "Hard", "110": "Hard"}
+STAGES = ("rapid_scan", "prosecutor", "defender", "judge", "prosecutor_indirect", "defender_indirect",
+          "prosecutor_round2", "defender_round2", "judge_indirect", "baseline")
+ROLE = {"rapid_scan": "prosecutor", "prosecutor": "prosecutor", "defender": "defender", "judge": "judge",
+        "prosecutor_indirect": "prosecutor", "defender_indirect": "defender", "prosecutor_round2": "prosecutor",
+        "defender_round2": "defender", "judge_indirect": "judge", "baseline": "baseline"}
+#: The official prompt constant behind each stage (court_prompts.py / court_prompts_binary.py).
+OFFICIAL_CONSTANTS = {"rapid_scan": "PROSECUTOR_DIRECT_PROMPT", "prosecutor": "PROSECUTOR_PROMPT",
+                      "defender": "DEFENDER_PROMPT", "judge": "JUDGE_PROMPT",
+                      "prosecutor_indirect": "PROSECUTOR_INDIRECT_PROMPT", "defender_indirect": "DEFENDER_INDIRECT_PROMPT",
+                      "prosecutor_round2": "PROSECUTOR_ROUND_2_PROMPT", "defender_round2": "DEFENSE_ROUND_2_PROMPT",
+                      "judge_indirect": "JUDGE_PROMPT_INDIRECT", "baseline": "SAFETY_PROMPT"}
+DEFAULT_TEMPERATURES = {"rapid_scan": 0.0, "prosecutor": 0.8, "defender": 0.8, "judge": 0.1,
+                        "prosecutor_indirect": 0.7, "defender_indirect": 0.7, "prosecutor_round2": 0.7,
+                        "defender_round2": 0.7, "judge_indirect": 0.1, "baseline": 0.8}
+DEFAULT_MAX_TOKENS = {"rapid_scan": 320, "prosecutor": 400, "defender": 360, "judge": 160,
+                      "prosecutor_indirect": 320, "defender_indirect": 360, "prosecutor_round2": 360,
+                      "defender_round2": 300, "judge_indirect": 160, "baseline": 120}
+
+
+class CourtError(ValueError):
+    """A bad court configuration or prompt set; the message names the setting or file."""
+
+
+@dataclass
+class CourtConfig:
+    """How the court runs (a profile's `05_debate` section feeds it)."""
+    class_mode: str = "multiclass"            # multiclass (labels 0-5) | binary (0-1)
+    run_mode: str = "arcade"                  # arcade | none (the direct baseline)
+    rounds: int = 3                           # K, Track II debate rounds
+    debate_visibility: str = "transcript"     # transcript (each side sees the debate so far) | official (blind)
+    parse: str = "structured"                 # structured (JSON schema) | official (json-repair on free text)
+    temperatures: dict = field(default_factory=dict)   # stage -> temperature (defaults: the official code's)
+    max_new_tokens: dict = field(default_factory=dict)  # stage -> max new tokens
+    seed: int = 0
+    prompt_dir: str = "params/prompts/arcade"
+    schema_dir: str = "params/schemas"
+    official_prompts_repo: str | None = None  # a checkout of the official repository: its prompts, not ours
+    workers: int = 8                          # samples in flight
+
+    def __post_init__(self):
+        for name, value, allowed in (("class_mode", self.class_mode, ("multiclass", "binary")),
+                                     ("run_mode", self.run_mode, ("arcade", "none")),
+                                     ("debate_visibility", self.debate_visibility, ("transcript", "official")),
+                                     ("parse", self.parse, ("structured", "official"))):
+            if value not in allowed:
+                raise CourtError(f"court setting {name}={value!r}; expected one of {', '.join(allowed)}")
+        if self.rounds < 1:
+            raise CourtError(f"court setting rounds={self.rounds}; at least 1 round is needed")
+        for name, table in (("temperatures", self.temperatures), ("max_new_tokens", self.max_new_tokens)):
+            unknown = set(table) - set(STAGES)
+            if unknown:
+                raise CourtError(f"court setting {name} names unknown stage(s) {', '.join(sorted(unknown))} "
+                                 f"(stages: {', '.join(STAGES)})")
+
+    def temperature(self, stage: str) -> float:
+        return float(self.temperatures.get(stage, DEFAULT_TEMPERATURES[stage]))
+
+    def tokens(self, stage: str) -> int:
+        return int(self.max_new_tokens.get(stage, DEFAULT_MAX_TOKENS[stage]))
+
+
+# ----------------------------------------------------------------------------- prompts
+@dataclass(frozen=True)
+class Template:
+    text: str
+    id: str          # file (or official constant) and content digest: saved in every call's trace
+
+
+class Prompts:
+    """System prompts, user task lines and schemas for one class mode."""
+
+    def __init__(self, cfg: CourtConfig):
+        self.cfg = cfg
+        base = Path(cfg.prompt_dir)
+        self.base = base if base.is_absolute() else ROOT / base
+        schemas = Path(cfg.schema_dir)
+        self.schema_dir = schemas if schemas.is_absolute() else ROOT / schemas
+        self.official = read_official_prompts(cfg.official_prompts_repo, cfg.class_mode) \
+            if cfg.official_prompts_repo else None
+        definition = self._file(self.base / "common" / "definition.txt")
+        self._system = {s: self._system_prompt(s, definition) for s in STAGES}
+        self._user = {s: self._file(self.base / "user" / f"{s}.txt") for s in STAGES}
+        self.post = self._file(self.base / "user" / "post.txt")
+        self.transcript_block = self._file(self.base / "user" / "transcript_block.txt")
+
+    def _file(self, path: Path) -> Template:
+        if not path.exists():
+            raise CourtError(f"prompt template {path} does not exist")
+        t = path.read_text(encoding="utf-8").strip("\n")
+        rel = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+        return Template(t, f"{rel}#{hashlib.sha256(t.encode()).hexdigest()[:8]}")
+
+    def _system_prompt(self, stage: str, definition: Template) -> Template:
+        if self.official is not None:
+            t = self.official[stage]
+            return Template(t, f"official:{OFFICIAL_CONSTANTS[stage]}#{hashlib.sha256(t.encode()).hexdigest()[:8]}")
+        for d in (self.cfg.class_mode, "common"):
+            p = self.base / d / f"{stage}.txt"
+            if p.exists():
+                tpl = self._file(p)
+                return Template(tpl.text.replace("{definition}", definition.text), tpl.id)
+        raise CourtError(f"no prompt for stage '{stage}' in {self.base}/{self.cfg.class_mode} or {self.base}/common")
+
+    def system(self, stage: str) -> Template:
+        return self._system[stage]
+
+    def user(self, stage: str) -> Template:
+        return self._user[stage]
+
+    def schema(self, stage: str) -> dict[str, Any]:
+        name = {"rapid_scan": "arcade_rapid_scan", "prosecutor": "arcade_prosecutor",
+                "prosecutor_indirect": "arcade_prosecutor_indirect", "prosecutor_round2": "arcade_prosecutor_round2",
+                "defender": "arcade_defender", "defender_indirect": "arcade_defender",
+                "defender_round2": "arcade_defender_round2", "judge": f"arcade_verdict_{self.cfg.class_mode}",
+                "judge_indirect": f"arcade_verdict_{self.cfg.class_mode}",
+                "baseline": f"arcade_baseline_{self.cfg.class_mode}"}[stage]
+        path = self.schema_dir / f"{name}.json"
+        if not path.exists():
+            raise CourtError(f"schema {path} does not exist")
+        return json.loads(path.read_text(encoding="utf-8"))
+
+
+def read_official_prompts(repo: str | Path, class_mode: str) -> dict[str, str]:
+    """The official prompt constants, read from a user's own checkout of the official repository
+    (`court_prompts.py`, or `court_prompts_binary.py` for the binary mode). Nothing is copied."""
+    import runpy
+    path = Path(repo) / ("court_prompts_binary.py" if class_mode == "binary" else "court_prompts.py")
+    if not path.exists():
+        raise CourtError(f"official_prompts_repo: {path} does not exist (point it at a checkout of the "
+                         f"official ARCADE repository)")
+    ns = runpy.run_path(str(path))
+    missing = [c for c in OFFICIAL_CONSTANTS.values() if not isinstance(ns.get(c), str)]
+    if missing:
+        raise CourtError(f"{path}: no string constant(s) {', '.join(missing)}")
+    return {stage: ns[const] for stage, const in OFFICIAL_CONSTANTS.items()}
+
+
+# ----------------------------------------------------------------------------- parsing
+def official_parse(raw: str) -> Any:
+    """The official code's lenient reading: the last ```json fenced block if any, else the whole
+    text, through json-repair. A string result becomes an error dict (the text is lost), None a
+    refusal dict, exactly as the official client returns them."""
+    import re
+
+    import json_repair
+    blocks = re.findall(r"```json\s*(.*?)```", raw or "", flags=re.S)
+    src = blocks[-1] if blocks else (raw or "")
+    try:
+        value = json_repair.repair_json(src, return_objects=True)
+    except Exception:  # noqa: BLE001 - the official fallback chain ends in an error dict too
+        value = ""
+    if value is None:
+        return {"error": "Empty Response", "refusal": True}
+    if isinstance(value, str):
+        return {"content": value, "error": "Output format is not JSON", "refusal": False}
+    return value
+
+
+def _is_failure(value: Any) -> bool:
+    return isinstance(value, dict) and ("error" in value or value.get("refusal") is True)
+
+
+# ----------------------------------------------------------------------------- the court
+@dataclass
+class CallTrace:
+    stage: str
+    role: str
+    round: int
+    temperature: float
+    template: str
+    status: str                    # ok | unparseable | refused | blocked | failed
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    latency_s: float = 0.0
+    from_cache: bool = False
+    output: Any = None             # the parsed value the court used
+    raw: str = ""
+    error: str | None = None
+
+
+@dataclass
+class SampleResult:
+    id: str
+    gt: int                        # multiclass ground truth (0-5)
+    type: str
+    difficulty: str
+    route: str                     # track1 | track2 | dismissal | baseline | error
+    label: int = -1                # the verdict (-1: none usable)
+    label_str: str = ""
+    reason: str = ""
+    status: str = "ok"             # ok | unparseable | refused | blocked | failed
+    cause: str | None = None       # the stage whose answer ended the trial when status is not ok
+    official_refusal: bool = False  # the official evaluator would exclude this sample
+    calls: list[CallTrace] = field(default_factory=list)
+    transcript: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Stop(Exception):
+    """A stage ended the trial (refused, blocked or failed call)."""
+
+    def __init__(self, status: str, stage: str):
+        self.status, self.stage = status, stage
+
+
+class Court:
+    """Runs ARCADE (or the direct baseline) with any chat backend (a `lib.chat.Chat`)."""
+
+    def __init__(self, chat: Chat, cfg: CourtConfig = CourtConfig()):
+        self.chat = chat
+        self.cfg = cfg
+        self.prompts = Prompts(cfg)
+
+    # -- one call
+    def _messages(self, stage: str, sample, user_text: str) -> list[dict[str, Any]]:
+        post = text(self.prompts.post.text.format(text=sample.text))
+        img = [image(sample.img_path)] if Path(sample.img_path).exists() else []
+        tail = [text("\n" + user_text)] if user_text else []
+        if stage == "baseline":
+            # the baseline's layout: an empty system turn, the instructions as the first user part
+            return [system(""), {"role": "user", "content": [text(self.prompts.system(stage).text + "\n"), post,
+                                                             *img, *tail]}]
+        return [system(self.prompts.system(stage).text), {"role": "user", "content": [post, *img, *tail]}]
+
+    def _call(self, stage: str, sample, round_: int, result: SampleResult, **fields: Any) -> Any:
+        cfg = self.cfg
+        user_text = self.prompts.user(stage).text.format(**fields)
+        params = GenParams(temperature=cfg.temperature(stage), max_new_tokens=cfg.tokens(stage), seed=cfg.seed,
+                           json_schema=self.prompts.schema(stage) if cfg.parse == "structured" else None)
+        r: ChatResult = self.chat.generate(self._messages(stage, sample, user_text), params)
+        status, value = r.status, None
+        if status == "ok" and cfg.parse == "structured":
+            value = _unwrap(r.parsed)
+        elif status == "ok":
+            value = official_parse(r.text)
+            if _is_failure(value):
+                status = "unparseable" if value.get("refusal") is not True else "refused"
+        elif status == "unparseable" and cfg.parse == "structured":
+            value = None
+        trace = CallTrace(stage, ROLE[stage], round_, params.temperature, self.prompts.system(stage).id, status,
+                          r.usage.get("prompt_tokens", 0), r.usage.get("completion_tokens", 0),
+                          r.usage.get("cached_tokens", 0), round(r.latency_s, 4), r.from_cache, value, r.text,
+                          r.error)
+        result.calls.append(trace)
+        if status in ("refused", "blocked", "failed"):
+            raise _Stop(status, stage)
+        return value if status == "ok" else _UNPARSEABLE
+
+    # -- one sample
+    def run(self, sample) -> SampleResult:
+        typ = sample.meta.get("type", "")
+        res = SampleResult(str(sample.id), int(sample.meta.get("final_label_multiclass", sample.label or 0)), typ,
+                           DIFFICULTY.get(typ, "Unknown"), route="baseline" if self.cfg.run_mode == "none" else "error")
+        try:
+            if self.cfg.run_mode == "none":
+                self._verdict(res, self._call("baseline", sample, 0, res))
+            else:
+                self._arcade(sample, res)
+        except _Stop as stop:
+            res.status, res.cause, res.label = stop.status, stop.stage, -1
+            # the official code turns refusals, blocks and transient failures alike into refusals
+            res.official_refusal = True
+        return res
+
+    def _arcade(self, sample, res: SampleResult) -> None:
+        scan = self._call("rapid_scan", sample, 0, res)
+        if scan is _UNPARSEABLE or _is_failure(scan):
+            # the official gate: a failed rapid scan ends the trial as a refusal ("Stage A Failed")
+            res.route, res.status, res.cause, res.official_refusal = "error", "unparseable", "rapid_scan", True
+            return
+        if isinstance(scan, list) and scan:
+            res.route = "track1"
+            p = self._call("prosecutor", sample, 1, res)
+            p = [] if p is _UNPARSEABLE else p
+            d = self._call("defender", sample, 1, res, accusations=_dumps(p))
+            d = [] if d is _UNPARSEABLE else d
+            res.transcript = [{"round": 1, "prosecutor": p, "defense": d}]
+            self._verdict(res, self._call("judge", sample, 1, res, accusations=_dumps(p), rebuttals=_dumps(d)))
+            return
+        res.route = "track2"
+        history: list[dict[str, Any]] = []
+        blind = self.cfg.debate_visibility == "official"
+        for rnd in range(1, self.cfg.rounds + 1):
+            if rnd == 1:
+                p = self._call("prosecutor_indirect", sample, rnd, res)
+                if isinstance(p, list) and not p:
+                    res.route, res.label, res.label_str, res.reason = "dismissal", 0, LABELS[0], "No cues found."
+                    return
+            else:
+                p = self._call("prosecutor_round2", sample, rnd, res,
+                               transcript_block="" if blind else self._block(history))
+            p = [] if p is _UNPARSEABLE else p
+            current = history + [{"round": rnd, "prosecutor": p}]
+            d_stage = "defender_indirect" if rnd == 1 else "defender_round2"
+            d = self._call(d_stage, sample, rnd, res, transcript_block="" if blind else self._block(current))
+            d = [] if d is _UNPARSEABLE else d
+            history.append({"round": rnd, "prosecutor": p, "defense": d})
+        res.transcript = history
+        self._verdict(res, self._call("judge_indirect", sample, self.cfg.rounds + 1, res, transcript=_dumps(history)))
+
+    def _block(self, history: list[dict[str, Any]]) -> str:
+        return self.prompts.transcript_block.text.format(transcript=_dumps(history)) + "\n" if history else ""
+
+    def _verdict(self, res: SampleResult, v: Any) -> None:
+        if v is _UNPARSEABLE or not isinstance(v, dict):
+            res.status, res.cause, res.label = "unparseable", res.calls[-1].stage, -1
+            return
+        try:
+            res.label = int(v.get("label"))
+        except (TypeError, ValueError):
+            res.label = -1          # the official evaluator: a label that is not an integer is -1 (wrong)
+            res.status, res.cause = "unparseable", res.calls[-1].stage
+        res.label_str = str(v.get("label_str", ""))
+        res.reason = str(v.get("reason", ""))
+
+    # -- many samples
+    def run_many(self, samples: Sequence[Any], progress: bool = True, desc: str | None = None) -> list[SampleResult]:
+        """Trials in input order; samples concurrently on a bounded pool, each sample's stages in order."""
+        from tqdm.auto import tqdm
+        out: list[SampleResult | None] = [None] * len(samples)
+        bar = tqdm(total=len(samples), desc=desc or f"court ({self.cfg.run_mode})", disable=not progress)
+        lock = threading.Lock()
+
+        def one(i: int) -> None:
+            out[i] = self.run(samples[i])
+            with lock:
+                bar.update(1)
+        with ThreadPoolExecutor(max_workers=max(1, self.cfg.workers)) as pool:
+            for f in [pool.submit(one, i) for i in range(len(samples))]:
+                f.result()
+        bar.close()
+        return [r for r in out if r is not None]
+
+
+class _Unparseable:
+    def __repr__(self) -> str:
+        return "<unparseable>"
+
+
+_UNPARSEABLE = _Unparseable()
+
+
+def _unwrap(parsed: Any) -> Any:
+    """Structured answers come as objects ({"cues": [...]}, {"rebuttals": [...]}); the court works on the lists."""
+    if isinstance(parsed, dict) and len(parsed) == 1 and next(iter(parsed)) in ("cues", "rebuttals"):
+        return next(iter(parsed.values()))
+    return parsed
+
+
+def _dumps(v: Any) -> str:
+    return json.dumps(v, ensure_ascii=False)
+
+
+# ----------------------------------------------------------------------------- sampling
+def balanced_sample(items: Sequence[tuple[str, str]], n: int, seed: int = 2024) -> list[str]:
+    """The official balanced sampler (`--samples N --seed S`): ids in the order it returns them.
+
+    `items` are (id, type) pairs in file order. n = 0 or n >= len: all, file order. Otherwise
+    the types are grouped in first-appearance order, each group shuffled and cut to n // n_types,
+    the remainder filled by `random.sample` from the leftovers, and the selection shuffled. A
+    private `random.Random(seed)` draws the same sequence as the official `random.seed(seed)`
+    followed by calls on the global generator.
+    """
+    if n <= 0 or n >= len(items):
+        return [i for i, _ in items]
+    rng = random.Random(seed)
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for item in items:
+        groups.setdefault(item[1], []).append(item)
+    quota = n // len(groups)
+    selected: list[tuple[str, str]] = []
+    pool: list[tuple[str, str]] = []
+    for members in groups.values():
+        members = list(members)
+        rng.shuffle(members)
+        take = min(len(members), quota)
+        selected += members[:take]
+        pool += members[take:]
+    needed = n - len(selected)
+    if needed > 0:
+        selected += rng.sample(pool, needed)
+    rng.shuffle(selected)
+    return [i for i, _ in selected]
+
+
+# ----------------------------------------------------------------------------- evaluation
+def _metrics_block(gts: list[int], preds: list[int], binary: bool) -> dict[str, float]:
+    from sklearn.metrics import f1_score, precision_score, recall_score
+    out: dict[str, float] = {}
+    if not gts:
+        return out
+    if binary:
+        g = [int(x > 0) for x in gts]
+        p = [1 - gi if pi < 0 else int(pi > 0) for gi, pi in zip(g, preds)]
+        out["f1_positive"] = f1_score(g, p, average="binary", pos_label=1, zero_division=0)
+        out["precision_positive"] = precision_score(g, p, average="binary", pos_label=1, zero_division=0)
+        out["recall_positive"] = recall_score(g, p, average="binary", pos_label=1, zero_division=0)
+        out["macro_f1"] = f1_score(g, p, average="macro", labels=[0, 1], zero_division=0)
+    else:
+        p = [(1 if gi == 0 else 0) if pi < 0 else pi for gi, pi in zip(gts, preds)]
+        out["macro_f1"] = f1_score(gts, p, average="macro", zero_division=0)
+        out["weighted_f1"] = f1_score(gts, p, average="weighted", zero_division=0)
+    return out
+
+
+def evaluate(results: Sequence[SampleResult], class_mode: str = "multiclass", view: str = "corrected") -> dict[str, Any]:
+    """Accuracy per difficulty and type, overall; F1s. `view`:
+    - `official`: the official evaluator: refused samples leave every denominator; a label that is
+      not an integer is -1 (wrong; inside F1 forced to the wrong class); binary mode maps > 0 to 1;
+      multiclass F1 over the labels present; binary F1 is the positive class's.
+    - `corrected`: every sample counts; refused, blocked, failed and unparseable are wrong (-1)
+      and reported by cause; multiclass F1 over the six labels; binary reports macro-F1 too.
+    Difficulty always comes from `type`, as the official evaluator derives it.
+    """
+    if view not in ("official", "corrected"):
+        raise ValueError(f"view must be 'official' or 'corrected', got {view!r}")
+    binary = class_mode == "binary"
+    rows = []
+    refused = {"all": 0}
+    causes: dict[str, int] = {}
+    for r in results:
+        if view == "official" and r.official_refusal:
+            refused["all"] += 1
+            refused[r.type] = refused.get(r.type, 0) + 1
+            refused[r.difficulty] = refused.get(r.difficulty, 0) + 1
+            continue
+        pred = r.label if r.status in ("ok",) or (view == "official" and r.status == "unparseable") else -1
+        if view == "corrected" and r.status != "ok":
+            causes[f"{r.status}:{r.cause}"] = causes.get(f"{r.status}:{r.cause}", 0) + 1
+        gt = int(r.gt > 0) if binary else r.gt
+        pr = (int(pred > 0) if pred >= 0 else -1) if binary else pred
+        rows.append((r, gt, pr))
+
+    def acc(sel):
+        return sum(gt == pr for _, gt, pr in sel) / len(sel) if sel else float("nan")
+
+    def bacc(sel):
+        return sum((gt > 0) == (pr > 0) and pr >= 0 for _, gt, pr in sel) / len(sel) if sel else float("nan")
+    out: dict[str, Any] = {"view": view, "class_mode": class_mode, "n": len(rows), "n_refused": refused["all"],
+                           "acc": acc(rows)}
+    for d in ("Easy", "Normal", "Hard"):
+        sel = [x for x in rows if x[0].difficulty == d]
+        out[f"acc_{d.lower()}"], out[f"n_{d.lower()}"] = acc(sel), len(sel)
+    nh = [x for x in rows if x[0].difficulty in ("Normal", "Hard")]
+    out["acc_normal_hard"], out["n_normal_hard"] = acc(nh), len(nh)
+    for t in TYPES:
+        sel = [x for x in rows if x[0].type == t]
+        out[f"acc_type_{t}"], out[f"n_type_{t}"] = acc(sel), len(sel)
+    if not binary:
+        out["binary_acc"] = bacc(rows)
+    gts = [gt for _, gt, _ in rows]
+    prs = [pr for _, _, pr in rows]
+    if view == "corrected" and not binary:
+        from sklearn.metrics import f1_score
+        p = [(1 if g == 0 else 0) if x < 0 else x for g, x in zip(gts, prs)]
+        out["macro_f1"] = f1_score(gts, p, average="macro", labels=list(LABELS), zero_division=0) if rows else float("nan")
+        out["weighted_f1"] = f1_score(gts, p, average="weighted", labels=list(LABELS), zero_division=0) \
+            if rows else float("nan")
+    else:
+        out.update(_metrics_block(gts, prs, binary))
+    if binary and rows:
+        from sklearn.metrics import confusion_matrix
+        p = [1 - g if x < 0 else x for g, x in zip(gts, prs)]
+        out["confusion"] = confusion_matrix(gts, p, labels=[0, 1]).tolist()
+    out["refused_by_group"] = refused
+    out["not_ok_by_cause"] = causes
+    total = len(rows) + refused["all"]
+    out["refused_share"] = refused["all"] / total if total else 0.0
+    return out
+
+
+def report_text(results: Sequence[SampleResult], class_mode: str, run_mode: str, model: str) -> str:
+    """`report.txt` in the official layout (official view)."""
+    ev = evaluate(results, class_mode, "official")
+    binary = class_mode == "binary"
+    lines = [f"Report: [{run_mode}] - Model: {model} (Mode: {class_mode})",
+             f"Safety Refused: {ev['n_refused']} samples (Excluded from stats)", "",
+             f"[Global Performance] (N={ev['n']})", f"  Strict Accuracy: {100 * ev['acc']:.2f}%"]
+    if binary:
+        lines += [f"  F1 Score: {ev.get('f1_positive', 0):.4f}", f"  Precision: {ev.get('precision_positive', 0):.4f}",
+                  f"  Recall: {ev.get('recall_positive', 0):.4f}", f"  Confusion Matrix: {ev.get('confusion')}"]
+    else:
+        lines += [f"  Binary Accuracy: {100 * ev['binary_acc']:.2f}%", f"  F1 Macro: {ev.get('macro_f1', 0):.4f}",
+                  f"  F1 Weighted: {ev.get('weighted_f1', 0):.4f}"]
+    lines += ["", "[Breakdown by Difficulty]"]
+    ok = [r for r in results if not r.official_refusal]
+    for name, diffs in (("Easy", ("Easy",)), ("Normal", ("Normal",)), ("Hard", ("Hard",)),
+                        ("Normal + Hard", ("Normal", "Hard"))):
+        sel = [r for r in ok if r.difficulty in diffs]
+        ref = sum(1 for r in results if r.official_refusal and r.difficulty in diffs)
+        sub = evaluate(sel, class_mode, "official") if sel else None
+        strict = f"{100 * sub['acc']:.2f}%" if sub else "n/a"
+        extra = "" if binary or not sub else f", Binary={100 * sub['binary_acc']:.2f}%"
+        lines.append(f"  {name}: Strict={strict}{extra}, N={len(sel)}, Refused={ref}")
+    lines += ["", "[Breakdown by Type]"]
+    for t in TYPES:
+        n = ev[f"n_type_{t}"]
+        lines.append(f"  {t}: Acc={100 * ev[f'acc_type_{t}']:.1f}% (N={n})" if n else f"  {t}: (N=0)")
+    ref_pct = 100 * ev["refused_share"]
+    if binary:
+        row = [ev["acc_easy"], ev["acc_normal"], ev["acc_hard"], ev["acc"], ev.get("recall_positive", 0),
+               ev.get("f1_positive", 0)]
+    else:
+        row = [ev["acc_easy"], ev["acc_normal"], ev["acc_hard"], ev["acc"], ev.get("macro_f1", 0),
+               ev.get("weighted_f1", 0)]
+    vals = [round(100 * v, 2) if v == v else float("nan") for v in row] + [ev["n_refused"], round(ref_pct, 2)]
+    lines += ["", "[COPY DATA SOURCE]", str(vals)]
+    return "\n".join(lines) + "\n"
+
+
+def cost_summary(results: Sequence[SampleResult], rounds: int) -> dict[str, float]:
+    """Calls and tokens per sample by route, the share of each route, and what the gate saves
+    against sending every sample through Track II (rapid scan + K rounds of two + judge)."""
+    out: dict[str, float] = {}
+    n = len(results) or 1
+    calls = [len(r.calls) for r in results]
+    out["calls_per_sample"] = sum(calls) / n
+    out["tokens_per_sample"] = sum(c.prompt_tokens + c.completion_tokens for r in results for c in r.calls) / n
+    for route in ("track1", "track2", "dismissal", "error"):
+        sel = [r for r in results if r.route == route]
+        out[f"share_{route}"] = len(sel) / n
+        out[f"calls_per_sample_{route}"] = sum(len(r.calls) for r in sel) / len(sel) if sel else 0.0
+    full_track2 = 1 + 2 * rounds + 1
+    out["calls_all_track2"] = float(full_track2)
+    out["gate_call_saving"] = 1 - out["calls_per_sample"] / full_track2
+    return out
