@@ -76,6 +76,7 @@ class CourtConfig:
     rounds: int = 3                           # K, Track II debate rounds
     debate_visibility: str = "transcript"     # transcript (each side sees the debate so far) | official (blind)
     parse: str = "structured"                 # structured (JSON schema) | official (json-repair on free text)
+    gate: bool = True                         # False: no rapid scan, every sample through Track II (ablation)
     temperatures: dict = field(default_factory=dict)   # stage -> temperature (defaults: the official code's)
     max_new_tokens: dict = field(default_factory=dict)  # stage -> max new tokens
     seed: int = 0
@@ -313,6 +314,8 @@ class Court:
         return res
 
     def _arcade(self, sample, res: SampleResult) -> None:
+        if not self.cfg.gate:
+            return self._track2(sample, res)
         scan = self._call("rapid_scan", sample, 0, res)
         if scan is _UNPARSEABLE or _is_failure(scan):
             # the official gate: a failed rapid scan ends the trial as a refusal ("Stage A Failed")
@@ -327,6 +330,9 @@ class Court:
             res.transcript = [{"round": 1, "prosecutor": p, "defense": d}]
             self._verdict(res, self._call("judge", sample, 1, res, accusations=_dumps(p), rebuttals=_dumps(d)))
             return
+        self._track2(sample, res)
+
+    def _track2(self, sample, res: SampleResult) -> None:
         res.route = "track2"
         history: list[dict[str, Any]] = []
         blind = self.cfg.debate_visibility == "official"
@@ -560,7 +566,7 @@ def report_text(results: Sequence[SampleResult], class_mode: str, run_mode: str,
 
 def cost_summary(results: Sequence[SampleResult], rounds: int) -> dict[str, float]:
     """Calls and tokens per sample by route, the share of each route, and what the gate saves
-    against sending every sample through Track II (rapid scan + K rounds of two + judge)."""
+    against sending every sample through Track II with no gate (K rounds of two + the judge)."""
     out: dict[str, float] = {}
     n = len(results) or 1
     calls = [len(r.calls) for r in results]
@@ -570,7 +576,7 @@ def cost_summary(results: Sequence[SampleResult], rounds: int) -> dict[str, floa
         sel = [r for r in results if r.route == route]
         out[f"share_{route}"] = len(sel) / n
         out[f"calls_per_sample_{route}"] = sum(len(r.calls) for r in sel) / len(sel) if sel else 0.0
-    full_track2 = 1 + 2 * rounds + 1
+    full_track2 = 2 * rounds + 1
     out["calls_all_track2"] = float(full_track2)
     out["gate_call_saving"] = 1 - out["calls_per_sample"] / full_track2
     return out

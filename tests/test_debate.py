@@ -114,6 +114,16 @@ def test_track_two_runs_k_rounds_and_the_judge_reads_the_transcript(visibility):
             assert "CLAIM-IND" not in seen[i] and "REBUTTAL" not in seen[i] and "COUNTER" not in seen[i]
 
 
+def test_without_the_gate_every_sample_goes_through_track_two():
+    court, script = make(gate=False, rounds=2)
+    r = court.run(Sample())
+    assert [c[0] for c in script.calls] == ["prosecutor_indirect", "defender_indirect", "prosecutor_round2",
+                                            "defender_round2", "judge_indirect"]
+    assert r.route == "track2" and r.label == 5
+    from lib.debate import cost_summary
+    assert cost_summary([r], 2)["calls_all_track2"] == 5 and cost_summary([r], 2)["gate_call_saving"] == 0.0
+
+
 def test_summary_dismissal_when_the_first_indirect_prosecutor_finds_nothing():
     court, script = make(default_answers(rapid_scan={"cues": []}, prosecutor_indirect={"cues": []}))
     r = court.run(Sample())

@@ -161,3 +161,24 @@ def test_captioned_served_model_sees_captions_of_memeworld_images(tmp_path):
                           base_url=srv.base_url, device="cpu")
         assert [r.parsed for r in again.generate_many(convs, params, progress=False)] == [r.parsed for r in res]
         assert again.stats.requests == 0 and again.backend.captioner.stats.requests == 0
+
+
+def test_debate_notebook_outputs():
+    from lib.debate import evaluate
+    from lib.debate_report import results_from_jsonl
+    m = _metrics("05_debate")
+    for k in ("acc", "acc_easy", "acc_normal", "acc_hard", "macro_f1", "weighted_f1", "direct_acc", "calls_per_sample",
+              "calls_per_sample_track1", "calls_per_sample_track2", "share_track1", "n_eval", "n_refused",
+              "n_unparseable", "rerun_calls"):
+        assert k in m, k
+    assert m["rerun_calls"] == 0                       # replayed from the response cache
+    out = EMB / "05_debate"
+    res = results_from_jsonl(out / "results_arcade.jsonl")
+    assert len(res) == m["n_eval"] and evaluate(res)["acc"] == pytest.approx(m["acc"])
+    assert all(c.template and c.status in ("ok", "unparseable", "refused", "blocked", "failed")
+               for r in res for c in r.calls)
+    routed = [r for r in res if r.route in ("track1", "track2", "dismissal")]
+    assert all(r.calls[0].stage == "rapid_scan" and r.calls[0].temperature == 0.0 for r in routed)
+    assert (out / "report_arcade.txt").read_text().startswith("Report: [ARCADE]")
+    for name in ("debate_accuracy", "debate_cost"):
+        assert (ARTIFACTS_ROOT.parent / "figures" / "embedded" / f"{name}.png").exists()

@@ -1,0 +1,162 @@
+"""Notebook 05's runs, tables and figures: one ARCADE variant per call, saved as the official code
+saves a run (per-sample results + report.txt) plus both evaluator views and the cost summary.
+
+    run = run_variant(chat, samples, cfg, out_dir, "arcade", model="smollm2")
+    summary_frame({"arcade": run, ...})        # official and corrected views side by side
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Sequence
+
+from lib.artifacts import write_json, write_text
+from lib.debate import DIFFICULTY, LABELS, TYPES, Court, CourtConfig, SampleResult, cost_summary, evaluate, report_text
+
+
+def run_variant(chat, samples: Sequence[Any], cfg: CourtConfig, out_dir: Path, name: str, model: str,
+                progress: bool = True) -> dict[str, Any]:
+    """Run one court configuration over the samples; write results_<name>.jsonl, report_<name>.txt
+    (official layout) and eval_<name>.json (both views, cost); return them with the results."""
+    import time
+    before = chat.stats.requests
+    t0 = time.perf_counter()
+    results = Court(chat, cfg).run_many(samples, progress=progress, desc=name)
+    run = {"name": name, "config": asdict(cfg), "results": results, "calls_made": chat.stats.requests - before,
+           "wall_s": time.perf_counter() - t0,
+           "official": evaluate(results, cfg.class_mode, "official"),
+           "corrected": evaluate(results, cfg.class_mode, "corrected"),
+           "cost": cost_summary(results, cfg.rounds)}
+    out_dir = Path(out_dir)
+    write_text(out_dir / f"results_{name}.jsonl",
+               "".join(json.dumps(r.to_json(), ensure_ascii=False, default=str) + "\n" for r in results))
+    write_text(out_dir / f"report_{name}.txt",
+               report_text(results, cfg.class_mode, "ARCADE" if cfg.run_mode == "arcade" else "none", model))
+    write_json(out_dir / f"eval_{name}.json", {k: run[k] for k in ("name", "config", "official", "corrected", "cost",
+                                                                   "calls_made", "wall_s")})
+    return run
+
+
+def summary_frame(runs: dict[str, dict[str, Any]]):
+    """One row per variant and view: n, refused, accuracy overall / by difficulty, F1s."""
+    import pandas as pd
+    rows = []
+    for name, run in runs.items():
+        for view in ("official", "corrected"):
+            ev = run[view]
+            rows.append({"variant": name, "view": view, "n": ev["n"], "refused": ev["n_refused"],
+                         "acc": ev["acc"], "easy": ev["acc_easy"], "normal": ev["acc_normal"], "hard": ev["acc_hard"],
+                         "normal+hard": ev["acc_normal_hard"], "binary_acc": ev.get("binary_acc"),
+                         "macro_f1": ev.get("macro_f1"), "weighted_f1": ev.get("weighted_f1")})
+    return pd.DataFrame(rows).round(3)
+
+
+def type_frame(runs: dict[str, dict[str, Any]], view: str = "corrected"):
+    """Accuracy per SMI interaction type (rows) and variant (columns), with n."""
+    import pandas as pd
+    first = next(iter(runs.values()))[view]
+    data = {"difficulty": [DIFFICULTY[t] for t in TYPES], "n": [first[f"n_type_{t}"] for t in TYPES]}
+    for name, run in runs.items():
+        data[name] = [run[view][f"acc_type_{t}"] for t in TYPES]
+    return pd.DataFrame(data, index=list(TYPES)).round(3)
+
+
+def cost_frame(runs: dict[str, dict[str, Any]]):
+    import pandas as pd
+    rows = []
+    for name, run in runs.items():
+        c = run["cost"]
+        rows.append({"variant": name, "calls/sample": c["calls_per_sample"], "tokens/sample": c["tokens_per_sample"],
+                     "track I share": c["share_track1"], "track II share": c["share_track2"],
+                     "dismissal share": c["share_dismissal"], "error share": c["share_error"],
+                     "calls/sample track I": c["calls_per_sample_track1"],
+                     "calls/sample track II": c["calls_per_sample_track2"],
+                     "calls saved vs all track II": c["gate_call_saving"]})
+    return pd.DataFrame(rows).round(3)
+
+
+def prediction_frame(runs: dict[str, dict[str, Any]], samples_gt: Sequence[int]):
+    """How often each label is predicted per variant, beside the ground truth's distribution."""
+    import pandas as pd
+    cols = {"ground truth": Counter(samples_gt)}
+    for name, run in runs.items():
+        cols[name] = Counter(r.label for r in run["results"])
+    idx = [-1] + list(LABELS)
+    df = pd.DataFrame({k: [v.get(i, 0) for i in idx] for k, v in cols.items()},
+                      index=["-1 (no verdict)"] + [f"{i} {LABELS[i]}" for i in LABELS])
+    return df
+
+
+def plot_accuracy(runs: dict[str, dict[str, Any]], view: str = "corrected", chance: float | None = None):
+    """Accuracy by difficulty (left) and by interaction type (right), one bar per variant, n under the ticks."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [1, 2]})
+    names = list(runs)
+    width = 0.8 / len(names)
+    first = runs[names[0]][view]
+    groups = [("Easy", "easy"), ("Normal", "normal"), ("Hard", "hard"), ("All", None)]
+    for k, name in enumerate(names):
+        ev = runs[name][view]
+        vals = [ev[f"acc_{g}"] if g else ev["acc"] for _, g in groups]
+        axes[0].bar(np.arange(4) + k * width - 0.4 + width / 2, np.nan_to_num(vals), width, label=name)
+        tv = [ev[f"acc_type_{t}"] for t in TYPES]
+        axes[1].bar(np.arange(len(TYPES)) + k * width - 0.4 + width / 2, np.nan_to_num(tv), width, label=name)
+    axes[0].set_xticks(range(4), [f"{g}\nn={first[f'n_{k}'] if k else first['n']}" for g, k in groups])
+    axes[1].set_xticks(range(len(TYPES)), [f"{t}\n{DIFFICULTY[t]}\nn={first[f'n_type_{t}']}" for t in TYPES])
+    for ax in axes:
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel(f"accuracy ({view} view)")
+        if chance is not None:
+            ax.axhline(chance, color="grey", ls="--", lw=1)
+    axes[0].set_title("by difficulty", fontsize=11)
+    axes[1].set_title("by SMI interaction type (text, image, final)", fontsize=11)
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def plot_cost(runs: dict[str, dict[str, Any]]):
+    """Where samples go (route shares) and what each route costs (calls per sample)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
+    names = [n for n, r in runs.items() if r["config"]["run_mode"] == "arcade"]
+    routes = ["track1", "track2", "dismissal", "error"]
+    left = np.zeros(len(names))
+    for route in routes:
+        vals = np.array([runs[n]["cost"][f"share_{route}"] for n in names])
+        axes[0].barh(names, vals, left=left, label=route)
+        left += vals
+    axes[0].set_xlim(0, 1)
+    axes[0].set_xlabel("share of samples")
+    axes[0].set_title("route taken after the rapid scan", fontsize=11)
+    axes[0].legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.25), frameon=False)
+    allnames = list(runs)
+    width = 0.27
+    x = np.arange(len(allnames))
+    for k, (key, label) in enumerate((("calls_per_sample", "all samples"), ("calls_per_sample_track1", "track I samples"),
+                                      ("calls_per_sample_track2", "track II samples"))):
+        axes[1].bar(x + (k - 1) * width, [runs[n]["cost"][key] for n in allnames], width, label=label)
+    full = next(iter(runs.values()))["cost"]["calls_all_track2"]
+    axes[1].axhline(full, color="grey", ls="--", lw=1, label="no gate: every sample through track II")
+    axes[1].set_xticks(x, allnames, rotation=15, fontsize=8)
+    axes[1].set_ylabel("calls per sample")
+    axes[1].set_ylim(0, full * 1.15)
+    axes[1].set_title("cost", fontsize=11)
+    axes[1].legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.3), frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def results_from_jsonl(path: Path) -> list[SampleResult]:
+    """Read a results_<name>.jsonl back (notebook 07 redraws figures from artifacts alone)."""
+    from lib.debate import CallTrace
+    out = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        d = json.loads(line)
+        d["calls"] = [CallTrace(**c) for c in d["calls"]]
+        out.append(SampleResult(**d))
+    return out
