@@ -77,6 +77,8 @@ class CourtConfig:
     debate_visibility: str = "transcript"     # transcript (each side sees the debate so far) | official (blind)
     parse: str = "structured"                 # structured (JSON schema) | official (json-repair on free text)
     gate: bool = True                         # False: no rapid scan, every sample through Track II (ablation)
+    repair_fallback: bool = True              # structured: an answer that fails its schema is read with
+                                              #   json-repair and kept if the repaired value fits the schema
     temperatures: dict = field(default_factory=dict)   # stage -> temperature (defaults: the official code's)
     max_new_tokens: dict = field(default_factory=dict)  # stage -> max new tokens
     seed: int = 0
@@ -204,6 +206,17 @@ def official_parse(raw: str) -> Any:
     return value
 
 
+def _fits(value: Any, schema: dict[str, Any] | None) -> bool:
+    import jsonschema
+    if schema is None:
+        return True
+    try:
+        jsonschema.validate(value, schema)
+    except jsonschema.ValidationError:
+        return False
+    return True
+
+
 def _is_failure(value: Any) -> bool:
     return isinstance(value, dict) and ("error" in value or value.get("refusal") is True)
 
@@ -225,6 +238,7 @@ class CallTrace:
     output: Any = None             # the parsed value the court used
     raw: str = ""
     error: str | None = None
+    repaired: bool = False         # read by the json-repair fallback after failing the schema
 
 
 @dataclass
@@ -279,19 +293,23 @@ class Court:
         params = GenParams(temperature=cfg.temperature(stage), max_new_tokens=cfg.tokens(stage), seed=cfg.seed,
                            json_schema=self.prompts.schema(stage) if cfg.parse == "structured" else None)
         r: ChatResult = self.chat.generate(self._messages(stage, sample, user_text), params)
-        status, value = r.status, None
+        status, value, repaired_flag = r.status, None, False
         if status == "ok" and cfg.parse == "structured":
             value = _unwrap(r.parsed)
         elif status == "ok":
             value = official_parse(r.text)
             if _is_failure(value):
                 status = "unparseable" if value.get("refusal") is not True else "refused"
-        elif status == "unparseable" and cfg.parse == "structured":
-            value = None
+        elif status == "unparseable" and cfg.parse == "structured" and cfg.repair_fallback:
+            # the fallback: the official lenient reader, kept only when what it recovers fits the schema
+            # (a cue list cut off by max_new_tokens, JSON wrapped in prose)
+            repaired = official_parse(r.text)
+            if not _is_failure(repaired) and _fits(repaired, params.json_schema):
+                status, value, repaired_flag = "ok", _unwrap(repaired), True
         trace = CallTrace(stage, ROLE[stage], round_, params.temperature, self.prompts.system(stage).id, status,
                           r.usage.get("prompt_tokens", 0), r.usage.get("completion_tokens", 0),
                           r.usage.get("cached_tokens", 0), round(r.latency_s, 4), r.from_cache, value, r.text,
-                          r.error)
+                          r.error, repaired_flag)
         result.calls.append(trace)
         if status in ("refused", "blocked", "failed"):
             raise _Stop(status, stage)

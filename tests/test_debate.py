@@ -164,6 +164,22 @@ def test_unparseable_answers():
     assert r.status == "ok" and r.label == 1 and r.calls[2].status == "unparseable"
 
 
+def test_a_cut_off_structured_answer_is_recovered_by_the_json_repair_fallback():
+    cut = '{"cues": [{"id": 1, "cue_type": "Direct", "target_group": "valley folk", "claim": "CLAIM-P1", ' \
+          '"hate_type": 1, "justification": "J'
+    court, script = make(default_answers(rapid_scan=cut))
+    r = court.run(Sample())
+    assert r.route == "track1" and r.calls[0].status == "ok" and r.calls[0].repaired
+    assert r.calls[0].output[0]["claim"] == "CLAIM-P1"
+    # without the fallback, the gate fails as the official one does
+    court, script = make(default_answers(rapid_scan=cut), repair_fallback=False)
+    assert court.run(Sample()).route == "error"
+    # a repaired value that does not fit the schema is not kept
+    court, script = make(default_answers(judge='{"label": "racist", "reason": "r"'))
+    r = court.run(Sample())
+    assert r.status == "unparseable" and not r.calls[-1].repaired
+
+
 def test_the_direct_baseline_is_one_call_with_the_official_layout():
     court, script = make(run_mode="none")
     r = court.run(Sample())
@@ -306,6 +322,28 @@ def test_balanced_sampler_matches_the_official_algorithm():
     assert counts["011"] == 2 and counts["001"] == 3 and min(counts[t] for t in ("000", "010", "111")) >= 3
     assert random.getstate() == state                  # the caller's global generator is left alone
     assert balanced_sample(items, 0, 1) == [i for i, _ in items]
+
+
+def test_balanced_sampler_on_an_h_vli_fixture_file(tmp_path):
+    """The sampler over records read from a file in the official format (dict keyed by id, lower-case
+    difficulty), as notebook 05 calls it."""
+    from lib.datasets import load
+    rng = random.Random(5)
+    data = {}
+    for i in range(60):
+        t = rng.choice(["000", "000", "001", "010", "011", "100", "101", "110", "111"])
+        lab = {"text_label": int(t[0]) * 2, "image_label": int(t[1]), "final_label": int(t[2]) * 5}
+        data[f"{i:05d}"] = {"tweet_text": f"post {i}", "image_path": f"img/{i}.jpg", **lab,
+                            "text_label_str": "", "image_label_str": "", "final_label_str": "", "type": t,
+                            "difficulty": {"000": "easy", "011": "easy", "101": "easy", "111": "easy", "100": "normal",
+                                           "010": "normal", "001": "hard", "110": "hard"}[t]}
+    (tmp_path / "test_set.json").write_text(json.dumps(data))
+    (tmp_path / "train_set.json").write_text("{}")
+    recs = [r for r in load("hvli", tmp_path, check_images="none", splits=["test"]).records]
+    items = [(r.id, r.meta["type"]) for r in recs]
+    assert [i for i, _ in items] == list(data)                       # file order kept
+    got = balanced_sample(items, 16, 2024)
+    assert got == _official_reference(items, 16, 2024) and len(set(got)) == 16
 
 
 # ----------------------------------------------------------------------------- evaluator
