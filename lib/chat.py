@@ -248,6 +248,10 @@ def with_schema_instruction(messages: Sequence[dict[str, Any]], params: GenParam
 
 
 # ----------------------------------------------------------------------------- cache
+class CacheError(RuntimeError):
+    """The response cache file is unusable; the message names it."""
+
+
 class ResponseCache:
     """SQLite store of answers keyed by request hash; safe across threads and processes."""
 
@@ -255,9 +259,13 @@ class ResponseCache:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
-        self._retry(lambda: self._conn().execute(
-            "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, model TEXT, status TEXT, "
-            "created REAL, payload TEXT NOT NULL)"))
+        try:
+            self._retry(lambda: self._conn().execute(
+                "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, model TEXT, status TEXT, "
+                "created REAL, payload TEXT NOT NULL)"))
+        except sqlite3.DatabaseError as e:
+            raise CacheError(f"response cache {self.path} cannot be opened ({e}); move it aside to start a new "
+                             f"one (every answer in it would be asked again)") from None
 
     @staticmethod
     def _retry(fn, attempts: int = 50):
@@ -565,6 +573,8 @@ class KeyRing:
 
 # ----------------------------------------------------------------------------- HTTP backend
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+#: What providers put in an error body when a safety system stopped the request (a block, not a failure).
+SAFETY_MARKERS = ("content_filter", "content_policy", "ResponsibleAIPolicyViolation", "SAFETY", "data_inspection_failed")
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -619,7 +629,13 @@ class OpenAICompatibleBackend:
                                                         max_keepalive_connections=max_connections))
 
     def identity(self) -> dict[str, Any]:
-        return {"model": self.model, "revision": self.revision, "endpoint": "openai_compatible", **self.identity_extra}
+        """Model, revision and endpoint: two servers that share a model name are different models.
+        A model served here names its weights' digest instead (its port changes every run)."""
+        if self.identity_extra:
+            return {"model": self.model, "revision": self.revision, "endpoint": "openai_compatible",
+                    **self.identity_extra}
+        return {"model": self.model, "revision": self.revision, "endpoint": "openai_compatible",
+                "base_url": self.base_url}
 
     @staticmethod
     def _wire_messages(messages) -> list[dict[str, Any]]:
@@ -666,7 +682,10 @@ class OpenAICompatibleBackend:
         usage = {"prompt_tokens": int(u.get("prompt_tokens") or 0), "completion_tokens": int(u.get("completion_tokens") or 0),
                  "cached_tokens": int(details.get("cached_tokens") or 0)}
         finish = choice.get("finish_reason")
-        res = ChatResult(text=msg.get("content") or "", usage=usage, cost_usd=self._cost(usage), finish_reason=finish,
+        content = msg.get("content")
+        if isinstance(content, list):      # some servers answer with content parts
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        res = ChatResult(text=content or "", usage=usage, cost_usd=self._cost(usage), finish_reason=finish,
                          model=self.model, attempts=attempts)
         if msg.get("refusal"):
             res.status, res.text, res.error = "refused", msg.get("content") or "", str(msg["refusal"])
@@ -680,6 +699,25 @@ class OpenAICompatibleBackend:
         res.latency_s = time.perf_counter() - t0
         return res
 
+    def _redact(self, t: str) -> str:
+        """Error text with every configured key replaced (a server may echo the key back)."""
+        for k in self.keys._keys:
+            if k:
+                t = t.replace(k, "***")
+        return t
+
+    def _post(self, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        """One request under a whole-request deadline of `timeout_s` (httpx's own timeout is per read:
+        a body dripping in slowly would outlive it many times)."""
+        deadline = time.monotonic() + self.timeout_s
+        with self._client.stream("POST", f"{self.base_url}/chat/completions", json=body, headers=headers) as r:
+            chunks = []
+            for chunk in r.iter_bytes():
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    raise _Deadline()
+            return r.status_code, dict(r.headers), b"".join(chunks)
+
     def _complete(self, messages, params: GenParams) -> ChatResult:
         import httpx
         body = self._body(messages, params)
@@ -689,34 +727,45 @@ class OpenAICompatibleBackend:
             attempt += 1
             key = self.keys.next()
             if key is None and self.keys._keys:
-                return ChatResult("", "failed", error="every API key was rejected (401/403)", model=self.model,
+                return ChatResult("", "failed", error="every API key was rejected (HTTP 401)", model=self.model,
                                   attempts=attempt)
             headers = {"Content-Type": "application/json"}
             if key:
                 headers["Authorization"] = f"Bearer {key}"
             wait = None
             try:
-                r = self._client.post(f"{self.base_url}/chat/completions", json=body, headers=headers)
-            except httpx.TimeoutException:
-                last_error = f"timeout after {self.timeout_s}s"
+                code, rheaders, content = self._post(body, headers)
+            except (httpx.TimeoutException, _Deadline):
+                last_error = f"no complete answer within {self.timeout_s}s"
             except httpx.TransportError as e:
                 last_error = f"transport error: {type(e).__name__}"
             else:
-                if r.status_code in (401, 403) and key:
+                text_body = self._redact(content.decode("utf-8", errors="replace"))
+                if code == 401 and key or code == 403 and key and "invalid_api_key" in text_body:
+                    # only a rejected key retires it; a 403 is a permission on this request, not the key
                     self.keys.retire(key)
-                    last_error = f"HTTP {r.status_code}: key rejected"
+                    last_error = f"HTTP {code}: key rejected"
                     attempt -= 1 if self.keys.alive else 0   # a rejected key is not a retry of the request
                     continue
-                if r.status_code in RETRY_STATUS:
-                    last_error = f"HTTP {r.status_code}"
-                    wait = _retry_after(r.headers.get("retry-after"))
-                elif r.status_code >= 400:
-                    return ChatResult("", "failed", error=f"HTTP {r.status_code}: {r.text[:300]}", model=self.model,
+                if code in RETRY_STATUS:
+                    last_error = f"HTTP {code}"
+                    wait = _retry_after(rheaders.get("retry-after"))
+                    if wait is not None and wait > self.max_backoff_s:
+                        last_error += f" (Retry-After {wait:.0f}s capped at max_backoff_s={self.max_backoff_s:.0f}s)"
+                        wait = self.max_backoff_s
+                elif 300 <= code < 400:
+                    return ChatResult("", "failed", error=f"HTTP {code}: redirected to {rheaders.get('location')!r}; "
+                                      f"point base_url at the final address", model=self.model, attempts=attempt)
+                elif code >= 400:
+                    if any(m in text_body for m in SAFETY_MARKERS):
+                        return ChatResult("", "blocked", error=f"HTTP {code}: {text_body[:300]}", model=self.model,
+                                          attempts=attempt)
+                    return ChatResult("", "failed", error=f"HTTP {code}: {text_body[:300]}", model=self.model,
                                       attempts=attempt)
                 else:
                     try:
-                        return self._parse(r.json(), attempt)
-                    except (ValueError, KeyError, IndexError, TypeError) as e:
+                        return self._parse(json.loads(content), attempt)
+                    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
                         last_error = f"malformed response body ({type(e).__name__})"
             if attempt > self.max_retries:
                 break
@@ -725,6 +774,10 @@ class OpenAICompatibleBackend:
             self._sleep(wait)
         return ChatResult("", "failed", error=f"gave up after {attempt} attempts: {last_error}", model=self.model,
                           attempts=attempt)
+
+
+class _Deadline(Exception):
+    """A request outlived its whole-request deadline."""
 
 
 # ----------------------------------------------------------------------------- Hugging Face backend

@@ -64,6 +64,32 @@ class FaultServer:
                     n = len(srv.attempts[prompt])
                 if "always500" in prompt:
                     return self._send(500, b'{"error": "boom"}')
+                if n == 1 and "dayretry" in prompt:
+                    return self._send(429, b'{"error": "come back tomorrow"}', {"Retry-After": "86400"})
+                if "forbidden" in prompt:
+                    return self._send(403, b'{"error": {"message": "no access to this model"}}')
+                if "filter400" in prompt:
+                    return self._send(400, b'{"error": {"code": "content_filter", "message": "blocked"}}')
+                if "echokey" in prompt:
+                    return self._send(400, json.dumps({"error": f"bad request from {self.headers['Authorization']}"})
+                                      .encode())
+                if "redirect" in prompt:
+                    return self._send(307, b"", {"Location": "https://elsewhere.invalid/v1/chat/completions"})
+                if "drip" in prompt:
+                    payload = json.dumps({"choices": [{"message": {"content": "late"}, "finish_reason": "stop"}],
+                                          "usage": {"prompt_tokens": 1, "completion_tokens": 1}}).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    try:
+                        for i in range(0, len(payload), 8):      # each read within the client's timeout
+                            self.wfile.write(payload[i:i + 8])
+                            self.wfile.flush()
+                            time.sleep(0.2)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass
+                    return
                 if n == 1 and "f429" in prompt:
                     return self._send(429, b'{"error": "slow down"}', {"Retry-After": "1"})
                 if n == 1 and "f500" in prompt:
@@ -79,9 +105,14 @@ class FaultServer:
                     msg = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
                 if "block" in prompt:
                     msg, finish = {"role": "assistant", "content": ""}, "content_filter"
+                if "listcontent" in prompt:
+                    msg = {"role": "assistant", "content": [{"type": "text", "text": "part one, "},
+                                                            {"type": "text", "text": "part two"}]}
+                usage = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+                if "nullusage" in prompt:
+                    usage = {"prompt_tokens": None, "completion_tokens": 5}
                 out = {"id": "x", "object": "chat.completion", "model": body["model"],
-                       "choices": [{"index": 0, "message": msg, "finish_reason": finish}],
-                       "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+                       "choices": [{"index": 0, "message": msg, "finish_reason": finish}], "usage": usage}
                 with srv.lock:
                     srv.billed[prompt] = srv.billed.get(prompt, 0) + 1
                 self._send(200, json.dumps(out).encode())
@@ -104,8 +135,8 @@ def server():
 
 
 def _backend(url, keys=(GOOD_KEY,), **kw):
-    return OpenAICompatibleBackend("mock-gpt", url, keys, timeout_s=0.5, max_retries=3, backoff_s=0.05,
-                                   price_in=2.5, price_out=10.0, **kw)
+    kw = {"timeout_s": 0.5, "max_retries": 3, "backoff_s": 0.05, "price_in": 2.5, "price_out": 10.0, **kw}
+    return OpenAICompatibleBackend("mock-gpt", url, keys, **kw)
 
 
 def _img(seed):
@@ -259,3 +290,60 @@ def test_unknown_chat_preset_lists_known_ones():
     from lib.presets import PresetError
     with pytest.raises(PresetError, match="gpt-4o"):
         load_chat("gpt-9")
+
+
+def test_answers_and_errors_are_read_defensively(server, tmp_path):
+    waits = []
+    b = _backend(server.url, max_backoff_s=0.3, sleep=lambda w: waits.append(w))
+    chat = Chat(b, tmp_path / "c.sqlite")
+    # a server asking for a day's wait gets max_backoff_s, and the request then succeeds
+    r = chat.generate([user("dayretry please")])
+    assert r.status == "ok" and waits == [0.3]
+    # a 403 is this request's failure, not a rejected key: the key stays in use
+    r = chat.generate([user("forbidden please")])
+    assert r.status == "failed" and "403" in r.error and b.keys.alive == 1
+    assert chat.generate([user("plain after 403")]).status == "ok"
+    # a provider's safety signal in a 400 is a block (an answer: cached), not a failure
+    r = chat.generate([user("filter400 please")])
+    assert r.status == "blocked"
+    # null optional usage fields keep the paid answer (one request, no resend)
+    before = server.requests
+    r = chat.generate([user("nullusage please")])
+    assert r.status == "ok" and r.usage["prompt_tokens"] == 0 and server.requests == before + 1
+    # content given as parts is joined
+    assert chat.generate([user("listcontent please")]).text == "part one, part two"
+    # a redirect is a clear failure, naming where it points
+    r = chat.generate([user("redirect please")])
+    assert r.status == "failed" and "redirected to" in r.error and "elsewhere.invalid" in r.error
+    # a key echoed back by the server is redacted from what is stored and returned
+    r = chat.generate([user("echokey please")])
+    assert r.status == "failed" and GOOD_KEY not in r.error and "***" in r.error
+    blob = b"".join(p.read_bytes() for p in tmp_path.glob("c.sqlite*"))
+    assert GOOD_KEY.encode() not in blob
+    assert ResponseCache(tmp_path / "c.sqlite").counts() == {"ok": 4, "blocked": 1}
+
+
+def test_the_timeout_bounds_the_whole_request(server):
+    b = _backend(server.url, max_retries=0)      # timeout_s 0.5; the body drips in over ~2 s
+    t0 = time.time()
+    r = Chat(b).generate([user("drip please")])
+    assert r.status == "failed" and "within 0.5s" in r.error and time.time() - t0 < 1.5
+
+
+def test_the_endpoint_is_part_of_an_http_models_identity():
+    a = OpenAICompatibleBackend("same-name", "http://127.0.0.1:9/v1", api_key_optional=True)
+    b = OpenAICompatibleBackend("same-name", "http://127.0.0.1:10/v1", api_key_optional=True)
+    assert Chat(a).key([user("q")], GenParams()) != Chat(b).key([user("q")], GenParams())
+    served = OpenAICompatibleBackend("same-name", "http://127.0.0.1:9/v1", api_key_optional=True,
+                                     identity_extra={"gguf": "abc"})
+    moved = OpenAICompatibleBackend("same-name", "http://127.0.0.1:11/v1", api_key_optional=True,
+                                    identity_extra={"gguf": "abc"})
+    assert Chat(served).key([user("q")], GenParams()) == Chat(moved).key([user("q")], GenParams())
+
+
+def test_a_corrupt_cache_file_is_named(tmp_path):
+    from lib.chat import CacheError
+    p = tmp_path / "broken.sqlite"
+    p.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(CacheError, match="broken.sqlite"):
+        ResponseCache(p)
