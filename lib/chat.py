@@ -20,10 +20,14 @@ Backends:
   safety blocks recorded as such, token usage and cost counted.
 
 `Chat` puts the one `ResponseCache` (SQLite) in front of a backend: the key hashes the
-model's identity and revision, the messages (images by their bytes) and the decoding
-parameters, never a key or a header. Each answer is stored the moment it arrives, so a
-rerun costs zero calls and a crash loses nothing already answered; identical requests in
-one batch are sent once; several processes may share one cache file.
+model's identity and revision (an HTTP model's endpoint too), the messages (images by their
+bytes) and the decoding parameters (a JSON schema or choice list included), never a key or a
+header. Each answer is stored the moment it arrives, so a rerun costs zero calls and a crash
+loses nothing already answered. What the model said is stored whatever it was (ok,
+unparseable, refused, blocked); a failed request is not, and is asked again next time.
+Requests are single-flight per key: a caller claims the key in the cache file before asking,
+and any other thread or process asking for the same key waits for that answer, so it is paid
+for once and every caller gets the same one.
 """
 from __future__ import annotations
 
@@ -34,6 +38,7 @@ import itertools
 import json
 import os
 import random
+import socket
 import sqlite3
 import threading
 import time
@@ -263,6 +268,8 @@ class ResponseCache:
             self._retry(lambda: self._conn().execute(
                 "CREATE TABLE IF NOT EXISTS responses (key TEXT PRIMARY KEY, model TEXT, status TEXT, "
                 "created REAL, payload TEXT NOT NULL)"))
+            self._retry(lambda: self._conn().execute(
+                "CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, owner TEXT NOT NULL, ts REAL NOT NULL)"))
         except sqlite3.DatabaseError as e:
             raise CacheError(f"response cache {self.path} cannot be opened ({e}); move it aside to start a new "
                              f"one (every answer in it would be asked again)") from None
@@ -308,6 +315,63 @@ class ResponseCache:
             "status=excluded.status, created=excluded.created, payload=excluded.payload "
             "WHERE responses.status='failed'", (key, result.model, result.status, time.time(), payload)))
         return True
+
+    # -- single flight: one caller per key at a time, across threads and processes
+    CLAIM_TTL_S = 900.0          # a claim older than this is taken over (its owner hung or lost its host)
+
+    @staticmethod
+    def owner() -> str:
+        return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+
+    def claim(self, key: str) -> bool:
+        """Claim the right to ask for `key`. False when another live caller holds it. A claim whose
+        owner process is gone (same host) or that is older than CLAIM_TTL_S is taken over."""
+        me, c = self.owner(), self._conn()
+
+        def attempt() -> bool:
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                row = c.execute("SELECT owner, ts FROM claims WHERE key=?", (key,)).fetchone()
+                if row is not None and row[0] != me and not self._stale(row[0], row[1]):
+                    c.execute("COMMIT")
+                    return False
+                c.execute("INSERT OR REPLACE INTO claims VALUES (?,?,?)", (key, me, time.time()))
+                c.execute("COMMIT")
+                return True
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+        return self._retry(attempt)
+
+    def _stale(self, owner: str, ts: float) -> bool:
+        if time.time() - ts > self.CLAIM_TTL_S:
+            return True
+        host, pid, _ = (owner.split(":") + ["", "", ""])[:3]
+        if host == socket.gethostname() and pid.isdigit():
+            try:
+                os.kill(int(pid), 0)
+            except ProcessLookupError:
+                return True
+            except PermissionError:
+                return False
+        return False
+
+    def release(self, key: str) -> None:
+        me = self.owner()
+        self._retry(lambda: self._conn().execute("DELETE FROM claims WHERE key=? AND owner=?", (key, me)))
+
+    def wait_for(self, key: str, poll_s: float = 0.05) -> ChatResult | None:
+        """Wait while another caller holds `key`: its answer, or None once the claim is gone without
+        one (that caller failed) or went stale, so the waiter may claim the key itself."""
+        while True:
+            hit = self.get(key)
+            if hit is not None:
+                return hit
+            row = self._retry(lambda: self._conn().execute("SELECT owner, ts FROM claims WHERE key=?",
+                                                           (key,)).fetchone())
+            if row is None or self._stale(row[0], row[1]):
+                return self.get(key)
+            time.sleep(poll_s)
 
     def __len__(self) -> int:
         return self._conn().execute("SELECT COUNT(*) FROM responses").fetchone()[0]
@@ -454,9 +518,30 @@ class Chat:
             self.stats.cost_usd += res.cost_usd
 
     def _call(self, key: str, messages, params: GenParams) -> ChatResult:
-        res = self._answer([messages], params)[0]
-        self._store(key, res)
-        return res
+        """Ask for one key, single-flight: while another thread or process asks for the same key,
+        wait for its answer instead of paying for it again."""
+        if self.cache is None:
+            res = self._answer([messages], params)[0]
+            self._store(key, res)
+            return res
+        while True:
+            if self.cache.claim(key):
+                try:
+                    hit = self.cache.get(key)           # answered between our lookup and our claim
+                    if hit is not None:
+                        with self._lock:
+                            self.stats.cache_hits += 1
+                        return hit
+                    res = self._answer([messages], params)[0]
+                    self._store(key, res)
+                    return res
+                finally:
+                    self.cache.release(key)
+            hit = self.cache.wait_for(key)
+            if hit is not None:
+                with self._lock:
+                    self.stats.cache_hits += 1
+                return hit
 
     def generate(self, messages: Sequence[dict[str, Any]], params: GenParams = GenParams()) -> ChatResult:
         key = self.key(messages, params)
@@ -490,15 +575,30 @@ class Chat:
             self.backend.prepare(list(todo.values()))     # e.g. caption every image in one batched pass
         bar = tqdm(total=len(todo), desc=desc or f"chat {self.name}".strip(), disable=not progress or not todo)
         if hasattr(self.backend, "complete_batch") and self.batch_size > 1:
-            # local models: batched generation, each batch's answers cached as it finishes
+            # local models: batched generation, each batch's answers cached as it finishes; keys another
+            # caller is asking for are left to it and collected at the end (single flight)
             items = list(todo.items())
+            elsewhere = []
             try:
                 for s in range(0, len(items), self.batch_size):
                     chunk = items[s:s + self.batch_size]
-                    for (k, _), res in zip(chunk, self._answer([m for _, m in chunk], params)):
-                        self._store(k, res)
-                        results[k] = res
-                    bar.update(len(chunk))
+                    if self.cache is not None:
+                        mine = [(k, m) for k, m in chunk if self.cache.claim(k)]
+                        owned = {k for k, _ in mine}
+                        elsewhere += [(k, m) for k, m in chunk if k not in owned]
+                    else:
+                        mine = chunk
+                    try:
+                        for (k, _), res in zip(mine, self._answer([m for _, m in mine], params) if mine else []):
+                            self._store(k, res)
+                            results[k] = res
+                    finally:
+                        for k, _ in mine if self.cache is not None else []:
+                            self.cache.release(k)
+                    bar.update(len(mine))
+                for k, m in elsewhere:
+                    results[k] = self._call(k, m, params)
+                    bar.update(1)
             finally:
                 bar.close()
             return [results[k] for k in keys]

@@ -100,6 +100,11 @@ class FaultServer:
                 if n == 1 and "malformed" in prompt:
                     return self._send(200, b'{"choices": [ {"message": ')
                 msg = {"role": "assistant", "content": f"echo: {prompt} [{n_images} images]"}
+                if "counted" in prompt:            # an answer that differs on every delivery
+                    time.sleep(0.3)
+                    with srv.lock:
+                        srv.deliveries = getattr(srv, "deliveries", 0) + 1
+                        msg["content"] += f" #{srv.deliveries}"
                 finish = "stop"
                 if "refuse" in prompt:
                     msg = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
@@ -347,3 +352,31 @@ def test_a_corrupt_cache_file_is_named(tmp_path):
     p.write_bytes(b"this is not a database" * 100)
     with pytest.raises(CacheError, match="broken.sqlite"):
         ResponseCache(p)
+
+
+def test_identical_requests_from_three_processes_are_sent_once(server, tmp_path):
+    import subprocess
+    import sys
+    from lib import ROOT
+    code = ("import json, sys\n"
+            "from lib.chat import Chat, OpenAICompatibleBackend, user\n"
+            f"b = OpenAICompatibleBackend('mock-gpt', '{server.url}', ['{GOOD_KEY}'], timeout_s=5)\n"
+            f"chat = Chat(b, '{tmp_path / 'shared.sqlite'}', max_workers=4)\n"
+            "res = chat.generate_many([[user(f'counted {i}')] for i in range(12)], progress=False)\n"
+            "print(json.dumps([r.text for r in res]))\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    outs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert sum(len(v) for k, v in server.attempts.items() if k.startswith("counted")) == 12   # each paid once
+    assert outs[0] == outs[1] == outs[2]                  # every caller got the one answer
+    # threads of one process: the same key asked twice at once is sent once
+    chat = Chat(_backend(server.url), tmp_path / "threads.sqlite")
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(chat.generate([user("counted twice")]).text))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(server.attempts["counted twice"]) == 1 and got[0] == got[1]
