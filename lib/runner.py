@@ -21,6 +21,40 @@ from lib import ROOT
 from lib.params import ProfileError, Stage, select_stages, validate_profile
 
 SECRET_ENV = re.compile(r"(API_KEY|TOKEN|SECRET|PASSWORD)", re.I)
+#: An absolute path outside the project and the home folder (those are made relative first): a
+#: "/" that does not continue a word, a URL or a relative path, followed by at least one folder.
+ABS_PATH = re.compile(r"(?<![\w:/.~\-])/(?:[^\s\"'/:,;()\[\]{}<>]+/)+")
+
+
+def loaded_secrets() -> list[str]:
+    """Every secret the compendium may have loaded: environment variables and `.env` entries whose
+    names look secret, and every key named by a chat preset's api_key_env (with its _1, _2...)."""
+    from lib.chat import read_dotenv
+    env = {**read_dotenv(ROOT / ".env"), **os.environ}
+    names = {k for k in env if SECRET_ENV.search(k)}
+    try:
+        from lib.presets import presets
+        key_envs = {str(p.options["api_key_env"]) for p in presets("chat").values() if p.options.get("api_key_env")}
+    except Exception:  # a broken preset file must not stop the scrubber
+        key_envs = set()
+    names |= {k for k in env if any(k == e or re.fullmatch(rf"{re.escape(e)}_\d+", k) for e in key_envs)}
+    return sorted({env[k] for k in names if env.get(k) and len(env[k]) >= 8}, key=len, reverse=True)
+
+
+def _scrub_strings(value, replacements: list[tuple[str, str]], secrets: list[str]):
+    """Apply the replacements, redact secrets and absolute paths in every string of an output."""
+    if isinstance(value, str):
+        for old, new in replacements:
+            value = value.replace(old, new)
+        for secret in secrets:
+            value = value.replace(secret, "***")
+        return ABS_PATH.sub("<abs>/", value)
+    if isinstance(value, list):
+        return [_scrub_strings(v, replacements, secrets) for v in value]
+    if isinstance(value, dict):
+        return {k: (v if k in ("image/png", "image/jpeg") else _scrub_strings(v, replacements, secrets))
+                for k, v in value.items()}
+    return value
 _TQDM = re.compile(r"(\d+it/s|s/it|it/s\]|\|[#█▏▎▍▌▋▊▉ ]+\|)")
 
 
@@ -47,7 +81,7 @@ def scrub_notebook(path: Path, output_path: Path | None = None) -> None:
     for k in ("input_path", "output_path"):
         if k in pm and pm[k]:
             pm[k] = os.path.relpath(pm[k], ROOT) if os.path.isabs(pm[k]) else pm[k]
-    secrets = [v for k, v in os.environ.items() if SECRET_ENV.search(k) and len(v) >= 8]
+    secrets = loaded_secrets()
     replacements = [(str(ROOT) + "/", ""), (str(ROOT), "."), (os.path.expanduser("~") + "/", "~/")]
     for cell in nb.cells:
         if "injected-parameters" in cell.metadata.get("tags", []):
@@ -61,12 +95,7 @@ def scrub_notebook(path: Path, output_path: Path | None = None) -> None:
             if out.get("output_type") == "stream" and out.get("name") == "stderr" and (
                     _TQDM.search(out.get("text", "")) or not out.get("text", "").strip()):
                 continue  # progress bars (and their blank leftovers): useful live, churn when saved
-            blob = json.dumps(out)
-            for old, new in replacements:
-                blob = blob.replace(json.dumps(old)[1:-1], json.dumps(new)[1:-1])
-            for s in secrets:
-                blob = blob.replace(s, "***")
-            kept.append(nbformat.from_dict(json.loads(blob)))
+            kept.append(nbformat.from_dict(_scrub_strings(json.loads(json.dumps(out)), replacements, secrets)))
         cell.outputs = kept
     write_text(path, nbformat.writes(nb) + "\n")
 

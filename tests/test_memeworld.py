@@ -2,7 +2,6 @@
 import hashlib
 import json
 import re
-import time
 from collections import Counter
 
 import numpy as np
@@ -107,11 +106,17 @@ def test_foil_captions_swap_exactly_one_word():
         assert len(g) == len(f) and diff == [(target, foil_word)]
 
 
-def test_ten_thousand_memes_under_a_minute(tmp_path):
-    """Scaled check: 1,500 memes must render in under 9 s (10,000 in under a minute)."""
-    t0 = time.time()
-    mw.write_memeworld(tmp_path / "w", n=1500, seed=0, n_multioff=0, workers=2, progress=False)
-    assert time.time() - t0 < 9.0
+def test_rendering_in_parallel_gives_the_same_world(tmp_path):
+    """Two render workers write the same files as one (the render time is a metric of notebook 00,
+    never asserted: shared machines are noisy)."""
+    import hashlib
+    for w in (1, 2):
+        mw.write_memeworld(tmp_path / f"w{w}", n=300, seed=0, n_multioff=0, workers=w, progress=False)
+
+    def digest(root):
+        return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(root.rglob("*")) if p.is_file() and p.name != "datasheet.json"}
+    assert digest(tmp_path / "w1") == digest(tmp_path / "w2")
 
 
 def test_cli_writes_a_world(tmp_path):

@@ -40,6 +40,32 @@ def test_scrub_removes_timestamps_paths_progress_and_secrets(tmp_path, monkeypat
     assert nb["metadata"]["papermill"]["input_path"] == "notebooks/x.ipynb"
 
 
+def test_scrub_redacts_keys_from_dotenv_and_paths_outside_the_project(tmp_path, monkeypatch):
+    import lib.runner as runner
+    from lib.chat import read_dotenv
+    monkeypatch.delenv("GEMINI_API_KEY", raising=False)
+    monkeypatch.setattr("lib.chat.read_dotenv", lambda p: {**read_dotenv(p), "GEMINI_API_KEY": "AIzaDOTENVONLY123",
+                                                           "DASHSCOPE_API_KEY_2": "sk-rotated-second-key"})
+    nb = nbformat.v4.new_notebook()
+    c = nbformat.v4.new_code_cell("x")
+    c.outputs = [nbformat.v4.new_output("stream", name="stdout", text=(
+        "key AIzaDOTENVONLY123 and sk-rotated-second-key\n"
+        "File /opt/conda/lib/python3.11/site-packages/x.py, tmp '/tmp/pytest-1/cache.sqlite'\n"
+        "url http://127.0.0.1:8089/v1 and figures/embedded/a.png, 12/16 posts, 200 tokens/s\n")),
+        nbformat.v4.new_output("execute_result", data={"text/plain": "PosixPath('/var/tmp/run/out.json')"},
+                               execution_count=1)]
+    nb.cells.append(c)
+    p = tmp_path / "y.ipynb"
+    nbformat.write(nb, str(p))
+    runner.scrub_notebook(p)
+    out = json.loads(p.read_text())["cells"][0]["outputs"]
+    text = "".join(out[0]["text"])
+    assert "AIzaDOTENVONLY123" not in text and "sk-rotated-second-key" not in text
+    assert "/opt/conda" not in text and "/tmp/pytest-1" not in text and "<abs>/x.py" in text
+    assert "http://127.0.0.1:8089/v1" in text and "figures/embedded/a.png" in text and "12/16 posts" in text
+    assert "".join(out[1]["data"]["text/plain"]) == "PosixPath('<abs>/out.json')"
+
+
 def test_committed_notebooks_carry_no_machine_paths_or_timestamps():
     for nb in (ROOT / "notebooks").glob("*.ipynb"):
         text = nb.read_text()
