@@ -128,6 +128,18 @@ def schema_valid_rates(chat: Chat, schema: dict[str, Any], texts: list[str], max
             "example_with": with_[0].text, "example_without": without[0].text}
 
 
+def _sweep(chat: Chat, engine: str, levels: list, conversations: list, params: GenParams,
+           details: dict[str, Any], m: dict[str, Any], progress: bool) -> None:
+    """Throughput at each concurrency level, into details[engine] and the metrics (`..._{engine}_c{level}`)."""
+    for c in levels:
+        r = throughput(chat, conversations, params, c)
+        details[engine][c] = r
+        m[f"tokens_per_s_{engine}_c{c}"] = r["tokens_per_s"]
+        m[f"requests_per_s_{engine}_c{c}"] = r["requests_per_s"]
+        if progress:
+            print(f"{engine} c{c}: {r['tokens_per_s']:.1f} tokens/s, {r['requests_per_s']:.2f} requests/s", flush=True)
+
+
 def run(profile: str, cfg: Config, progress: bool = True) -> dict[str, Any]:
     from lib.presets import get_preset
     from lib.serve import serve
@@ -142,13 +154,8 @@ def run(profile: str, cfg: Config, progress: bool = True) -> dict[str, Any]:
         backend = load_backend(served_preset, base_url=srv.base_url)
         chat = Chat(backend, cache=None, max_workers=max(cfg.concurrency), name=cfg.served_preset)
         chat.generate_many(_conversations(texts[:2], gen_template), params, progress=False)   # warm-up
-        for c in cfg.concurrency:
-            r = throughput(chat, _conversations(texts[:cfg.n_requests], gen_template), params, c)
-            details["served"][c] = r
-            m[f"tokens_per_s_served_c{c}"] = r["tokens_per_s"]
-            m[f"requests_per_s_served_c{c}"] = r["requests_per_s"]
-            if progress:
-                print(f"served c{c}: {r['tokens_per_s']:.1f} tokens/s, {r['requests_per_s']:.2f} requests/s", flush=True)
+        _sweep(chat, "served", cfg.concurrency, _conversations(texts[:cfg.n_requests], gen_template), params,
+               details, m, progress)
         m.update(prefix_cache_effect(backend, texts, cfg.shots, cfg.prefix_trials))
         for name in cfg.schemas:
             s = schema_valid_rates(chat, load_schema(name), texts[:cfg.schema_prompts], cfg.schema_max_new_tokens)
@@ -163,13 +170,8 @@ def run(profile: str, cfg: Config, progress: bool = True) -> dict[str, Any]:
     if cfg.hf_preset:
         hf = Chat(load_backend(get_preset("chat", cfg.hf_preset), device="cpu"), cache=None, name=cfg.hf_preset)
         hf.generate_many(_conversations(texts[:1], gen_template), params, progress=False)      # warm-up
-        for c in cfg.hf_concurrency:
-            r = throughput(hf, _conversations(texts[:cfg.hf_requests], gen_template), params, c)
-            details["hf"][c] = r
-            m[f"tokens_per_s_hf_c{c}"] = r["tokens_per_s"]
-            m[f"requests_per_s_hf_c{c}"] = r["requests_per_s"]
-            if progress:
-                print(f"transformers c{c}: {r['tokens_per_s']:.1f} tokens/s", flush=True)
+        _sweep(hf, "hf", cfg.hf_concurrency, _conversations(texts[:cfg.hf_requests], gen_template), params,
+               details, m, progress)
         for c in cfg.hf_concurrency:
             if c in cfg.concurrency:
                 m[f"speedup_served_vs_hf_c{c}"] = m[f"tokens_per_s_served_c{c}"] / m[f"tokens_per_s_hf_c{c}"]
