@@ -673,6 +673,7 @@ class KeyRing:
 
 # ----------------------------------------------------------------------------- HTTP backend
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
+SAFETY_FINISH = ("content_filter", "safety", "SAFETY", "prohibited_content")
 #: What providers put in an error body when a safety system stopped the request (a block, not a failure).
 SAFETY_MARKERS = ("content_filter", "content_policy", "ResponsibleAIPolicyViolation", "SAFETY", "data_inspection_failed")
 
@@ -783,13 +784,15 @@ class OpenAICompatibleBackend:
                  "cached_tokens": int(details.get("cached_tokens") or 0)}
         finish = choice.get("finish_reason")
         content = msg.get("content")
+        if content is None and not msg.get("refusal") and finish not in SAFETY_FINISH:
+            raise ValueError("the answer has no content")     # malformed: retried, then failed (never 'ok')
         if isinstance(content, list):      # some servers answer with content parts
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
         res = ChatResult(text=content or "", usage=usage, cost_usd=self._cost(usage), finish_reason=finish,
                          model=self.model, attempts=attempts)
         if msg.get("refusal"):
             res.status, res.text, res.error = "refused", msg.get("content") or "", str(msg["refusal"])
-        elif finish in ("content_filter", "safety", "SAFETY", "prohibited_content"):
+        elif finish in SAFETY_FINISH:
             res.status, res.error = "blocked", f"finish_reason={finish}"
         return res
 

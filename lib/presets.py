@@ -48,7 +48,15 @@ class Preset:
     def identity(self) -> dict[str, Any]:
         """What names this model for caching: id and revision (local folders by their weights' digest)."""
         ident: dict[str, Any] = {"model": self.model, "revision": self.revision, "backend": self.backend}
+        if self.backend == "hf":
+            ident["dtype"] = self.dtype           # bfloat16 and float32 weights answer differently
         p = Path(self.resolved_model)
+        if p.is_dir():
+            # the chat template and generation defaults shape every answer as much as the weights
+            shaping = [f for f in ("chat_template.jinja", "chat_template.json", "tokenizer_config.json",
+                                   "processor_config.json", "generation_config.json") if (p / f).is_file()]
+            if shaping:
+                ident["templates"] = {f: weights_digest(p / f) for f in shaping}
         if self.options.get("gguf_file"):
             ident["gguf_file"] = self.options["gguf_file"]
             if p.is_dir():

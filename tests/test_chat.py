@@ -110,6 +110,8 @@ class FaultServer:
                     msg = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
                 if "block" in prompt:
                     msg, finish = {"role": "assistant", "content": ""}, "content_filter"
+                if "nullcontent" in prompt and n == 1:
+                    msg = {"role": "assistant", "content": None}
                 if "listcontent" in prompt:
                     msg = {"role": "assistant", "content": [{"type": "text", "text": "part one, "},
                                                             {"type": "text", "text": "part two"}]}
@@ -315,6 +317,9 @@ def test_answers_and_errors_are_read_defensively(server, tmp_path):
     before = server.requests
     r = chat.generate([user("nullusage please")])
     assert r.status == "ok" and r.usage["prompt_tokens"] == 0 and server.requests == before + 1
+    # an answer with no content is malformed: asked again, never an 'ok' empty answer
+    r = chat.generate([user("nullcontent please")])
+    assert r.status == "ok" and r.text.startswith("echo: nullcontent") and r.attempts == 2
     # content given as parts is joined
     assert chat.generate([user("listcontent please")]).text == "part one, part two"
     # a redirect is a clear failure, naming where it points
@@ -325,7 +330,7 @@ def test_answers_and_errors_are_read_defensively(server, tmp_path):
     assert r.status == "failed" and GOOD_KEY not in r.error and "***" in r.error
     blob = b"".join(p.read_bytes() for p in tmp_path.glob("c.sqlite*"))
     assert GOOD_KEY.encode() not in blob
-    assert ResponseCache(tmp_path / "c.sqlite").counts() == {"ok": 4, "blocked": 1}
+    assert ResponseCache(tmp_path / "c.sqlite").counts() == {"ok": 5, "blocked": 1}
 
 
 def test_the_timeout_bounds_the_whole_request(server):
@@ -381,3 +386,13 @@ def test_identical_requests_from_three_processes_are_sent_once(server, tmp_path)
     for t in threads:
         t.join()
     assert len(server.attempts["counted twice"]) == 1 and got[0] == got[1]
+
+
+def test_a_local_models_identity_covers_dtype_and_chat_template(tmp_path):
+    from lib.presets import Preset
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    (tmp_path / "chat_template.jinja").write_text("{{ messages }}")
+    base = Preset("m", "hf", str(tmp_path)).identity()
+    assert base != Preset("m", "hf", str(tmp_path), dtype="bfloat16").identity()
+    (tmp_path / "chat_template.jinja").write_text("{{ messages }} changed")
+    assert Preset("m", "hf", str(tmp_path)).identity()["templates"] != base["templates"]
