@@ -44,10 +44,31 @@ def collect(profile: str) -> list[tuple[str, str, object]]:
     return rows
 
 
-def render(profiles: tuple[str, ...] = ("embedded", "paper")) -> str:
+def existing_rows(block: str) -> dict[str, list[tuple[str, str, str]]]:
+    """Rows already in the README's results block, per profile: (stage, metric, value as shown)."""
+    import re
+    out: dict[str, list[tuple[str, str, str]]] = {}
+    prof = None
+    for line in block.splitlines():
+        m = re.match(r"\*\*Profile `([^`]+)`\*\*", line)
+        if m:
+            prof = m.group(1)
+            continue
+        m = re.match(r"\| (\S+) \| `([^`]+)` \| (.*) \|$", line)
+        if prof and m and m.group(1) != "stage":
+            out.setdefault(prof, []).append((m.group(1), m.group(2), m.group(3)))
+    return out
+
+
+def render(profiles: tuple[str, ...] = ("embedded", "paper"), keep: dict[str, list] | None = None) -> str:
+    """The results block. A stage with no metrics.json here keeps the rows it has in `keep` (the
+    block being replaced), so running one stage does not drop the others' results."""
     parts = []
     for prof in profiles:
         rows = collect(prof)
+        here = {stage for stage, _, _ in rows}
+        kept = [(st, k, v) for st, k, v in (keep or {}).get(prof, []) if st not in here]
+        rows = sorted(rows + kept, key=lambda r: r[0])     # stable: metric order kept within a stage
         if not rows:
             continue
         mfile = ARTIFACTS_ROOT / prof / "machine.json"
@@ -55,7 +76,7 @@ def render(profiles: tuple[str, ...] = ("embedded", "paper")) -> str:
         parts.append(f"**Profile `{prof}`**, produced by `make reproduce PROFILE={prof}` on: {machine}.\n")
         parts.append("| stage | metric | value |\n|---|---|---|")
         for stage, k, v in rows:
-            val = f"{v:.4g}" if isinstance(v, float) else str(v)
+            val = f"{v:.4g}" if isinstance(v, float) else str(v)   # kept rows are already strings
             parts.append(f"| {stage} | `{k}` | {val} |")
         parts.append("")
     if not parts:
@@ -70,8 +91,8 @@ def update_readme(readme: Path) -> bool:
     if START not in text or END not in text:
         return False
     head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    new = f"{head}{START}\n{render()}\n{END}{tail}"
+    old, tail = rest.split(END, 1)
+    new = f"{head}{START}\n{render(keep=existing_rows(old))}\n{END}{tail}"
     if new != text:
         write_text(readme, new)
         return True

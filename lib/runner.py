@@ -23,7 +23,7 @@ from lib.params import ProfileError, Stage, select_stages, validate_profile
 SECRET_ENV = re.compile(r"(API_KEY|TOKEN|SECRET|PASSWORD)", re.I)
 #: An absolute path outside the project and the home folder (those are made relative first): a
 #: "/" that does not continue a word, a URL or a relative path, followed by at least one folder.
-ABS_PATH = re.compile(r"(?<![\w:/.~\-])/(?:[^\s\"'/:,;()\[\]{}<>]+/)+")
+ABS_PATH = re.compile(r"(?<![\w:/.~\-}])/(?:[^\s\"'/:,;()\[\]{}<>]+/)+")
 
 
 def loaded_secrets() -> list[str]:

@@ -51,7 +51,8 @@ def test_scrub_redacts_keys_from_dotenv_and_paths_outside_the_project(tmp_path, 
     c.outputs = [nbformat.v4.new_output("stream", name="stdout", text=(
         "key AIzaDOTENVONLY123 and sk-rotated-second-key\n"
         "File /opt/conda/lib/python3.11/site-packages/x.py, tmp '/tmp/pytest-1/cache.sqlite'\n"
-        "url http://127.0.0.1:8089/v1 and figures/embedded/a.png, 12/16 posts, 200 tokens/s\n")),
+        "url http://127.0.0.1:8089/v1 and figures/embedded/a.png, 12/16 posts, 200 tokens/s\n"
+        "preset model {artifacts}/embedded/models/m\n")),
         nbformat.v4.new_output("execute_result", data={"text/plain": "PosixPath('/var/tmp/run/out.json')"},
                                execution_count=1)]
     nb.cells.append(c)
@@ -63,6 +64,7 @@ def test_scrub_redacts_keys_from_dotenv_and_paths_outside_the_project(tmp_path, 
     assert "AIzaDOTENVONLY123" not in text and "sk-rotated-second-key" not in text
     assert "/opt/conda" not in text and "/tmp/pytest-1" not in text and "<abs>/x.py" in text
     assert "http://127.0.0.1:8089/v1" in text and "figures/embedded/a.png" in text and "12/16 posts" in text
+    assert "{artifacts}/embedded/models/m" in text
     assert "".join(out[1]["data"]["text/plain"]) == "PosixPath('<abs>/out.json')"
 
 
@@ -105,6 +107,14 @@ def test_readme_results_table_from_metrics(tmp_path, monkeypatch):
     text = readme.read_text()
     assert "| 02_x | `auroc` | 0.9123 |" in text and "| 02_x | `n` | 7 |" in text and "old" not in text
     assert "Profile `embedded`" in text and "CPU cores" in text and text.endswith("end\n")
+    # running one stage later keeps the rows of the stages whose metrics are not here
+    (tmp_path / "embedded" / "02_x" / "metrics.json").unlink()
+    (tmp_path / "embedded" / "05_y").mkdir()
+    (tmp_path / "embedded" / "05_y" / "metrics.json").write_text(json.dumps({"acc": 0.5}))
+    assert results.update_readme(readme)
+    text = readme.read_text()
+    assert "| 02_x | `auroc` | 0.9123 |" in text and "| 05_y | `acc` | 0.5 |" in text
+    assert text.index("| 02_x |") < text.index("| 05_y |")
 
 
 def test_failing_stage_keeps_notebook_and_parks_the_failed_run(tmp_path):
