@@ -40,11 +40,10 @@ from typing import Any, Sequence
 
 from lib import ROOT
 from lib.chat import Chat, ChatResult, GenParams, image, system, text
+from lib.datasets import HVLI_DIFFICULTY, HVLI_LABELS, HVLI_TYPES
 
-LABELS = {0: "NotHate", 1: "Racist", 2: "Sexist", 3: "Homophobe", 4: "Religion", 5: "OtherHate"}
-TYPES = ("000", "001", "010", "011", "100", "101", "110", "111")
-DIFFICULTY = {"000": "Easy", "011": "Easy", "101": "Easy", "111": "Easy", "100": "Normal", "010": "Normal",
-              "001": "Hard", "110": "Hard"}
+# H-VLI's label codes, interaction types and difficulty by type: the dataset module's, one definition
+LABELS, TYPES, DIFFICULTY = HVLI_LABELS, HVLI_TYPES, HVLI_DIFFICULTY
 STAGES = ("rapid_scan", "prosecutor", "defender", "judge", "prosecutor_indirect", "defender_indirect",
           "prosecutor_round2", "defender_round2", "judge_indirect", "baseline")
 ROLE = {"rapid_scan": "prosecutor", "prosecutor": "prosecutor", "defender": "defender", "judge": "judge",
