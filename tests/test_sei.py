@@ -1,0 +1,357 @@
+"""See, Explain, Intervene: retrieval, prompt assembly, parsing, controls, metrics against their
+libraries, and the agent trainer on a tiny LLaVA-architecture model."""
+import collections
+import collections.abc
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lib import sei, textmetrics as tm
+from lib.sei import Answer, Meme, SeiTemplates, build_conversation, parse_answer
+
+
+# ----------------------------------------------------------------------------- retrieval
+def _brute_top_n(Q, P, n):
+    out = []
+    for q in Q:
+        s = [(-float(np.dot(q, p)), j) for j, p in enumerate(P)]
+        out.append([j for _, j in sorted(s)[:n]])
+    return np.array(out)
+
+
+def test_top_n_is_exact_and_breaks_ties_by_pool_order():
+    rng = np.random.default_rng(0)
+    P = rng.normal(size=(200, 16)).astype(np.float32)
+    P /= np.linalg.norm(P, axis=1, keepdims=True)
+    P[50] = P[10]                     # exact ties: the earlier pool meme must come first
+    P[120] = P[10]
+    Q = np.vstack([P[10], rng.normal(size=(30, 16)).astype(np.float32)])
+    Q /= np.linalg.norm(Q, axis=1, keepdims=True)
+    idx, sims = sei.top_n(Q, P, 8)
+    assert np.array_equal(idx, _brute_top_n(Q, P, 8))
+    assert list(idx[0, :3]) == [10, 50, 120]
+    assert np.all(np.diff(sims, axis=1) <= 1e-7)
+    with pytest.raises(ValueError, match="pool of 200"):
+        sei.top_n(Q, P, 201)
+
+
+def test_exemplar_order_and_retrieval_quality_against_hand_counts():
+    assert sei.order_exemplars([1, 2, 3], "most_similar_last") == [3, 2, 1]
+    assert sei.order_exemplars([1, 2, 3], "most_similar_first") == [1, 2, 3]
+    with pytest.raises(ValueError, match="order"):
+        sei.order_exemplars([1], "nearest")
+    pool = [Meme(str(i), Path("x"), "", lab, type=t) for i, (lab, t) in
+            enumerate([(1, "001"), (0, "000"), (1, "011"), (0, "000")])]
+    queries = [Meme("q1", Path("x"), "", 1, type="001"), Meme("q2", Path("x"), "", 0, type="000")]
+    ranked = np.array([[0, 1], [2, 3]])
+    q = sei.retrieval_quality(ranked, pool, queries)
+    assert q["label_agreement"] == pytest.approx(2 / 4)        # q1: 1 of 2, q2: 1 of 2
+    assert q["label_base_rate"] == pytest.approx(0.5)
+    assert q["type_agreement"] == pytest.approx((1 + 1) / 4)
+    assert q["type_base_rate"] == pytest.approx((1 / 4 + 2 / 4) / 2)
+    # majority vote, a tie going to the most similar exemplar
+    assert sei.knn_vote(np.array([[0, 1], [1, 0], [0, 2, 1]], dtype=object), pool) == [1, 0, 1]
+
+
+def test_plans_controls_and_silver_needs_are_seeded():
+    pool = [Meme(str(i), Path("x"), "", i % 2) for i in range(40)]
+    queries = [Meme(f"q{i}", Path("x"), "", i % 2) for i in range(10)]
+    ranked = {"enc": np.tile(np.arange(8), (10, 1))}
+    ret = sei.Setting("enc/4", 4, "enc")
+    plan = sei.plan_exemplars(ret, queries, pool, ranked, "most_similar_last")
+    assert plan["q0"] == [(3, 1), (2, 0), (1, 1), (0, 0)]   # most similar (index 0) last, gold labels
+    shuf = sei.plan_exemplars(sei.Setting("s", 4, "enc", "shuffled_labels"), queries, pool, ranked, "most_similar_last")
+    assert [j for j, _ in shuf["q0"]] == [3, 2, 1, 0]
+    changed = sum(lab != pool[j].label for p in shuf.values() for j, lab in p)
+    assert 0 < changed < 40
+    assert shuf == sei.plan_exemplars(sei.Setting("s", 4, "enc", "shuffled_labels"), queries, pool, ranked,
+                                      "most_similar_last")
+    rnd = sei.plan_exemplars(sei.Setting("r", 4, None, "random"), queries, pool, ranked, "most_similar_last", seed=1)
+    assert len({tuple(v) for v in rnd.values()}) > 1 and all(len(v) == 4 for v in rnd.values())
+    zero = sei.plan_exemplars(sei.Setting("z", 0), queries, pool, ranked, "most_similar_last")
+    assert all(v == [] for v in zero.values())
+    caps, expl, iv = sei.silver_needs([plan, shuf])
+    assert caps == {0, 1, 2, 3}
+    assert {(j, pool[j].label) for j in caps} <= expl
+    assert iv == {j for j, lab in expl if lab == 1}
+    with pytest.raises(ValueError, match="need a retriever"):
+        sei.Setting("bad", 2)
+    with pytest.raises(ValueError, match="unknown keys"):
+        sei.parse_settings({"x": {"n": 2, "shots": 3}}, ["enc"], [2])
+    names = [s.name for s in sei.parse_settings({"zero": {"n": 0}, "sh": {"n": 2, "retriever": "default",
+                                                                           "exemplars": "shuffled_labels"}},
+                                                 ["enc", "enc2"], [2, 4])]
+    assert names == ["enc/2", "enc/4", "enc2/2", "enc2/4", "zero", "sh"]
+
+
+def test_balanced_subset():
+    memes = [Meme(str(i), Path("x"), "", int(i < 30)) for i in range(100)]
+    sub = sei.balanced_subset(memes, 20, seed=1)
+    assert len(sub) == 20 and sum(m.label for m in sub) == 10
+    assert [m.id for m in sub] == [m.id for m in sei.balanced_subset(memes, 20, seed=1)]
+    assert len(sei.balanced_subset(memes, 0)) == 100
+    few = sei.balanced_subset(memes[25:], 20, seed=0)          # only 5 hateful left: filled with the other label
+    assert len(few) == 20 and sum(m.label for m in few) == 5
+
+
+# ----------------------------------------------------------------------------- prompt
+def test_golden_two_shot_conversation(tmp_path):
+    d = tmp_path / "p"
+    d.mkdir()
+    (d / "system.txt").write_text("Classify. • hateful: {hateful_definition} • non-hateful: {non_hateful_definition}\n")
+    (d / "user.txt").write_text("{caption}. ```{ocr}```\n")
+    (d / "answer.txt").write_text("{label} - {explanation}{intervention}\n")
+    (d / "intervention.txt").write_text(" Intervention - {intervention}\n")
+    (d / "definitions.yaml").write_text("fhm:\n  hateful: an attack.\n  non_hateful: anything else.\n")
+    tpl = SeiTemplates.load(d)
+    shots = [Meme("1", Path("a.png"), "they are rats", 1, "rats beside a people", "It calls them vermin.",
+                  "Nobody is vermin."),
+             Meme("2", Path("b.png"), "sunny day", 0, "a sun.", "Nothing attacks anyone.", "ignored for benign")]
+    q = Meme("9", Path("t.png"), "hello", None, "a boat")
+    conv = build_conversation(q, shots, tpl, "fhm")
+    expected = [
+        {"role": "system", "content": [{"type": "text", "text": "Classify. • hateful: an attack. • non-hateful: "
+                                                                 "anything else."}]},
+        {"role": "user", "content": [{"type": "image", "image": "a.png"},
+                                     {"type": "text", "text": "rats beside a people. ```they are rats```"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "hateful - It calls them vermin. Intervention - "
+                                                                    "Nobody is vermin."}]},
+        {"role": "user", "content": [{"type": "image", "image": "b.png"},
+                                     {"type": "text", "text": "a sun. ```sunny day```"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "non-hateful - Nothing attacks anyone."}]},
+        {"role": "user", "content": [{"type": "image", "image": "t.png"},
+                                     {"type": "text", "text": "a boat. ```hello```"}]},
+    ]
+    assert conv == expected
+    assert all(p["type"] == "text" for m in build_conversation(q, shots, tpl, "fhm", images=False)
+               for p in m["content"])
+    with pytest.raises(KeyError, match="definition set 'mami'"):
+        build_conversation(q, shots, tpl, "mami")
+    with pytest.raises(ValueError, match="no gold label"):
+        build_conversation(q, [q], tpl, "fhm")
+
+
+def test_shipped_templates_load_and_every_definition_set_renders():
+    tpl = SeiTemplates.load("params/prompts/sei")
+    for name in tpl.definitions:
+        s = tpl.system_prompt(name)
+        assert "{" not in s and "hateful:" in s
+    assert tpl.answer(1, "why", "what to do").startswith("hateful - why")
+    assert parse_answer(tpl.answer(1, "why", "what to do")) == Answer("ok", 1, "why", "what to do",
+                                                                      raw=tpl.answer(1, "why", "what to do"))
+
+
+# ----------------------------------------------------------------------------- parsing
+@pytest.mark.parametrize("text, status, label, expl, iv, flags", [
+    ("hateful - It mocks them. Intervention - Be kind.", "ok", 1, "It mocks them.", "Be kind.", {}),
+    ("Hateful – it mocks them – be kind", "ok", 1, "it mocks them", "be kind", {}),
+    ("{hateful – explanation. Intervention - intervention.}", "ok", 1, "explanation.", "intervention.", {}),
+    ("non-hateful - a neutral remark", "ok", 0, "a neutral remark", "", {}),
+    ("Not hateful: it condemns vandalism.", "ok", 0, "it condemns vandalism.", "", {}),
+    ("non hateful - fine - Intervention: none needed", "ok", 0, "fine", "", {"dropped_intervention": True}),
+    ("**Label:** hateful - x", "ok", 1, "x", "", {}),
+    ("The meme is hateful because it mocks.", "unparseable", None, "", "", {}),
+    ("", "unparseable", None, "", "", {}),
+    ("I'm sorry, but I can't help with classifying this.", "refused", None, "", "", {}),
+])
+def test_parse_free_text(text, status, label, expl, iv, flags):
+    a = parse_answer(text)
+    assert (a.status, a.label, a.explanation, a.intervention) == (status, label, expl, iv)
+    for k, v in flags.items():
+        assert getattr(a, k) == v
+
+
+def test_parse_statuses_from_the_chat_layer_structured_and_lenient():
+    assert parse_answer("", "blocked").status == "blocked"
+    assert parse_answer(None, "failed").status == "failed"
+    assert parse_answer("hateful - x", "refused").status == "refused"
+    assert parse_answer('{"label": "hateful"}', "unparseable").status == "unparseable"
+    a = parse_answer("hateful - cut off mid", "ok", "length")
+    assert a.status == "ok" and a.truncated
+    s = parse_answer('{"label": "non-hateful", "explanation": "e", "intervention": "i"}', "ok",
+                     parsed={"label": "non-hateful", "explanation": "e", "intervention": "i"})
+    assert (s.label, s.explanation, s.intervention, s.dropped_intervention) == (0, "e", "", True)
+    assert parse_answer("x", parsed={"label": "maybe", "explanation": ""}).status == "unparseable"
+    le = parse_answer("The meme is not hateful. It names nobody.", parser="lenient")
+    assert (le.status, le.label) == ("ok", 0)
+    assert parse_answer("The meme is hateful, clearly.", parser="lenient").label == 1
+    assert parse_answer("A picture of a boat. It is hateful.", parser="lenient").status == "unparseable"
+    with pytest.raises(ValueError, match="parser"):
+        parse_answer("x", parser="loose")
+
+
+def test_classification_counts_missing_labels_as_wrong():
+    from sklearn.metrics import f1_score
+    P = sei.Prediction
+    preds = [P("1", 1, "s", "ok", 1, "e", "i", False, False, [], []),
+             P("2", 0, "s", "ok", 1, "e", "i", False, False, [], []),
+             P("3", 0, "s", "unparseable", None, "", "", False, False, [], []),
+             P("4", 1, "s", "refused", None, "", "", False, False, [], [])]
+    c = sei.classification(preds)
+    assert c["acc"] == 0.25 and c["n_unparseable"] == 1 and c["n_refused"] == 1 and c["support"] == 2
+    assert c["macro_f1"] == pytest.approx(f1_score([1, 0, 0, 1], [1, 1, 1, 0], average="macro"))
+
+
+# ----------------------------------------------------------------------------- metrics against their libraries
+PREDS = ["the cat sat on the mat", "a meme that mocks a people", "nothing here attacks anyone"]
+REFS = [["a cat sat on a mat", "dogs run"], ["the meme ridicules a people"], ["no group is attacked here"]]
+
+
+def test_rouge_l_equals_rouge_score():
+    from rouge_score import rouge_scorer
+    sc = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
+    ours = tm.rouge_l(PREDS, REFS)
+    theirs = [max(sc.score(r, p)["rougeL"].fmeasure for r in rr) for p, rr in zip(PREDS, REFS)]
+    assert np.allclose(ours, theirs)
+    assert ours[0] == pytest.approx(2 / 3, abs=1e-3)
+
+
+def test_semsim_equals_sentence_transformers():
+    from sentence_transformers import SentenceTransformer, util
+    m = SentenceTransformer(tm.resolve_text_model("minilm"))
+    ours = tm.semsim(PREDS, REFS)
+    theirs = [max(float(util.cos_sim(m.encode(p), m.encode(r))) for r in rr) for p, rr in zip(PREDS, REFS)]
+    assert np.allclose(ours, theirs, atol=1e-5)
+    assert ours[1] > 0.5 > tm.semsim(["a red boat"], ["the meme ridicules a people"])[0]
+
+
+def test_bertscore_equals_bert_score_on_a_local_folder():
+    import bert_score
+    path = tm.resolve_text_model("minilm")
+    ours = tm.bertscore_f1(PREDS, REFS, tm.BertScoreSpec("minilm", 6, True))
+    _, _, f = bert_score.score(PREDS, REFS, model_type=path, num_layers=6, rescale_with_baseline=False, idf=False,
+                               use_fast_tokenizer=True)
+    assert np.allclose(ours, f.numpy(), atol=1e-5)
+    assert tm.BertScoreSpec().label.endswith("(MiniLM proxy)")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        tm.bertscore_f1(["a"], ["b"], tm.BertScoreSpec("data/models/no-such-model", 17, False))
+
+
+def test_entropy_shift_equals_shifterator():
+    if not hasattr(collections, "Mapping"):       # shifterator 0.3.0 predates Python 3.10
+        collections.Mapping = collections.abc.Mapping
+    import shifterator
+    f1 = tm.word_freqs(["the meme mocks a people", "a people is called vermin", "the meme is hateful"])
+    f2 = tm.word_freqs(["the meme is humorous", "a neutral remark about a people", "nothing attacks anyone"])
+    ours = tm.entropy_shift(f1, f2, base=2)
+    theirs = shifterator.EntropyShift(dict(f1), dict(f2), base=2).get_shift_scores()
+    assert set(ours) == set(theirs)
+    for w in ours:
+        assert ours[w] == pytest.approx(theirs[w], abs=1e-12)
+    raw = tm.entropy_shift(f1, f2, normalization="none")
+    h = lambda f: -sum(c / sum(f.values()) * math.log2(c / sum(f.values())) for c in f.values())
+    assert sum(raw.values()) == pytest.approx(h(f2) - h(f1))
+
+
+def test_vader_bootstrap_and_lexical_measures():
+    from scipy import stats
+    from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+    v = SentimentIntensityAnalyzer()
+    for t in ["This meme is hateful and dehumanizing.", "A lovely sunny day with friends!", "A boat."]:
+        c = v.polarity_scores(t)["compound"]
+        assert tm.vader_label(t) == ("positive" if c >= 0.05 else "negative" if c <= -0.05 else "neutral")
+    assert tm.vader_label("This meme is hateful and dehumanizing.") == "negative"
+    vals = [3, 5, 8, 13, 2, 7, 9]
+    m, lo, hi, used = tm.bootstrap_ci(vals, 500, "BCa", seed=4)
+    ref = stats.bootstrap((np.array(vals, float),), np.mean, n_resamples=500, method="BCa",
+                          rng=np.random.default_rng(4)).confidence_interval
+    assert (m, lo, hi, used) == (pytest.approx(np.mean(vals)), pytest.approx(ref.low), pytest.approx(ref.high), "BCa")
+    assert tm.bootstrap_ci([2, 2, 2])[1:] == (2.0, 2.0, "percentile")
+    assert math.isnan(tm.bootstrap_ci([4])[1])
+    assert tm.token_count("Don't share it, please!") == 5
+    assert tm.type_token_ratio("a a b c") == 0.75
+    assert tm.unigram_perplexity("a a b c") == pytest.approx(2 ** 1.5)
+    assert tm.unigram_perplexity("a b", collections.Counter({"a": 3})) == pytest.approx(
+        math.exp(-(math.log(4 / 5) + math.log(1 / 5)) / 2))
+
+
+# ----------------------------------------------------------------------------- agents on a tiny model
+@pytest.fixture(scope="module")
+def tiny_agent_base(tiny_clip_dir, tmp_path_factory):
+    """A randomly initialised memeworld-vlm-architecture model (LLaVA) saved like the real one."""
+    from lib.memeworld_vlm import VlmConfig, _save, build_vlm, train_tokenizer
+    texts = ["What does this meme mean? Its text:", "The meme is hateful. Explain why.", "non-hateful hateful",
+             "they are rats", "a sunny day", "nothing attacks anyone", "it calls them vermin"] * 20
+    cfg = VlmConfig(vocab_size=300, hidden=32, layers=1, heads=2, intermediate=64)
+    model, proc = build_vlm(train_tokenizer(texts, cfg.vocab_size), Path(tiny_clip_dir), cfg)
+    out = tmp_path_factory.mktemp("agent_base") / "base"
+    out.mkdir()
+    _save(model, proc, out)
+    return out
+
+
+def _records(tmp_path):
+    from PIL import Image
+    from lib.datasets import ExplanationRecord, MemeCapRecord, MemeRecord, MemeSenseRecord
+    img = tmp_path / "img"
+    img.mkdir(exist_ok=True)
+    memes, cap, hat, sense = [], [], [], []
+    for i in range(12):
+        p = img / f"{i:05d}.png"
+        Image.new("RGB", (32, 32), (20 * i, 100, 200 - 10 * i)).save(p)
+        split = "test_seen" if i >= 9 else "train"
+        lab = i % 2
+        memes.append(MemeRecord(str(i), p, f"text {i}", lab, split))
+        cap.append(MemeCapRecord(f"{i:05d}", p, f"text {i}", ["x"], [f"meaning {i}"], [],
+                                 "test" if i >= 9 else "trainval"))
+        hat.append(ExplanationRecord(str(i), p, ["group"] if lab else [], [f"because {i}"],
+                                     "test" if i >= 9 else "train"))
+        if lab:
+            sense.append(MemeSenseRecord(f"{i:05d}", p, f"commonsense {i}", f"intervene {i}"))
+    return memes, cap, hat, sense
+
+
+def test_agent_data_joins_formats_and_holds_out_test_memes(tmp_path):
+    from lib.agents import AgentDataError, build_agent_data
+    memes, cap, hat, sense = _records(tmp_path)
+    data = build_agent_data(cap, hat, sense, memes)
+    assert {a: len(v) for a, v in data.items()} == {"captioner": 12, "explainer": 12, "commonsense": 6,
+                                                     "intervention": 6}
+    e = next(x for x in data["explainer"] if x.id == "3")
+    assert e.inputs == {"ocr": "text 3", "label": "hateful"} and e.target == "because 3" and e.split == "train"
+    assert next(x for x in data["captioner"] if x.id == "0").inputs["ocr"] == "text 0"   # '00000' joins meme 0
+    held = {x.id for x in data["intervention"] if x.split == "test"}
+    assert held == {"9", "11"}                                   # MemeSense: the FHM test memes are held out
+    assert next(x for x in data["intervention"] if x.id == "9").inputs["commonsense"] == "commonsense 9"
+    cap[0].meme_captions = []
+    with pytest.raises(AgentDataError, match="memecap record 00000: field 'meme_captions'"):
+        build_agent_data(cap, hat, sense, memes)
+
+
+def test_agent_trains_on_the_answer_only_is_cached_and_answers_through_the_chat_layer(tiny_agent_base, tmp_path):
+    from lib.agents import (AgentRecipe, agent_chat, build_agent_data, encode_example, nearest_train_baseline,
+                            run_agent, train_agent, _load_base)
+    from lib.chat import ResponseCache
+    from PIL import Image
+    memes, cap, hat, sense = _records(tmp_path)
+    data = build_agent_data(cap, hat, sense, memes)
+    _, proc, _ = _load_base(str(tiny_agent_base), "float32")
+    enc = encode_example(proc, Image.new("RGB", (32, 32)), "The meme is hateful. Explain why.", " it calls them vermin",
+                         256)
+    ans = [t for t, l in zip(enc["input_ids"], enc["labels"]) if l != -100]
+    tok = proc.tokenizer
+    assert tok.decode(ans, skip_special_tokens=True).strip() == "it calls them vermin"
+    assert ans[-1] == tok.eos_token_id and enc["labels"][0] == -100
+    recipe = AgentRecipe(base=str(tiny_agent_base), epochs=2, lr=1e-3, batch_size=4, threads=1)
+    tpl = "The meme is {label}. Explain why. Its text: {ocr}"
+    first = train_agent(data["explainer"], tmp_path / "agents" / "explainer", recipe, tpl, progress=False)
+    assert not first["cached"] and first["n_train"] == 9 and len(first["curve"]) == 2
+    assert first["curve"][1]["loss"] < first["curve"][0]["loss"]
+    again = train_agent(data["explainer"], tmp_path / "agents" / "explainer", recipe, tpl, progress=False)
+    assert again["cached"] and again["key"] == first["key"]
+    other = train_agent(data["explainer"], tmp_path / "agents" / "explainer", recipe, tpl + ".", progress=False)
+    assert not other["cached"]                                   # another prompt is another agent
+    cache = ResponseCache(tmp_path / "cache.sqlite")
+    chat = agent_chat(tmp_path / "agents" / "explainer", cache)
+    test = [e for e in data["explainer"] if e.split == "test"]
+    res = run_agent(chat, tpl, [(e.img_path, e.inputs) for e in test], max_new_tokens=6, progress=False)
+    assert all(r.status == "ok" for r in res) and chat.stats.requests == 3
+    chat2 = agent_chat(tmp_path / "agents" / "explainer", cache)
+    assert [r.text for r in run_agent(chat2, tpl, [(e.img_path, e.inputs) for e in test], 6, progress=False)] == \
+        [r.text for r in res] and chat2.stats.requests == 0
+    train = [e for e in data["explainer"] if e.split == "train"]
+    emb = {e.id: np.eye(12, dtype=np.float32)[int(e.id) % 8] for e in data["explainer"]}
+    assert nearest_train_baseline(test, train, emb) == ["because 1", "because 2", "because 3"]
