@@ -1,0 +1,373 @@
+"""See, Explain, Intervene (§5.1): four task agents fine-tuned from one image-text-to-text model.
+
+| agent        | trained on                                   | input                           | writes            |
+|--------------|----------------------------------------------|---------------------------------|-------------------|
+| captioner    | MemeCap train+val (`meme_captions`)          | meme image (+ its text)         | what the meme means |
+| explainer    | HatReDAug (HatReD + non-hateful reasonings)  | image (+ text) and gold label   | explanation       |
+| commonsense  | MemeSense train (commonsense description)    | image (+ text)                  | commonsense text  |
+| intervention | MemeSense train                              | image (+ text) and commonsense  | intervention      |
+
+The paper fine-tunes `paligemma-3b-pt-448` (full fine-tuning, Adam, lr 2e-5, weight decay 1e-6,
+2 epochs, bf16, one GPU); the embedded profile fine-tunes `memeworld-vlm` the same way on CPU.
+One trainer serves both: examples are rendered with the model's chat template (the prompt as a
+user turn with the image, the target as the assistant turn; loss on the answer only), or for a
+model without one (PaliGemma-pt) as a prefix + suffix through its processor. Training runs under
+`accelerate` (one process here; `accelerate launch` spreads it over several GPUs).
+
+A trained agent is a model folder like any other: it is driven through `lib.chat` (response
+cache included) for Table 3 and for silver data. Training is cached on its inputs: the same
+base weights, examples, prompts and recipe reuse the saved agent.
+
+The prompts are template files (`params/prompts/sei/agents/<agent>.txt`; placeholders `{ocr}`,
+`{label}`, `{commonsense}`). The paper gives none (its gap 9); the compendium's own include the
+meme's text because at 64 pixels `memeworld-vlm` cannot read it from the image (PaliGemma can,
+and a profile may point at templates without `{ocr}`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from lib import ROOT
+from lib.artifacts import write_json
+
+AGENTS = ("captioner", "explainer", "commonsense", "intervention")
+AGENT_SOURCES = {"captioner": "memecap", "explainer": "hatred", "commonsense": "memesense", "intervention": "memesense"}
+LABEL_WORDS = {0: "non-hateful", 1: "hateful"}
+
+
+class AgentDataError(ValueError):
+    """An agent's training data is missing or malformed (names the dataset, record and field)."""
+
+
+def norm_id(x: Any) -> str:
+    """Meme ids across formats: '01235.png', '1235' and 1235 are the same meme."""
+    s = Path(str(x)).stem
+    return s.lstrip("0") or "0"
+
+
+@dataclass
+class AgentExample:
+    agent: str
+    id: str                          # normalised meme id
+    img_path: Path
+    inputs: dict[str, str]           # template fields: ocr, label, commonsense
+    target: str
+    references: list[str]            # every gold text (max over references when scoring)
+    split: str                       # train | test
+
+
+@dataclass
+class AgentRecipe:
+    """Fine-tuning recipe (paper: Adam, lr 2e-5, wd 1e-6, 2 epochs, bf16)."""
+    base: str = "memeworld-vlm"      # chat preset or local model folder to fine-tune
+    epochs: int = 2
+    lr: float = 2e-5
+    weight_decay: float = 1e-6
+    batch_size: int = 8
+    grad_accum: int = 1
+    warmup_share: float = 0.0        # the paper names no schedule: constant lr by default
+    max_train: int = 0               # examples per agent (0: all), a seeded random subset
+    max_len: int = 256               # tokens per example (prompt + answer); longer examples are cut
+    mixed_precision: str = "no"      # accelerate: no | bf16 | fp16
+    dtype: str = "float32"           # weights dtype for loading (paper: bfloat16)
+    seed: int = 0
+    threads: int = 2
+    prompt_dir: str = "params/prompts/sei/agents"
+
+
+def prompt_templates(prompt_dir: str | Path) -> dict[str, str]:
+    d = Path(prompt_dir)
+    d = d if d.is_absolute() else ROOT / d
+    out = {}
+    for a in AGENTS:
+        p = d / f"{a}.txt"
+        if not p.exists():
+            raise FileNotFoundError(f"agent prompt {p} does not exist (one template per agent: {', '.join(AGENTS)})")
+        out[a] = p.read_text(encoding="utf-8").strip("\n")
+    return out
+
+
+def render_prompt(template: str, inputs: dict[str, str]) -> str:
+    try:
+        return template.format(**inputs)
+    except KeyError as e:
+        raise KeyError(f"agent prompt template uses {{{e.args[0]}}}, which this agent does not provide "
+                       f"(provided: {sorted(inputs)})") from None
+
+
+# ----------------------------------------------------------------------------- data
+def build_agent_data(memecap: Sequence[Any], hatred: Sequence[Any], memesense: Sequence[Any],
+                     memes: Sequence[Any], memesense_test_ids: set[str] | None = None) -> dict[str, list[AgentExample]]:
+    """Examples per agent. `memes` (FHM-style records) give each meme's text (the OCR field) and
+    gold label; a HatReD record's label is its FHM label (HatReDAug holds both classes).
+    MemeSense has no public split in MemeWorld's copy: a record is held out when its meme is in
+    `memesense_test_ids` (default: the memes of the FHM test splits)."""
+    text = {norm_id(m.id): m.text or "" for m in memes}
+    label = {norm_id(m.id): m.label for m in memes if m.label is not None}
+    test_memes = {norm_id(m.id) for m in memes if str(m.split).startswith("test")}
+    out: dict[str, list[AgentExample]] = {a: [] for a in AGENTS}
+    for r in memecap:
+        i = norm_id(r.id)
+        caps = [c for c in r.meme_captions if c]
+        if not caps:
+            raise AgentDataError(f"memecap record {r.id}: field 'meme_captions' is empty")
+        split = "test" if r.split == "test" else "train"
+        out["captioner"].append(AgentExample("captioner", i, r.img_path, {"ocr": text.get(i, r.title or "")},
+                                             caps[0], caps, split))
+    for r in hatred:
+        i = norm_id(r.id)
+        refs = [x for x in r.reasonings if x]
+        if not refs:
+            raise AgentDataError(f"hatred record {r.id}: field 'reasonings' is empty")
+        lab = label.get(i, 1 if r.targets else 0)
+        out["explainer"].append(AgentExample("explainer", i, r.img_path, {"ocr": text.get(i, ""),
+                                                                          "label": LABEL_WORDS[int(lab)]},
+                                             refs[0], refs, "test" if r.split == "test" else "train"))
+    held = memesense_test_ids if memesense_test_ids is not None else test_memes
+    for r in memesense:
+        i = norm_id(r.id)
+        for fld in ("commonsense", "intervention"):
+            if not getattr(r, fld):
+                raise AgentDataError(f"memesense record {r.id}: field '{fld}' is empty")
+        split = r.split if r.split in ("train", "test") else ("test" if i in held else "train")
+        ocr = text.get(i, "")
+        out["commonsense"].append(AgentExample("commonsense", i, r.img_path, {"ocr": ocr}, r.commonsense,
+                                               [r.commonsense], split))
+        out["intervention"].append(AgentExample("intervention", i, r.img_path,
+                                                {"ocr": ocr, "commonsense": r.commonsense}, r.intervention,
+                                                [r.intervention], split))
+    return out
+
+
+def examples_digest(examples: Sequence[AgentExample], template: str) -> str:
+    h = hashlib.sha256(template.encode())
+    for e in examples:
+        h.update(json.dumps([e.id, str(Path(e.img_path).name), e.inputs, e.target], sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------- encoding
+def _load_base(base: str, dtype: str):
+    from lib.presets import get_preset, torch_dtype
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    p = Path(base)
+    if not (p.is_dir() and (p / "config.json").exists()):
+        pr = get_preset("chat", base)
+        p = Path(pr.resolved_model)
+        if "{artifacts}" in pr.model and not p.exists():
+            from lib.artifacts import MissingInputError
+            raise MissingInputError(f"agent base model '{base}': {p} does not exist; "
+                                    f"train it with `make reproduce NB=models`")
+        src, kw = str(p) if p.exists() else pr.model, ({"revision": pr.revision} if pr.revision and not p.exists()
+                                                       else {})
+    else:
+        src, kw = str(p), {}
+    proc = AutoProcessor.from_pretrained(src, **kw)
+    model = AutoModelForImageTextToText.from_pretrained(src, dtype=torch_dtype(dtype), **kw)
+    return model, proc, src
+
+
+def folder_identity(src: str | Path) -> dict[str, Any] | str:
+    """A model folder's weights and template digests (a hub id stays a name)."""
+    from lib.presets import Preset
+    if not Path(src).is_dir():
+        return str(src)
+    ident = Preset(name=Path(src).name, backend="hf", model=str(src)).identity()
+    ident.pop("model", None)
+    return ident
+
+
+def _messages(img, prompt: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": [{"type": "image", "image": img}, {"type": "text", "text": prompt}]}]
+
+
+def encode_example(proc, img, prompt: str, target: str, max_len: int) -> dict[str, Any]:
+    """input_ids, labels (-100 outside the answer) and pixel inputs for one example.
+
+    Chat-template models: the full conversation (user turn + assistant answer) is rendered and its
+    prefix must equal the generation prompt inference uses, so training and inference see the same
+    tokens. Models without a chat template (PaliGemma-pt): the processor's prefix/suffix encoding."""
+    tok = getattr(proc, "tokenizer", proc)
+    if getattr(proc, "chat_template", None) or getattr(tok, "chat_template", None):
+        msgs = _messages(img, prompt)
+        enc_p = proc.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                         return_tensors="pt")
+        full = msgs + [{"role": "assistant", "content": [{"type": "text", "text": target}]}]
+        enc_f = proc.apply_chat_template(full, tokenize=True, return_dict=True, return_tensors="pt")
+        p_ids, f_ids = enc_p["input_ids"][0].tolist(), enc_f["input_ids"][0].tolist()
+        if f_ids[:len(p_ids)] != p_ids:
+            raise ValueError("the chat template renders the answer turn so that the prompt's tokens change; "
+                             "agent training needs the generation prompt to be a prefix of the full conversation")
+        if tok.eos_token_id is not None and f_ids[-1] != tok.eos_token_id:
+            f_ids = f_ids + [tok.eos_token_id]
+        labels = [-100] * len(p_ids) + f_ids[len(p_ids):]
+        ids = f_ids
+        extra = {k: v[0] for k, v in enc_f.items() if k not in ("input_ids", "attention_mask", "token_type_ids")}
+    else:
+        enc = proc(text=[prompt], images=[img], suffix=[target], return_tensors="pt")
+        ids = enc["input_ids"][0].tolist()
+        labels = enc["labels"][0].tolist()
+        extra = {k: v[0] for k, v in enc.items() if k not in ("input_ids", "attention_mask", "labels")}
+    if len(ids) > max_len:
+        ids, labels = ids[:max_len], labels[:max_len]
+    return {"input_ids": ids, "labels": labels, **extra}
+
+
+def _collate(batch: list[dict[str, Any]], pad_id: int):
+    import torch
+    n = max(len(b["input_ids"]) for b in batch)
+    ids = torch.full((len(batch), n), pad_id, dtype=torch.long)
+    lab = torch.full((len(batch), n), -100, dtype=torch.long)
+    att = torch.zeros((len(batch), n), dtype=torch.long)
+    for i, b in enumerate(batch):
+        k = len(b["input_ids"])
+        ids[i, :k] = torch.tensor(b["input_ids"])
+        lab[i, :k] = torch.tensor(b["labels"])
+        att[i, :k] = 1
+    out = {"input_ids": ids, "attention_mask": att, "labels": lab}
+    for key in batch[0]:
+        if key not in ("input_ids", "labels"):
+            out[key] = torch.stack([b[key] for b in batch])
+    if "token_type_ids" in out:
+        out.pop("token_type_ids")
+    return out
+
+
+# ----------------------------------------------------------------------------- training
+def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: AgentRecipe, template: str,
+                progress: bool = True, force: bool = False) -> dict[str, Any]:
+    """Fine-tune recipe.base on the train examples; save to out_dir; return the training record.
+    Reuses a saved agent whose inputs (base weights, examples, prompt, recipe) are the same."""
+    import torch
+    from accelerate import Accelerator
+    from PIL import Image
+    from tqdm.auto import tqdm
+    out_dir = Path(out_dir)
+    train = [e for e in examples if e.split == "train"]
+    if not train:
+        raise AgentDataError(f"agent {examples[0].agent if examples else '?'}: no training examples")
+    agent = train[0].agent
+    if recipe.max_train and len(train) > recipe.max_train:
+        rng = random.Random(recipe.seed)
+        train = sorted(rng.sample(train, recipe.max_train), key=lambda e: e.id)
+    model, proc, src = _load_base(recipe.base, recipe.dtype)
+    base_digest = folder_identity(src)
+    rec_json = {k: v for k, v in asdict(recipe).items() if k not in ("threads", "prompt_dir")}
+    key = hashlib.sha256(json.dumps({"base": base_digest, "recipe": rec_json,
+                                     "data": examples_digest(train, template)}, sort_keys=True).encode()).hexdigest()[:16]
+    rec_path = out_dir / "training.json"
+    if not force and rec_path.exists() and (out_dir / "config.json").exists():
+        old = json.loads(rec_path.read_text())
+        if old.get("key") == key:
+            return {**old, "cached": True}
+    torch.manual_seed(recipe.seed)
+    torch.set_num_threads(recipe.threads)
+    tok = getattr(proc, "tokenizer", proc)
+    encoded = []
+    for e in tqdm(train, desc=f"encode {agent}", disable=not progress, leave=False):
+        with Image.open(e.img_path) as im:
+            encoded.append(encode_example(proc, im.convert("RGB"), render_prompt(template, e.inputs), " " + e.target
+                                          if _leading_space(proc) else e.target, recipe.max_len))
+    acc = Accelerator(mixed_precision=recipe.mixed_precision, gradient_accumulation_steps=recipe.grad_accum,
+                      cpu=not torch.cuda.is_available())
+    g = torch.Generator().manual_seed(recipe.seed)
+    loader = torch.utils.data.DataLoader(encoded, batch_size=recipe.batch_size, shuffle=True, generator=g,
+                                         collate_fn=lambda b: _collate(b, tok.pad_token_id or 0))
+    opt = torch.optim.Adam(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
+    steps = recipe.epochs * max(1, len(loader) // recipe.grad_accum)
+    warm = int(recipe.warmup_share * steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    model, opt, loader, sched = acc.prepare(model, opt, loader, sched)
+    curve, t0 = [], time.time()
+    bar = tqdm(total=recipe.epochs * len(loader), desc=f"fine-tune {agent}", disable=not progress)
+    for epoch in range(recipe.epochs):
+        model.train()
+        losses = []
+        for batch in loader:
+            with acc.accumulate(model):
+                loss = model(**batch).loss
+                acc.backward(loss)
+                if acc.sync_gradients:
+                    acc.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
+                sched.step()
+                opt.zero_grad(set_to_none=True)
+            losses.append(float(loss.detach()))
+            bar.update(1)
+        curve.append({"epoch": epoch + 1, "loss": float(np.mean(losses)), "seconds": time.time() - t0})
+    bar.close()
+    record = {"agent": agent, "key": key, "base": recipe.base, "base_digest": base_digest, "recipe": asdict(recipe),
+              "n_train": len(train), "curve": curve, "train_s": time.time() - t0}
+    if acc.is_main_process:
+        from lib.memeworld_vlm import _save       # save_pretrained beside, then files swapped in
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _save(acc.unwrap_model(model), proc, out_dir)
+        write_json(rec_path, record)
+    acc.wait_for_everyone()
+    return {**record, "cached": False}
+
+
+def _leading_space(proc) -> bool:
+    """memeworld-vlm's template ends the generation prompt with 'ASSISTANT:'; its captions were
+    trained as ' <caption>'. Other templates end in a newline or a role token: no space."""
+    tpl = getattr(proc, "chat_template", None) or getattr(getattr(proc, "tokenizer", proc), "chat_template", None)
+    return bool(tpl) and "ASSISTANT:{% endif %}" in tpl
+
+
+# ----------------------------------------------------------------------------- inference
+def agent_chat(agent_dir: str | Path, cache, batch_size: int = 32, device: str | None = None):
+    """A trained agent behind the response cache (its identity includes the weights' digest)."""
+    from lib.chat import Chat, HFChatBackend
+    d = Path(agent_dir)
+    backend = HFChatBackend(str(d), identity={**folder_identity(d), "model": f"agent:{d.name}"}, device=device)
+    return Chat(backend, cache, name=d.name, batch_size=batch_size)
+
+
+def run_agent(chat, template: str, items: Sequence[tuple[Any, dict[str, str]]], max_new_tokens: int = 100,
+              temperature: float = 0.0, desc: str | None = None, progress: bool = True) -> list[Any]:
+    """Agent answers for (image path, template inputs) pairs, through the response cache.
+    The paper's temperature 0.001 is greedy decoding for a local model (0.0 here)."""
+    from lib.chat import GenParams, image, text, user
+    convs = [[user(image(str(p)), text(render_prompt(template, inp)))] for p, inp in items]
+    return chat.generate_many(convs, GenParams(temperature=temperature, max_new_tokens=max_new_tokens),
+                              desc=desc, progress=progress)
+
+
+def nearest_train_baseline(test: Sequence[AgentExample], train: Sequence[AgentExample], emb: dict[str, np.ndarray]
+                           ) -> list[str]:
+    """The retrieval baseline: each test meme gets the target of the training meme whose image
+    embedding is nearest (exact cosine; ties to the earlier training example)."""
+    ids = [e.id for e in train]
+    missing = [i for i in ids + [e.id for e in test] if i not in emb]
+    if missing:
+        raise KeyError(f"no image embedding for memes {missing[:5]} (embed every agent meme first)")
+    T = np.stack([emb[i] for i in ids])
+    Q = np.stack([emb[e.id] for e in test])
+    nn = np.argmax(Q @ T.T, axis=1)          # argmax returns the first maximum: stable ties
+    return [train[j].target for j in nn]
+
+
+@dataclass
+class Table3Row:
+    agent: str
+    data: str
+    n: int
+    rouge_l: float
+    semsim: float
+    bertscore_f1: float
+    baseline_rouge_l: float
+    baseline_semsim: float
+    baseline_bertscore_f1: float
+    examples: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def learned(self) -> bool:
+        return self.rouge_l > self.baseline_rouge_l and self.semsim > self.baseline_semsim
