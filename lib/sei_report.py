@@ -1,0 +1,372 @@
+"""Notebook 04's steps, tables and figures (See, Explain, Intervene).
+
+    pool, queries = load_memes(profile, "fhm", ...)
+    agents = train_agents(profile, recipe, data, ...)          # four fine-tuned agents (cached)
+    table3 = agent_table(agents, data, emb, ...)                # held-out scores beside the baseline
+    silver = write_silver(...)                                  # captions, explanations, interventions
+    preds, cost = run_setting(...)                              # lib.sei, one per setting
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from lib.agents import AGENTS, AgentExample, AgentRecipe, agent_chat, norm_id, run_agent, train_agent
+from lib.artifacts import write_json, write_text
+from lib.sei import Meme, Prediction, subgroup
+
+#: The paper's Table 3 (agents on held-out splits) and Table 2 rows (SigLIP retrieval), for the
+#: paper-profile rows. acc/mF1 in %, texts in [0, 1]; keys (model, n).
+PAPER_TABLE3 = {"captioner": ("MemeCap", 559, 0.3571, 0.6673, 0.9042), "explainer": ("HatReD", 246, 0.3777, 0.6326, 0.9079),
+                "commonsense": ("MemeSense", 134, 0.2501, 0.7212, 0.8999),
+                "intervention": ("MemeSense", 134, 0.3438, 0.7857, 0.9114)}
+PAPER_TABLE2_FHM = {("gpt-4o", 2): (79.35, 79.34, .221, .648, .886, .144, .465, .871, 400),
+                    ("gpt-4o", 4): (79.45, 79.44, .233, .674, .89, .155, .491, .875, 401),
+                    ("gpt-4o", 8): (80.26, 80.25, .242, .679, .891, .195, .563, .883, 409),
+                    ("internvl3.5-8b", 2): (71.41, 71.41, .209, .599, .88, .215, .58, .888, 341),
+                    ("internvl3.5-8b", 4): (73.55, 73.43, .215, .625, .883, .263, .701, .901, 324),
+                    ("internvl3.5-8b", 8): (71.41, 70.33, .227, .635, .887, .29, .777, .907, 252),
+                    ("pixtral-12b", 2): (69.79, 69.78, .197, .56, .88, .213, .611, .887, 338),
+                    ("pixtral-12b", 4): (70.3, 70.26, .211, .606, .884, .249, .699, .897, 329),
+                    ("pixtral-12b", 8): (72.53, 72.45, .224, .635, .887, .272, .774, .903, 330)}
+PAPER_TABLE2_MAMI = {("gpt-4o", 2): (88.25, 88.23, .224, .615, .886, .139, .508, .869, 438),
+                     ("gpt-4o", 4): (88.78, 88.75, .231, .641, .888, .172, .565, .877, 444),
+                     ("gpt-4o", 8): (89.1, 89.07, .238, .654, .891, .239, .693, .894, 446),
+                     ("internvl3.5-8b", 2): (71.96, 71.69, .207, .581, .885, .332, .792, .915, 386),
+                     ("internvl3.5-8b", 4): (74.39, 74.24, .186, .569, .882, .373, .83, .918, 388),
+                     ("internvl3.5-8b", 8): (75.34, 75.25, .163, .557, .879, .395, .843, .919, 385),
+                     ("pixtral-12b", 2): (67.94, 65.88, .191, .513, .882, .326, .802, .912, 437),
+                     ("pixtral-12b", 4): (73.65, 72.89, .19, .536, .881, .358, .833, .918, 427),
+                     ("pixtral-12b", 8): (75.42, 74.99, .17, .55, .879, .391, .849, .921, 418)}
+PAPER_COLUMNS = ("acc", "macro_f1", "expl_rouge_l", "expl_semsim", "expl_bertscore_f1", "int_rouge_l", "int_semsim",
+                 "int_bertscore_f1", "support")
+
+
+def paper_row(model_preset: str, dataset: str, n: int) -> dict[str, float] | None:
+    """The paper's Table 2 numbers (SigLIP retrieval) for a model preset, dataset and n."""
+    key = next((k for k in ("gpt-4o", "internvl3.5-8b", "pixtral-12b") if k in model_preset), None)
+    table = {"fhm": PAPER_TABLE2_FHM, "mami": PAPER_TABLE2_MAMI}.get(dataset)
+    if key is None or table is None or (key, n) not in table:
+        return None
+    v = table[(key, n)]
+    return {c: (x / 100 if c in ("acc", "macro_f1") else x) for c, x in zip(PAPER_COLUMNS, v)}
+
+
+# ----------------------------------------------------------------------------- data
+def memeworld_types(root: str | Path) -> dict[str, str]:
+    """MemeWorld's SMI interaction type per meme id (empty for real data)."""
+    p = Path(root) / "memeworld.jsonl"
+    if not p.exists():
+        return {}
+    out = {}
+    for line in p.read_text(encoding="utf-8").splitlines():
+        r = json.loads(line)
+        out[norm_id(r["id"])] = r["type"]
+    return out
+
+
+def to_memes(records: Sequence[Any], types: dict[str, str] | None = None) -> list[Meme]:
+    types = types or {}
+    return [Meme(norm_id(r.id), Path(r.img_path), r.text or "", r.label, split=r.split, type=types.get(norm_id(r.id)))
+            for r in records]
+
+
+# ----------------------------------------------------------------------------- agents
+def train_agents(out_root: Path, recipe: AgentRecipe, data: dict[str, list[AgentExample]], templates: dict[str, str],
+                 per_agent: dict[str, dict[str, Any]] | None = None, progress: bool = True) -> dict[str, dict[str, Any]]:
+    """Fine-tune every agent (cached on its inputs); per_agent overrides recipe fields per agent."""
+    from dataclasses import replace
+    out = {}
+    for a in AGENTS:
+        r = replace(recipe, **(per_agent or {}).get(a, {}))
+        rec = train_agent(data[a], Path(out_root) / a, r, templates[a], progress=progress)
+        out[a] = {**rec, "dir": str(Path(out_root) / a)}
+    return out
+
+
+def evaluate_agents(agents: dict[str, dict[str, Any]], data: dict[str, list[AgentExample]], templates: dict[str, str],
+                    emb: dict[str, np.ndarray], cache, eval_n: int = 0, max_new_tokens: int = 100, seed: int = 0,
+                    intervention_input: str = "generated", semsim_model: str = "minilm", bertscore=None,
+                    batch_size: int = 32, progress: bool = True) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+    """Table 3: each agent on its held-out examples (a seeded subset of eval_n), beside the
+    nearest-training-meme baseline. The intervention agent reads the commonsense agent's output
+    (`generated`, as deployed) or the gold commonsense (`gold`)."""
+    import random
+    from lib.agents import nearest_train_baseline
+    from lib.textmetrics import score_texts
+    rows, outputs = [], {}
+    rng = random.Random(seed)
+    chats = {a: agent_chat(agents[a]["dir"], cache, batch_size=batch_size) for a in AGENTS}
+    held = {}
+    for a in AGENTS:
+        test = [e for e in data[a] if e.split == "test"]
+        if eval_n and len(test) > eval_n:
+            test = sorted(rng.sample(test, eval_n), key=lambda e: e.id)
+        held[a] = test
+    # the intervention agent is evaluated on the commonsense agent's memes: generate commonsense first
+    for a in AGENTS:
+        test = held[a]
+        items = [(e.img_path, e.inputs) for e in test]
+        if a == "intervention" and intervention_input == "generated":
+            cs = dict(zip([e.id for e in held["commonsense"]], outputs.get("commonsense", [])))
+            missing = [e for e in test if e.id not in cs]
+            if missing:
+                extra = run_agent(chats["commonsense"], templates["commonsense"],
+                                  [(e.img_path, {"ocr": e.inputs["ocr"]}) for e in missing], max_new_tokens,
+                                  progress=progress)
+                cs.update({e.id: r.text for e, r in zip(missing, extra)})
+            items = [(e.img_path, {**e.inputs, "commonsense": cs[e.id]}) for e in test]
+        res = run_agent(chats[a], templates[a], items, max_new_tokens, desc=a, progress=progress)
+        preds = [r.text for r in res]
+        outputs[a] = preds
+        train = [e for e in data[a] if e.split == "train"]
+        base = nearest_train_baseline(test, train, emb)
+        refs = [e.references for e in test]
+        s = score_texts(preds, refs, semsim_model, bertscore)
+        b = score_texts(base, refs, semsim_model, bertscore)
+        rows.append({"agent": a, "n": len(test), "rouge_l": s["rouge_l"], "semsim": s["semsim"],
+                     "bertscore_f1": s["bertscore_f1"], "baseline_rouge_l": b["rouge_l"],
+                     "baseline_semsim": b["semsim"], "baseline_bertscore_f1": b["bertscore_f1"],
+                     "n_failed": sum(r.status != "ok" for r in res),
+                     "learned": bool(s["rouge_l"] > b["rouge_l"] and s["semsim"] > b["semsim"]),
+                     "examples": [{"id": e.id, "gold": e.target, "agent": p, "nearest_train": q}
+                                  for e, p, q in list(zip(test, preds, base))[:3]]})
+    return rows, outputs
+
+
+def table3_frame(rows: Sequence[dict[str, Any]], profile: str, bertscore_label: str = "BERTScore-F1"):
+    import pandas as pd
+    df = pd.DataFrame([{k: v for k, v in r.items() if k != "examples"} for r in rows]).set_index("agent")
+    if profile == "paper":
+        for a, (data, n, rl, ss, bs) in PAPER_TABLE3.items():
+            if a in df.index:
+                df.loc[a, ["paper_data", "paper_n", "paper_rouge_l", "paper_semsim", "paper_bertscore_f1"]] = \
+                    [data, n, rl, ss, bs]
+    return df.rename(columns={"bertscore_f1": bertscore_label, "baseline_bertscore_f1": f"baseline {bertscore_label}"})
+
+
+# ----------------------------------------------------------------------------- silver data
+def make_silver(pool: Sequence[Meme], needs: tuple[set[int], set[tuple[int, int]], set[int]],
+                agents: dict[str, dict[str, Any]], templates: dict[str, str], cache, max_new_tokens: int = 100,
+                batch_size: int = 32, progress: bool = True) -> dict[str, Any]:
+    """Agent outputs for the exemplars a run needs: captions, label-aware explanations, and for the
+    memes shown as hateful a commonsense text, then an intervention from it."""
+    from lib.agents import LABEL_WORDS
+    caps, expl, iv = needs
+    caps, expl, iv = sorted(caps), sorted(expl), sorted(iv)
+    chats = {a: agent_chat(agents[a]["dir"], cache, batch_size=batch_size) for a in AGENTS}
+    c = run_agent(chats["captioner"], templates["captioner"], [(pool[j].img_path, {"ocr": pool[j].ocr}) for j in caps],
+                  max_new_tokens, desc="silver captions", progress=progress)
+    e = run_agent(chats["explainer"], templates["explainer"],
+                  [(pool[j].img_path, {"ocr": pool[j].ocr, "label": LABEL_WORDS[lab]}) for j, lab in expl],
+                  max_new_tokens, desc="silver explanations", progress=progress)
+    cs = run_agent(chats["commonsense"], templates["commonsense"],
+                   [(pool[j].img_path, {"ocr": pool[j].ocr}) for j in iv], max_new_tokens, desc="silver commonsense",
+                   progress=progress)
+    i = run_agent(chats["intervention"], templates["intervention"],
+                  [(pool[j].img_path, {"ocr": pool[j].ocr, "commonsense": r.text}) for j, r in zip(iv, cs)],
+                  max_new_tokens, desc="silver interventions", progress=progress)
+    bad = [r for r in c + e + cs + i if r.status != "ok"]
+    if bad:
+        raise RuntimeError(f"{len(bad)} agent calls failed while writing silver data (first: {bad[0].error})")
+    return {"captions": {j: r.text for j, r in zip(caps, c)}, "explanations": {k: r.text for k, r in zip(expl, e)},
+            "commonsense": {j: r.text for j, r in zip(iv, cs)}, "interventions": {j: r.text for j, r in zip(iv, i)}}
+
+
+def caption_queries(queries: Sequence[Meme], agents: dict[str, dict[str, Any]], templates: dict[str, str], cache,
+                    max_new_tokens: int = 100, batch_size: int = 32, progress: bool = True) -> list[str]:
+    """The captioning agent's caption of each test meme (the paper's test-caption source)."""
+    chat = agent_chat(agents["captioner"]["dir"], cache, batch_size=batch_size)
+    res = run_agent(chat, templates["captioner"], [(q.img_path, {"ocr": q.ocr}) for q in queries], max_new_tokens,
+                    desc="test captions", progress=progress)
+    bad = [r for r in res if r.status != "ok"]
+    if bad:
+        raise RuntimeError(f"{len(bad)} test captions failed (first: {bad[0].error})")
+    return [r.text for r in res]
+
+
+def gold_exemplar_texts(pool: Sequence[Meme], silver: dict[str, Any], data: dict[str, list[AgentExample]]
+                        ) -> tuple[dict[str, Any], int]:
+    """`exemplar_texts: gold`: the dataset's own caption, explanation (for the gold label only) and
+    intervention replace the agents' where they exist; returns the new texts and how many changed."""
+    by = {a: {e.id: e for e in v} for a, v in data.items()}
+    out = {k: dict(v) for k, v in silver.items()}
+    n = 0
+    for j in list(out["captions"]):
+        e = by["captioner"].get(pool[j].id)
+        if e:
+            out["captions"][j] = e.target
+            n += 1
+    for (j, lab) in list(out["explanations"]):
+        e = by["explainer"].get(pool[j].id)
+        if e and lab == pool[j].label:
+            out["explanations"][(j, lab)] = e.target
+            n += 1
+    for j in list(out["interventions"]):
+        e = by["intervention"].get(pool[j].id)
+        if e:
+            out["interventions"][j] = e.target
+            n += 1
+    return out, n
+
+
+def gold_refs(records: Sequence[Any], kind: str, ids: set[str] | None) -> dict[str, list[str]]:
+    """Gold explanations (HatReD-style records: every reasoning) or interventions (MemeSense) by
+    meme id, restricted to `ids` when given."""
+    out: dict[str, list[str]] = {}
+    for r in records:
+        i = norm_id(r.id)
+        if ids is not None and i not in ids:
+            continue
+        texts = list(getattr(r, "reasonings", None) or []) if kind == "explanation" else \
+            [getattr(r, "intervention", "")]
+        texts = [t for t in texts if t]
+        if texts:
+            out.setdefault(i, []).extend(texts)
+    return out
+
+
+def coherence_frame(preds: Sequence[Prediction], semsim_model: str = "minilm"):
+    """Semantic similarity between each meme's explanation and its own intervention (cp, wp)."""
+    import pandas as pd
+    from lib.textmetrics import pair_semsim
+    both = [p for p in preds if p.explanation and p.intervention and subgroup(p.gold, p.label) in ("cp", "wp")]
+    sims = pair_semsim([p.explanation for p in both], [p.intervention for p in both], semsim_model)
+    return pd.DataFrame({"id": [p.id for p in both], "setting": [p.setting for p in both],
+                         "subgroup": [subgroup(p.gold, p.label) for p in both], "coherence": sims})
+
+
+def silver_records(pool: Sequence[Meme], silver: dict[str, Any]) -> list[dict[str, Any]]:
+    """The silver data as one JSON record per exemplar meme (what silver_<dataset>.jsonl holds)."""
+    out = []
+    for j in sorted(silver["captions"]):
+        m = pool[j]
+        out.append({"id": m.id, "label": m.label, "caption": silver["captions"][j],
+                    "explanation": {("hateful" if lab else "non-hateful"): t
+                                    for (jj, lab), t in silver["explanations"].items() if jj == j},
+                    "commonsense": silver["commonsense"].get(j), "intervention": silver["interventions"].get(j)})
+    return out
+
+
+def write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
+    return write_text(path, "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows))
+
+
+# ----------------------------------------------------------------------------- tables and figures
+def results_frame(results: dict[str, dict[str, Any]]):
+    """One row per setting: classification, statuses, support, E/I scores, cost."""
+    import pandas as pd
+    rows = []
+    for name, r in results.items():
+        rows.append({"setting": name, **{k: v for k, v in r.items() if not isinstance(v, (list, dict))}})
+    return pd.DataFrame(rows).set_index("setting")
+
+
+def analysis_frame(preds: Sequence[Prediction]):
+    """One row per generated text with its subgroup and lexical measures (§7)."""
+    import pandas as pd
+    from lib.textmetrics import token_count, type_token_ratio, unigram_perplexity, vader_label
+    rows = []
+    for p in preds:
+        g = subgroup(p.gold, p.label)
+        if g is None:
+            continue
+        for kind, t in (("explanation", p.explanation), ("intervention", p.intervention)):
+            if not t:
+                continue
+            rows.append({"id": p.id, "setting": p.setting, "subgroup": g, "kind": kind, "text": t,
+                         "tokens": token_count(t), "ttr": type_token_ratio(t), "ppl": unigram_perplexity(t),
+                         "sentiment": vader_label(t)})
+    return pd.DataFrame(rows)
+
+
+def ci_frame(df, measures=("tokens", "ttr", "ppl"), n_resamples: int = 1000, method: str = "BCa", seed: int = 0):
+    """Mean and bootstrap CI per (kind, subgroup, measure), with n and the CI method used."""
+    import pandas as pd
+    from lib.textmetrics import bootstrap_ci
+    rows = []
+    for (kind, g), sub in df.groupby(["kind", "subgroup"]):
+        for m in measures:
+            mean, lo, hi, used = bootstrap_ci(sub[m].tolist(), n_resamples, method, seed)
+            rows.append({"kind": kind, "subgroup": g, "measure": m, "n": len(sub), "mean": mean, "low": lo,
+                         "high": hi, "ci": used})
+    return pd.DataFrame(rows)
+
+
+def plot_lexical(ci, title: str = ""):
+    """Figure 3 analogue: mean with 95% CI per subgroup, explanations and interventions."""
+    import matplotlib.pyplot as plt
+    measures = ["tokens", "ttr", "ppl"]
+    names = {"tokens": "token count", "ttr": "type-token ratio", "ppl": "unigram perplexity"}
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    order = ["cp", "cn", "wp", "wn"]
+    for ax, m in zip(axes, measures):
+        for k, (kind, mk) in enumerate((("explanation", "o"), ("intervention", "s"))):
+            sub = ci[(ci.measure == m) & (ci.kind == kind)].set_index("subgroup").reindex(order)
+            x = np.arange(len(order)) + (k - 0.5) * 0.2
+            y = sub["mean"].to_numpy(dtype=float)
+            err = np.vstack([y - sub["low"].to_numpy(dtype=float), sub["high"].to_numpy(dtype=float) - y])
+            ax.errorbar(x, y, yerr=np.nan_to_num(err), fmt=mk, capsize=3, label=kind)
+        ax.set_xticks(range(len(order)), order)
+        ax.set_title(names[m], fontsize=10)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_sentiment(df, title: str = ""):
+    """Figure 5 analogue: share of VADER classes per subgroup and text kind."""
+    import matplotlib.pyplot as plt
+    groups = [("cp", "explanation"), ("cn", "explanation"), ("wp", "explanation"), ("wn", "explanation"),
+              ("cp", "intervention"), ("wp", "intervention")]
+    fig, ax = plt.subplots(figsize=(7, 3))
+    colours = {"positive": "#4dac26", "neutral": "#bababa", "negative": "#d01c8b"}
+    bottom = np.zeros(len(groups))
+    for cls in ("negative", "neutral", "positive"):
+        vals = []
+        for g, kind in groups:
+            sub = df[(df.subgroup == g) & (df.kind == kind)]
+            vals.append(100 * float((sub.sentiment == cls).mean()) if len(sub) else 0.0)
+        ax.bar(range(len(groups)), vals, bottom=bottom, color=colours[cls], label=cls)
+        bottom += np.array(vals)
+    ns = [len(df[(df.subgroup == g) & (df.kind == k)]) for g, k in groups]
+    ax.set_xticks(range(len(groups)), [f"{g}-{k[:2]}\n(n={n})" for (g, k), n in zip(groups, ns)], fontsize=8)
+    ax.set_ylabel("% of texts")
+    ax.legend(fontsize=7, loc="upper right")
+    ax.set_title(title, fontsize=10)
+    return fig
+
+
+def plot_controls(results: dict[str, dict[str, Any]], chance: float, knn: float | None = None, title: str = ""):
+    """Accuracy per setting with the majority-class line and the exemplars' own vote."""
+    import matplotlib.pyplot as plt
+    names = list(results)
+    acc = [results[n]["acc"] for n in names]
+    fig, ax = plt.subplots(figsize=(max(5, 0.7 * len(names) + 2), 3.2))
+    ax.bar(range(len(names)), acc, color=["#4c72b0" if "/" in n else "#dd8452" for n in names])
+    ax.axhline(chance, ls="--", color="k", lw=1, label=f"majority class ({chance:.2f})")
+    if knn is not None:
+        ax.axhline(knn, ls=":", color="#55a868", lw=1.5, label=f"exemplars' majority label, no model ({knn:.2f})")
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("accuracy")
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title(title, fontsize=10)
+    return fig
+
+
+def exemplar_label_following(preds: Sequence[Prediction]) -> dict[str, float]:
+    """How often the predicted label equals the majority label shown in the prompt's exemplars
+    (and the last exemplar's label), over answers with a label and at least one exemplar."""
+    both = [p for p in preds if p.label in (0, 1) and p.shown_labels]
+    if not both:
+        return {"follows_majority": float("nan"), "follows_last": float("nan"), "n": 0}
+    maj = [Counter(p.shown_labels).most_common(1)[0][0] for p in both]
+    return {"follows_majority": float(np.mean([p.label == m for p, m in zip(both, maj)])),
+            "follows_last": float(np.mean([p.label == p.shown_labels[-1] for p in both])), "n": len(both)}
