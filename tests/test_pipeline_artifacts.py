@@ -182,3 +182,36 @@ def test_debate_notebook_outputs():
     assert (out / "report_arcade.txt").read_text().startswith("Report: [ARCADE]")
     for name in ("debate_accuracy", "debate_cost"):
         assert (ARTIFACTS_ROOT.parent / "figures" / "embedded" / f"{name}.png").exists()
+
+
+def test_few_shot_notebook_outputs():
+    """Notebook 04: the metrics the evaluation reads, predictions that reproduce them, exemplar
+    ids that are the exact top-n of the saved embeddings, agents scored beside their baseline."""
+    import numpy as np
+    from lib import sei
+    m = _metrics("04_few_shot")
+    for k in ("acc", "macro_f1", "acc_zero_shot", "acc_random_exemplars", "acc_shuffled_labels", "acc_knn_vote",
+              "retrieval_label_agreement", "retrieval_label_base_rate", "n_eval", "n_unparseable", "rerun_calls"):
+        assert k in m, k
+    for a in ("captioner", "explainer", "commonsense", "intervention"):
+        for k in ("rouge_l", "semsim", "baseline_rouge_l", "baseline_semsim"):
+            assert f"agent_{a}_{k}" in m
+        assert (EMB / "04_few_shot" / "agents" / a / "config.json").exists()
+    assert m["rerun_calls"] == 0
+    out = EMB / "04_few_shot"
+    rows = [json.loads(l) for l in (out / "predictions_fhm.jsonl").read_text().splitlines()]
+    main = [r for r in rows if r["setting"] == "memeworld-clip/4"]
+    assert len(main) == m["n_eval"]
+    assert np.mean([r["label"] == r["gold"] for r in main]) == pytest.approx(m["acc"])
+    assert all(r["status"] in sei.STATUSES for r in rows)
+    ex = json.loads((out / "exemplars_fhm_memeworld-clip.json").read_text())
+    z = np.load(out / "embeddings_memeworld-clip.npz")
+    emb = dict(zip(z["ids"].tolist(), z["emb"]))
+    q = next(iter(ex))
+    key = next(k for k in emb if k.split("|")[0] == q)
+    sims = [s for _, s in ex[q]]
+    assert sims == sorted(sims, reverse=True) and len(sims) >= 4
+    assert float(np.dot(emb[key], next(v for k, v in emb.items() if k.split("|")[0] == ex[q][0][0]))) == \
+        pytest.approx(sims[0], abs=1e-5)
+    for name in ("few_shot_agents", "few_shot_accuracy", "few_shot_lexical", "few_shot_sentiment"):
+        assert (ARTIFACTS_ROOT.parent / "figures" / "embedded" / f"{name}.png").exists()
