@@ -215,9 +215,14 @@ def encode_example(proc, img, prompt: str, target: str, max_len: int) -> dict[st
         enc = proc(text=[prompt], images=[img], suffix=[target], return_tensors="pt")
         ids = enc["input_ids"][0].tolist()
         labels = enc["labels"][0].tolist()
-        extra = {k: v[0] for k, v in enc.items() if k not in ("input_ids", "attention_mask", "labels")}
+        extra = {k: v[0] for k, v in enc.items() if k not in ("input_ids", "attention_mask", "labels",
+                                                              "token_type_ids")}
+        if "token_type_ids" in enc:                  # PaliGemma: 0 prefix (bidirectional), 1 suffix (causal)
+            extra["token_type_ids"] = enc["token_type_ids"][0].tolist()
     if len(ids) > max_len:
         ids, labels = ids[:max_len], labels[:max_len]
+        if "token_type_ids" in extra:
+            extra["token_type_ids"] = extra["token_type_ids"][:max_len]
     return {"input_ids": ids, "labels": labels, **extra}
 
 
@@ -233,11 +238,14 @@ def _collate(batch: list[dict[str, Any]], pad_id: int):
         lab[i, :k] = torch.tensor(b["labels"])
         att[i, :k] = 1
     out = {"input_ids": ids, "attention_mask": att, "labels": lab}
+    if "token_type_ids" in batch[0]:                 # per-token, padded like the ids (0 at padding)
+        tt = torch.zeros((len(batch), n), dtype=torch.long)
+        for i, b in enumerate(batch):
+            tt[i, :len(b["token_type_ids"])] = torch.tensor(b["token_type_ids"])
+        out["token_type_ids"] = tt
     for key in batch[0]:
-        if key not in ("input_ids", "labels"):
+        if key not in ("input_ids", "labels", "token_type_ids"):
             out[key] = torch.stack([b[key] for b in batch])
-    if "token_type_ids" in out:
-        out.pop("token_type_ids")
     return out
 
 
@@ -371,3 +379,48 @@ class Table3Row:
     @property
     def learned(self) -> bool:
         return self.rouge_l > self.baseline_rouge_l and self.semsim > self.baseline_semsim
+
+
+# ----------------------------------------------------------------------------- command line
+def main(argv: Sequence[str] | None = None) -> int:
+    """Fine-tune See-Explain-Intervene agents from a profile, on one device or several:
+
+        python -m lib.agents --profile paper --agent explainer
+        accelerate launch --multi_gpu --num_processes 4 -m lib.agents --profile paper
+
+    Reads the profile's `04_few_shot` section (agent_base, agent_recipe, agent_overrides,
+    agent_prompt_dir, seed) and the MemeCap / HatReD / MemeSense / FHM files stage 00 prepared;
+    saves each agent where notebook 04 looks for it (artifacts/<profile>/04_few_shot/agents/<agent>/),
+    so the notebook reuses it. Every process trains on its share of each batch (accelerate)."""
+    import argparse
+    from dataclasses import replace
+    from lib.artifacts import stage_dir
+    from lib.data_prep import load_prepared
+    from lib.params import load_profile
+    ap = argparse.ArgumentParser(prog="python -m lib.agents", description=main.__doc__.split("\n")[0])
+    ap.add_argument("--profile", default="embedded")
+    ap.add_argument("--agent", choices=AGENTS, action="append", help="one agent (repeatable; default: all four)")
+    ap.add_argument("--force", action="store_true", help="train even when a saved agent has the same inputs")
+    ap.add_argument("--no-progress", action="store_true")
+    a = ap.parse_args(argv)
+    p = load_profile(a.profile).get("04_few_shot")
+    if p is None:
+        raise SystemExit(f"params/{a.profile}.yaml has no 04_few_shot section")
+    fhm = next(iter(p["datasets"]))
+    consumer = "python -m lib.agents"
+    recs = {n: load_prepared(a.profile, n, consumer).records for n in ("memecap", "hatred", "memesense", fhm)}
+    data = build_agent_data(recs["memecap"], recs["hatred"], recs["memesense"], recs[fhm])
+    recipe = AgentRecipe(base=p["agent_base"], prompt_dir=p["agent_prompt_dir"], seed=int(p.get("seed", 0)),
+                         **p["agent_recipe"])
+    templates = prompt_templates(p["agent_prompt_dir"])
+    out = stage_dir(a.profile, "04_few_shot") / "agents"
+    for agent in a.agent or AGENTS:
+        r = replace(recipe, **p.get("agent_overrides", {}).get(agent, {}))
+        rec = train_agent(data[agent], out / agent, r, templates[agent], progress=not a.no_progress, force=a.force)
+        print(f"{agent}: {'reused' if rec['cached'] else 'trained'} ({rec['n_train']} examples, "
+              f"final loss {rec['curve'][-1]['loss']:.3f}) -> {out / agent}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

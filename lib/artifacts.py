@@ -48,6 +48,10 @@ ARTIFACTS: dict[str, Artifact] = {
     "trace_captions_multioff": Artifact("01_captioning", "trace_captions_multioff.json", "make reproduce NB=01"),
     "memeworld-clip": Artifact("models", "memeworld-clip", "make reproduce NB=models"),
     "memeworld-vlm": Artifact("models", "memeworld-vlm", "make reproduce NB=models"),
+    "sei_agents": Artifact("04_few_shot", "agents", "make reproduce NB=04"),
+    "sei_results": Artifact("04_few_shot", "results.json", "make reproduce NB=04"),
+    "sei_predictions_fhm": Artifact("04_few_shot", "predictions_fhm.jsonl", "make reproduce NB=04"),
+    "sei_table3": Artifact("04_few_shot", "table3.json", "make reproduce NB=04"),
 }
 
 

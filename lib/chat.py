@@ -943,6 +943,21 @@ class HFChatBackend:
             out.append({"role": m["role"], "content": parts})
         return out
 
+    @property
+    def has_chat_template(self) -> bool:
+        tok = getattr(self.processor, "tokenizer", self.processor)
+        return bool(getattr(self.processor, "chat_template", None) or getattr(tok, "chat_template", None))
+
+    def _prefix_prompt(self, messages) -> tuple[str, list[Any]]:
+        """A model without a chat template (PaliGemma-pt): one user turn, its text as the prefix and
+        its images to the processor, which inserts the image tokens itself."""
+        if len(messages) != 1 or messages[0]["role"] != "user":
+            raise ValueError(f"{self.model_id} has no chat template: it takes a single user turn (image + prefix "
+                             f"text), got roles {[m['role'] for m in messages]}")
+        parts = messages[0]["content"]
+        return ("".join(p["text"] for p in parts if p["type"] == "text"),
+                [p["image"] for p in parts if p["type"] == "image"])
+
     def complete_batch(self, conversations: Sequence[Sequence[dict[str, Any]]], params: GenParams) -> list[ChatResult]:
         """Several conversations in one left-padded generate call (greedy or seeded sampling)."""
         import torch
@@ -954,10 +969,14 @@ class HFChatBackend:
             if self.task == "causal-lm":
                 inputs = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True,
                                                  return_tensors="pt", padding=True)
-            else:
+            elif self.has_chat_template:
                 inputs = self.processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
                                                             return_dict=True, return_tensors="pt",
                                                             processor_kwargs={"padding": True})
+            else:
+                texts, ims = zip(*(self._prefix_prompt(m) for m in msgs))
+                inputs = self.processor(text=list(texts), images=[i[0] if len(i) == 1 else list(i) for i in ims],
+                                        padding=True, return_tensors="pt")
         finally:
             tok.padding_side = side
         dtype = next(self.model.parameters()).dtype

@@ -370,3 +370,30 @@ def exemplar_label_following(preds: Sequence[Prediction]) -> dict[str, float]:
     maj = [Counter(p.shown_labels).most_common(1)[0][0] for p in both]
     return {"follows_majority": float(np.mean([p.label == m for p, m in zip(both, maj)])),
             "follows_last": float(np.mean([p.label == p.shown_labels[-1] for p in both])), "n": len(both)}
+
+
+def table2_frame(all_preds_keys: Sequence[tuple[str, str, str]], results: dict[str, dict[str, Any]], key_fn,
+                 profile: str):
+    """The paper's Table 2 / 4 layout: one row per (model, retriever, n) of the retrieved grid, one
+    column group per dataset (acc, macro-F1, explanation and intervention scores, support), and in
+    the paper profile the paper's SigLIP numbers beside each row it has."""
+    import pandas as pd
+    cols = ("acc", "macro_f1", "expl_rouge_l", "expl_semsim", "expl_bertscore_f1", "int_rouge_l", "int_semsim",
+            "int_bertscore_f1", "support")
+    rows: dict[tuple[str, str, int], dict[tuple[str, str], Any]] = {}
+    for model, ds, name in all_preds_keys:
+        r, _, n = name.partition("/")
+        if not n.isdigit():
+            continue
+        res = results[key_fn(model, ds, name)]
+        row = rows.setdefault((model, r, int(n)), {})
+        for c in cols:
+            row[(ds, c)] = res.get(c)
+        p = paper_row(model, ds, int(n)) if profile == "paper" and "siglip" in r else None
+        for c in cols if p else ():
+            row[(ds, f"paper {c}")] = p[c]
+    df = pd.DataFrame.from_dict(rows, orient="index")
+    if len(df):
+        df.index.names = ["model", "retriever", "n"]
+        df.columns = pd.MultiIndex.from_tuples(df.columns)
+    return df

@@ -355,3 +355,96 @@ def test_agent_trains_on_the_answer_only_is_cached_and_answers_through_the_chat_
     train = [e for e in data["explainer"] if e.split == "train"]
     emb = {e.id: np.eye(12, dtype=np.float32)[int(e.id) % 8] for e in data["explainer"]}
     assert nearest_train_baseline(test, train, emb) == ["because 1", "because 2", "because 3"]
+
+
+@pytest.fixture(scope="module")
+def tiny_paligemma(tmp_path_factory):
+    """A randomly initialised PaliGemma (the paper's agent architecture, no chat template)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import (GemmaTokenizerFast, PaliGemmaConfig, PaliGemmaForConditionalGeneration,
+                              PaliGemmaProcessor, SiglipImageProcessor)
+    tk = Tokenizer(models.BPE(unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.train_from_iterator(["the meme is hateful", "explain why", "it calls them vermin", "text"] * 10,
+                           trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"],
+                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                               show_progress=False))
+    tok = GemmaTokenizerFast(tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                             unk_token="<unk>")
+    ip = SiglipImageProcessor(size={"height": 32, "width": 32})
+    ip.image_seq_length = 16
+    proc = PaliGemmaProcessor(image_processor=ip, tokenizer=tok)
+    tok = proc.tokenizer
+    cfg = PaliGemmaConfig(vision_config={"model_type": "siglip_vision_model", "hidden_size": 32,
+                                         "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                         "image_size": 32, "patch_size": 8},
+                          text_config={"model_type": "gemma", "vocab_size": len(tok), "hidden_size": 32,
+                                       "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                       "num_key_value_heads": 1, "head_dim": 16, "pad_token_id": tok.pad_token_id,
+                                       "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id},
+                          projection_dim=32, image_token_index=tok.convert_tokens_to_ids("<image>"))
+    torch.manual_seed(0)
+    model = PaliGemmaForConditionalGeneration(cfg)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    out = tmp_path_factory.mktemp("paligemma") / "pg"
+    model.save_pretrained(out)
+    proc.save_pretrained(out)
+    return out
+
+
+def test_prefix_models_train_and_answer_without_a_chat_template(tiny_paligemma, tmp_path):
+    """PaliGemma-pt (the paper's agents): prefix + suffix encoding for training, the prefix alone at
+    inference, through the same trainer and chat layer as chat-template models."""
+    from PIL import Image
+    from lib.agents import AgentRecipe, _load_base, agent_chat, build_agent_data, encode_example, run_agent, train_agent
+    from lib.chat import ResponseCache
+    _, proc, _ = _load_base(str(tiny_paligemma), "float32")
+    assert not getattr(proc, "chat_template", None)
+    enc = encode_example(proc, Image.new("RGB", (32, 32)), "explain why", "it calls them vermin", 256)
+    ans = [t for t, l in zip(enc["input_ids"], enc["labels"]) if l != -100]
+    tok = proc.tokenizer
+    assert ans == tok("it calls them vermin", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert enc["labels"][:16] == [-100] * 16                       # image and prefix tokens carry no loss
+    memes, cap, hat, sense = _records(tmp_path)
+    data = build_agent_data(cap, hat, sense, memes)
+    rec = train_agent(data["explainer"], tmp_path / "pg_agent", AgentRecipe(base=str(tiny_paligemma), epochs=1,
+                                                                            lr=1e-3, batch_size=4, threads=1),
+                      "explain why {label} {ocr}", progress=False)
+    assert rec["n_train"] == 9 and np.isfinite(rec["curve"][0]["loss"])
+    chat = agent_chat(tmp_path / "pg_agent", ResponseCache(tmp_path / "c.sqlite"))
+    test = [e for e in data["explainer"] if e.split == "test"]
+    res = run_agent(chat, "explain why {label} {ocr}", [(e.img_path, e.inputs) for e in test], 5, progress=False)
+    assert [r.status for r in res] == ["ok"] * 3 and all(r.usage["completion_tokens"] <= 5 for r in res)
+    with pytest.raises(ValueError, match="single user turn"):
+        chat.backend.complete_batch([[{"role": "system", "content": [{"type": "text", "text": "x"}]},
+                                      {"role": "user", "content": [{"type": "text", "text": "y"}]}]],
+                                    __import__("lib.chat", fromlist=["GenParams"]).GenParams(max_new_tokens=2))
+
+
+def test_mami_records_join_the_same_memes(memeworld_small):
+    """MemeWorld's MAMI copy names memes by file ('01234.png'): they join FHM's ids."""
+    from lib.data_prep import load_all
+    from lib.datasets import memeworld_sources
+    from lib.sei_report import to_memes
+    out, _ = memeworld_small
+    ds = load_all({k: v for k, v in memeworld_sources(out).items() if k in ("fhm", "mami")})
+    fhm = {m.id: m for m in to_memes(ds["fhm"].records)}
+    mami = to_memes(ds["mami"].records)
+    assert mami and all(m.id in fhm and fhm[m.id].label == m.label for m in mami)
+
+
+def test_table2_layout_and_paper_rows():
+    from lib.sei_report import paper_row, table2_frame
+    keys = [("vllm-internvl3.5-8b", "fhm", "siglip-so400m/4"), ("vllm-internvl3.5-8b", "mami", "siglip-so400m/4"),
+            ("vllm-internvl3.5-8b", "fhm", "zero_shot")]
+    key = lambda m, d, n: f"{m} · {d} · {n}"
+    results = {key(*k): {"acc": 0.7 + i / 10, "macro_f1": 0.6, "support": 3} for i, k in enumerate(keys)}
+    t = table2_frame(keys, results, key, "paper")
+    assert list(t.index) == [("vllm-internvl3.5-8b", "siglip-so400m", 4)]       # controls are not grid rows
+    assert t.loc[("vllm-internvl3.5-8b", "siglip-so400m", 4), ("mami", "acc")] == pytest.approx(0.8)
+    assert t.loc[("vllm-internvl3.5-8b", "siglip-so400m", 4), ("fhm", "paper acc")] == pytest.approx(0.7355)
+    assert paper_row("gpt-4o", "mami", 8)["support"] == 446 and paper_row("smollm2", "fhm", 4) is None
+    assert ("fhm", "paper acc") not in table2_frame(keys, results, key, "embedded").columns
