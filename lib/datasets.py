@@ -11,13 +11,31 @@ input with a `DataError` naming the file, the record and the field. Missing imag
 are an error when `strict=True`; with `strict=False` the record is skipped and listed in
 `Dataset.report` (nothing is dropped silently).
 
+Bad-input policy (every loader, through the helpers below):
+- text files are UTF-8 (a leading BOM is accepted); any other byte is an error naming the file
+  and the byte offset;
+- CSV is read strictly: a stray quote, a row with too few or too many fields, or a field that
+  spans lines (an unbalanced quote swallowing the rest of the file) is an error naming the file
+  and line; long fields load;
+- JSON objects may not repeat a key; a top level or record of the wrong shape, an id that is
+  not an integer or a non-empty string, a flag that is not a boolean, a score that is not a
+  finite number, a list holding the wrong item type: each an error naming the field;
+- an image path must stay inside the dataset's image folder (no `..` escape, no absolute path)
+  unless the loader is called with `allow_outside_images=True`;
+- `check_images` is one of none / exists / decode (decode really decodes the pixels); a split
+  with no records, `splits` given as a string, and a loader option the loader does not take are
+  errors that say what is valid.
+
 MemeWorld (`lib.memeworld`) writes every one of these formats, so these loaders are
 exercised end to end in the embedded profile.
 """
 from __future__ import annotations
 
 import csv
+import inspect
+import io
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -165,18 +183,46 @@ def register(name: str, family: str, files: tuple[str, ...], source: str):
     return deco
 
 
-def load(name: str, root: Path | str, strict: bool = True, check_images: str = "exists", **kw) -> Dataset:
+CHECK_IMAGES = ("none", "exists", "decode")
+
+
+def loader_options(name: str) -> list[str]:
+    """The options a dataset's loader takes (besides root and the load() switches)."""
+    sig = inspect.signature(REGISTRY[name].loader)
+    return [p for p in sig.parameters if p not in ("root", "ctx")]
+
+
+def load(name: str, root: Path | str, strict: bool = True, check_images: str = "exists",
+         allow_outside_images: bool = False, **kw) -> Dataset:
     """Load dataset `name` from `root`. check_images: "none", "exists" or "decode"."""
     if name not in REGISTRY:
         raise KeyError(f"unknown dataset '{name}'; registered: {', '.join(sorted(REGISTRY))}")
+    if check_images not in CHECK_IMAGES:
+        raise DataError(f"dataset '{name}': check_images is {check_images!r}; valid: {', '.join(CHECK_IMAGES)}")
+    unknown = sorted(set(kw) - set(loader_options(name)))
+    if unknown:
+        raise DataError(f"dataset '{name}': unknown loader option(s) {', '.join(unknown)}; "
+                        f"valid: {', '.join(loader_options(name)) or 'none'}")
     root = Path(root)
     missing = [f for f in REGISTRY[name].files if not (root / f).exists()]
     if missing:
         raise FileNotFoundError(f"dataset '{name}' at {root}: missing {', '.join(missing)} "
                                 f"(get it from: {REGISTRY[name].source})")
-    ctx = _Ctx(strict=strict, check_images=check_images)
+    ctx = _Ctx(strict=strict, check_images=check_images, allow_outside=allow_outside_images)
     records = REGISTRY[name].loader(root, ctx, **kw)
     _check_unique(records, name, root)
+    loaded = {getattr(r, "split", None) for r in records}
+    for split, where in ctx.splits_read:
+        if split not in loaded:
+            msg = f"{where}: split '{split}' has no records"
+            if strict and not ctx.report:
+                raise DataError(msg + " (an empty or truncated file?)")
+            ctx.report.append(msg)
+    if not records and not ctx.splits_read:
+        msg = f"dataset '{name}' at {root}: no records"
+        if strict and not ctx.report:
+            raise DataError(msg)
+        ctx.report.append(msg)
     return Dataset(name, root, records, ctx.report)
 
 
@@ -188,7 +234,27 @@ def missing_files(name: str, root: Path | str) -> list[str]:
 class _Ctx:
     strict: bool
     check_images: str
+    allow_outside: bool = False
     report: list[str] = field(default_factory=list)
+    splits_read: list[tuple[str, str]] = field(default_factory=list)   # (split, file) each loader read
+
+    def read_split(self, split: str, path: Path) -> None:
+        self.splits_read.append((split, str(path)))
+
+    def image(self, base: Path | str, rel: Any, where: str, key: str = "img") -> Path:
+        """The image path `rel` under `base`, refused when it leaves base (`..`, an absolute path)."""
+        if not isinstance(rel, str) or not rel.strip():
+            raise DataError(f"{where}: field '{key}' is {rel!r}, expected a relative image path")
+        base = Path(base)
+        p = base / rel
+        if self.allow_outside:
+            return p
+        b = base.resolve()
+        r = p.resolve()
+        if Path(rel).is_absolute() or not r.is_relative_to(b):
+            raise DataError(f"{where}: field '{key}' {rel!r} points outside the image folder {base} "
+                            f"(load with allow_outside_images=True to permit it)")
+        return p
 
     def image_ok(self, path: Path, where: str) -> bool:
         """Whether the record's image is usable; raise (strict) or report (lenient) if not."""
@@ -201,7 +267,7 @@ class _Ctx:
             try:
                 from PIL import Image
                 with Image.open(path) as im:
-                    im.verify()
+                    im.load()                      # every pixel: a truncated file fails here
             except Exception as e:  # PIL raises many types for broken files
                 problem = f"image {path} cannot be decoded ({type(e).__name__}: {e})"
         if problem is None:
@@ -222,25 +288,110 @@ def _check_unique(records: list, name: str, root: Path) -> None:
         seen[key] = i
 
 
-def _read_json(path: Path) -> Any:
+def _read_text(path: Path) -> str:
+    """UTF-8 (a leading BOM accepted); anything else is an error naming the file and byte offset."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"{path}: file does not exist") from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} "
+                        f"(re-save the file as UTF-8)") from None
+
+
+def _no_duplicate_keys(where: str):
+    def hook(pairs):
+        seen = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise DataError(f"{where}: duplicate key {k!r} in a JSON object (the record would be lost)")
+            seen.add(k)
+        return dict(pairs)
+    return hook
+
+
+def _loads(text: str, where: str) -> Any:
+    def constant(c: str):
+        raise DataError(f"{where}: {c} is not a JSON number")
+    return json.loads(text, object_pairs_hook=_no_duplicate_keys(where), parse_constant=constant)
+
+
+def _read_json(path: Path, expect: type | None = None) -> Any:
+    try:
+        data = _loads(_read_text(path), str(path))
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
+    if expect is not None and not isinstance(data, expect):
+        raise DataError(f"{path}: the top level is a JSON {type(data).__name__}, expected a JSON "
+                        f"{'list' if expect is list else 'object'}")
+    return data
+
+
+def _objects(data: list, path: Path) -> Iterator[tuple[int, dict]]:
+    """(index, record) for a JSON list whose every item must be an object."""
+    for i, obj in enumerate(data):
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}: record {i} is a JSON {type(obj).__name__}, expected an object")
+        yield i, obj
 
 
 def _read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    with open(path, encoding="utf-8") as f:
-        for ln, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}: line {ln}: malformed JSON: {e.msg}") from e
-            if not isinstance(obj, dict):
-                raise DataError(f"{path}: line {ln}: expected a JSON object, got {type(obj).__name__}")
-            yield ln, obj
+    for ln, line in enumerate(_read_text(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = _loads(line, f"{path}: line {ln}")
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: line {ln}: malformed JSON: {e.msg}") from e
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}: line {ln}: expected a JSON object, got {type(obj).__name__}")
+        yield ln, obj
+
+
+csv.field_size_limit(1 << 28)          # long fields (a whole commonsense analysis) load
+
+
+MAX_FIELD_LINES = 200
+
+
+def _read_csv(path: Path, need: set[str] | tuple[str, ...], delimiter: str = ",", multiline: bool = False
+              ) -> Iterator[tuple[int, dict]]:
+    """(line, row) for a CSV read strictly: header must hold `need`; each row exactly as many
+    fields as the header; a row on one line unless the format has multi-line fields (MemeSense's
+    analyses), and then on at most MAX_FIELD_LINES lines (an unbalanced quote swallows the rows
+    after it into one field)."""
+    text = _read_text(path)
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+    try:
+        header = next(reader)
+    except StopIteration:
+        raise DataError(f"{path}: empty file (no header)") from None
+    except csv.Error as e:
+        raise DataError(f"{path}: line 1: malformed CSV header: {e}") from None
+    header = [h.strip() for h in header]
+    lacking = sorted(set(need) - set(header))
+    if lacking:
+        raise DataError(f"{path}: header lacks {lacking} (has {header})")
+    prev = reader.line_num
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise DataError(f"{path}: line {reader.line_num}: malformed CSV: {e}") from None
+        start, prev = prev + 1, reader.line_num
+        if not row or row == [""]:
+            continue
+        span = reader.line_num - start + 1
+        if span > 1 and not multiline or span > MAX_FIELD_LINES:
+            raise DataError(f"{path}: lines {start}-{reader.line_num}: one field spans {span} lines "
+                            f"(an unbalanced quote?)")
+        if len(row) != len(header):
+            raise DataError(f"{path}: line {start}: {len(row)} fields, the header has {len(header)}")
+        yield start, dict(zip(header, row))
 
 
 def _field(obj: dict, key: str, where: str, types: type | tuple = (str,), optional: bool = False) -> Any:
@@ -249,13 +400,51 @@ def _field(obj: dict, key: str, where: str, types: type | tuple = (str,), option
             return None
         raise DataError(f"{where}: missing field '{key}'")
     v = obj[key]
+    tt = types if isinstance(types, tuple) else (types,)
+    if isinstance(v, bool) and bool not in tt:     # True is an int to Python, not an id or a count
+        raise DataError(f"{where}: field '{key}' is a boolean ({v!r}), expected "
+                        f"{' or '.join(t.__name__ for t in tt)}")
     if types and not isinstance(v, types):
         raise DataError(f"{where}: field '{key}' is {type(v).__name__} ({v!r}), expected "
                         f"{' or '.join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))}")
     return v
 
 
+def _id(obj: dict, key: str, where: str) -> str:
+    """An id: an integer or a non-empty string (never null, a boolean or a float)."""
+    v = _field(obj, key, where, (int, str))
+    if isinstance(v, str) and not v.strip():
+        raise DataError(f"{where}: field '{key}' is an empty string")
+    return str(v)
+
+
+def _str_list(obj: dict, key: str, where: str, optional: bool = False) -> list[str]:
+    v = _field(obj, key, where, list, optional=optional)
+    if v is None:
+        return []
+    bad = [i for i, x in enumerate(v) if not isinstance(x, str)]
+    if bad:
+        raise DataError(f"{where}: field '{key}[{bad[0]}]' is {type(v[bad[0]]).__name__}, expected str")
+    return v
+
+
+def _bool(obj: dict, key: str, where: str) -> bool:
+    v = obj[key]
+    if not isinstance(v, bool):
+        raise DataError(f"{where}: field '{key}' is {v!r}, expected true or false")
+    return v
+
+
+def _number(obj: dict, key: str, where: str) -> float:
+    v = _field(obj, key, where, (int, float))
+    if not math.isfinite(float(v)):
+        raise DataError(f"{where}: field '{key}' is {v!r}, expected a finite number")
+    return float(v)
+
+
 def _label(v: Any, allowed: set, where: str, key: str = "label") -> int:
+    if isinstance(v, bool):
+        raise DataError(f"{where}: field '{key}' is {v!r}, not one of {sorted(allowed)}")
     try:
         iv = int(v)
     except (TypeError, ValueError):
@@ -265,9 +454,12 @@ def _label(v: Any, allowed: set, where: str, key: str = "label") -> int:
     return iv
 
 
-def _splits(requested: tuple[str, ...] | list[str] | None, available: tuple[str, ...], name: str) -> tuple[str, ...]:
+def _splits(requested: tuple[str, ...] | list[str] | str | None, available: tuple[str, ...], name: str
+            ) -> tuple[str, ...]:
     if requested is None:
         return available
+    if isinstance(requested, str):               # splits="train" means the one split, not its letters
+        requested = (requested,)
     bad = [s for s in requested if s not in available]
     if bad:
         raise DataError(f"dataset '{name}' has no split {', '.join(map(repr, bad))}; its splits: {', '.join(available)}")
@@ -284,10 +476,11 @@ def load_fhm(root: Path, ctx: _Ctx, splits=None, require_labels: bool = True) ->
         path = root / f"{split}.jsonl"
         if not path.exists():
             raise DataError(f"{path}: missing file for split '{split}'")
+        ctx.read_split(split, path)
         for ln, obj in _read_jsonl(path):
             where = f"{path}: line {ln} (id {obj.get('id')!r})"
-            rid = str(_field(obj, "id", where, (int, str)))
-            img = root / _field(obj, "img", where)
+            rid = _id(obj, "id", where)
+            img = ctx.image(root, _field(obj, "img", where), where)
             text = _field(obj, "text", where)
             lab = obj.get("label")
             if lab is None and require_labels:
@@ -303,14 +496,12 @@ def load_fhm(root: Path, ctx: _Ctx, splits=None, require_labels: bool = True) ->
 def load_trace(root: Path, ctx: _Ctx, file: str = "trace.json", caption_columns: list[str] | None = None,
                image_root: str | None = None, splits=None) -> list[MemeRecord]:
     path = root / file
-    data = _read_json(path)
-    if not isinstance(data, list):
-        raise DataError(f"{path}: expected a JSON list of meme records")
+    data = _read_json(path, list)
     base = Path(image_root) if image_root else root
     known = {"id", "img", "text", "label", "split"}
     out = []
     wanted = set(splits) if splits else None
-    for i, obj in enumerate(data):
+    for i, obj in _objects(data, path):
         where = f"{path}: record {i} (img {obj.get('img')!r})"
         img = _field(obj, "img", where)
         split = _field(obj, "split", where)
@@ -326,8 +517,8 @@ def load_trace(root: Path, ctx: _Ctx, file: str = "trace.json", caption_columns:
                 raise DataError(f"{where}: missing caption column '{c}'")
             if isinstance(v, str) and v.strip():
                 caps[c] = v
-        rid = str(obj.get("id", Path(img).stem))
-        rec = MemeRecord(rid, base / img, _field(obj, "text", where), _label(obj.get("label"), {0, 1}, where),
+        rid = _id(obj, "id", where) if "id" in obj else Path(img).stem
+        rec = MemeRecord(rid, ctx.image(base, img, where), _field(obj, "text", where), _label(obj.get("label"), {0, 1}, where),
                          split, captions=caps)
         if ctx.image_ok(rec.img_path, where):
             out.append(rec)
@@ -343,18 +534,15 @@ def load_mami(root: Path, ctx: _Ctx, splits=None, image_dir: str = ".") -> list[
         path = root / ("training.csv" if split == "train" else "test.csv")
         if not path.exists():
             raise DataError(f"{path}: missing file for split '{split}'")
-        with open(path, encoding="utf-8", newline="") as f:
-            reader = csv.DictReader(f, delimiter="\t")
-            need = {"file_name", "misogynous", "Text Transcription"}
-            if not need <= set(reader.fieldnames or []):
-                raise DataError(f"{path}: header lacks {sorted(need - set(reader.fieldnames or []))}")
-            for ln, row in enumerate(reader, 2):
-                where = f"{path}: line {ln} (file_name {row.get('file_name')!r})"
-                meta = {k: _label(row[k], {0, 1}, where, k) for k in sub if row.get(k) not in (None, "")}
-                rec = MemeRecord(row["file_name"], root / image_dir / row["file_name"], row["Text Transcription"],
-                                 _label(row["misogynous"], {0, 1}, where, "misogynous"), split, meta=meta)
-                if ctx.image_ok(rec.img_path, where):
-                    out.append(rec)
+        ctx.read_split(split, path)
+        for ln, row in _read_csv(path, ("file_name", "misogynous", "Text Transcription"), delimiter="\t"):
+            where = f"{path}: line {ln} (file_name {row.get('file_name')!r})"
+            meta = {k: _label(row[k], {0, 1}, where, k) for k in sub if row.get(k) not in (None, "")}
+            rec = MemeRecord(row["file_name"], ctx.image(root / image_dir, row["file_name"], where, "file_name"),
+                             row["Text Transcription"], _label(row["misogynous"], {0, 1}, where, "misogynous"), split,
+                             meta=meta)
+            if ctx.image_ok(rec.img_path, where):
+                out.append(rec)
     return out
 
 
@@ -372,20 +560,19 @@ def load_multioff(root: Path, ctx: _Ctx, splits=None) -> list[MemeRecord]:
         path = root / "Split Dataset" / MULTIOFF_FILES[split]
         if not path.exists():
             raise DataError(f"{path}: missing file for split '{split}'")
-        with open(path, encoding="utf-8", errors="replace", newline="") as f:
-            reader = csv.DictReader(f)
-            for ln, row in enumerate(reader, 2):
-                where = f"{path}: line {ln} (image_name {row.get('image_name')!r})"
-                for k in ("image_name", "sentence", "label"):
-                    if row.get(k) in (None, ""):
-                        raise DataError(f"{where}: missing field '{k}'")
-                lab = MULTIOFF_LABELS.get(row["label"].strip().lower())
-                if lab is None:
-                    raise DataError(f"{where}: field 'label' is {row['label']!r}, not 'offensive' or 'Non-offensiv'")
-                rec = MemeRecord(row["image_name"], root / "Labelled Images" / row["image_name"], row["sentence"],
-                                 lab, split)
-                if ctx.image_ok(rec.img_path, where):
-                    out.append(rec)
+        ctx.read_split(split, path)
+        for ln, row in _read_csv(path, ("image_name", "sentence", "label")):
+            where = f"{path}: line {ln} (image_name {row.get('image_name')!r})"
+            for k in ("image_name", "sentence", "label"):
+                if row.get(k) in (None, ""):
+                    raise DataError(f"{where}: missing field '{k}'")
+            lab = MULTIOFF_LABELS.get(row["label"].strip().lower())
+            if lab is None:
+                raise DataError(f"{where}: field 'label' is {row['label']!r}, not 'offensive' or 'Non-offensiv'")
+            rec = MemeRecord(row["image_name"], ctx.image(root / "Labelled Images", row["image_name"], where,
+                                                          "image_name"), row["sentence"], lab, split)
+            if ctx.image_ok(rec.img_path, where):
+                out.append(rec)
     return out
 
 
@@ -396,11 +583,12 @@ def load_hvli(root: Path, ctx: _Ctx, splits=None, image_root: str | None = None)
     out = []
     for split in _splits(splits, ("train", "test"), "hvli"):
         path = root / f"{split}_set.json"
-        data = _read_json(path)
-        if not isinstance(data, dict):
-            raise DataError(f"{path}: expected a JSON object keyed by sample id")
+        data = _read_json(path, dict)
+        ctx.read_split(split, path)
         for sid, obj in data.items():
             where = f"{path}: sample {sid!r}"
+            if not isinstance(obj, dict):
+                raise DataError(f"{where}: a JSON {type(obj).__name__}, expected an object")
             labels = {k: _label(_field(obj, k, where, (int, str)), set(HVLI_LABELS), where, k)
                       for k in ("text_label", "image_label", "final_label")}
             # the official files' first release has no type / difficulty, and later ones store difficulty
@@ -414,7 +602,8 @@ def load_hvli(root: Path, ctx: _Ctx, splits=None, image_root: str | None = None)
             if stored is not None and (not isinstance(stored, str) or stored.lower() != diff.lower()):
                 raise DataError(f"{where}: field 'difficulty' is {stored!r}; type {typ} is {diff!r}")
             meta = {**labels, "type": typ, "difficulty": diff, "final_label_multiclass": labels["final_label"]}
-            rec = MemeRecord(str(sid), base / _field(obj, "image_path", where), _field(obj, "tweet_text", where),
+            rec = MemeRecord(str(sid), ctx.image(base, _field(obj, "image_path", where), where, "image_path"),
+                             _field(obj, "tweet_text", where),
                              int(labels["final_label"] > 0), split, meta=meta)
             if ctx.image_ok(rec.img_path, where):
                 out.append(rec)
@@ -430,14 +619,16 @@ def load_hatred(root: Path, ctx: _Ctx, image_dir: str = "img", splits=None) -> l
         path = root / f"fhm_{split}_reasonings.jsonl"
         if not path.exists():
             raise DataError(f"{path}: missing file for split '{split}'")
+        ctx.read_split(split, path)
         for ln, obj in _read_jsonl(path):
             where = f"{path}: line {ln} (id {obj.get('id')!r})"
-            targets = _field(obj, "target", where, list)
+            targets = _str_list(obj, "target", where)
             reas = _field(obj, "reasonings", where, list)
             if not reas or not all(isinstance(r, str) for r in reas):
                 raise DataError(f"{where}: field 'reasonings' must be a non-empty list of strings")
-            rec = ExplanationRecord(str(_field(obj, "id", where, (int, str))),
-                                    root / image_dir / Path(_field(obj, "img", where)).name, targets, reas, split)
+            rec = ExplanationRecord(_id(obj, "id", where),
+                                    ctx.image(root / image_dir, Path(_field(obj, "img", where)).name, where), targets,
+                                    reas, split)
             if ctx.image_ok(rec.img_path, where):
                 out.append(rec)
     return out
@@ -449,13 +640,17 @@ def load_memecap(root: Path, ctx: _Ctx, image_dir: str = "img", splits=None) -> 
     out = []
     for split in _splits(splits, ("trainval", "test"), "memecap"):
         path = root / f"memes-{split}.json"
-        data = _read_json(path)
-        for i, obj in enumerate(data):
+        data = _read_json(path, list)
+        ctx.read_split(split, path)
+        for i, obj in _objects(data, path):
             where = f"{path}: record {i} (img_fname {obj.get('img_fname')!r})"
             fname = _field(obj, "img_fname", where)
-            rec = MemeCapRecord(Path(fname).stem, root / image_dir / fname, _field(obj, "title", where),
-                                _field(obj, "img_captions", where, list), _field(obj, "meme_captions", where, list),
-                                obj.get("metaphors") or [], split)
+            metaphors = _field(obj, "metaphors", where, list, optional=True) or []
+            if not all(isinstance(m, dict) for m in metaphors):
+                raise DataError(f"{where}: field 'metaphors' must be a list of objects")
+            rec = MemeCapRecord(Path(fname).stem, ctx.image(root / image_dir, fname, where, "img_fname"),
+                                _field(obj, "title", where), _str_list(obj, "img_captions", where),
+                                _str_list(obj, "meme_captions", where), metaphors, split)
             if ctx.image_ok(rec.img_path, where):
                 out.append(rec)
     return out
@@ -468,17 +663,16 @@ def load_memesense(root: Path, ctx: _Ctx, file: str = "memesense.csv", image_roo
     path = root / file
     base = Path(image_root) if image_root else root
     out = []
-    with open(path, encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f)
-        for ln, row in enumerate(reader, 2):
-            where = f"{path}: line {ln} (image_id {row.get('image_id')!r})"
-            for k in ("image_id", "image_link", "description_with_commonsense_parameters", "intervention"):
-                if row.get(k) in (None, ""):
-                    raise DataError(f"{where}: missing field '{k}'")
-            rec = MemeSenseRecord(row["image_id"], base / row["image_link"],
-                                  row["description_with_commonsense_parameters"], row["intervention"])
-            if ctx.image_ok(rec.img_path, where):
-                out.append(rec)
+    need = ("image_id", "image_link", "description_with_commonsense_parameters", "intervention")
+    for ln, row in _read_csv(path, need, multiline=True):      # its analyses hold line breaks
+        where = f"{path}: line {ln} (image_id {row.get('image_id')!r})"
+        for k in need:
+            if row.get(k) in (None, ""):
+                raise DataError(f"{where}: missing field '{k}'")
+        rec = MemeSenseRecord(row["image_id"], ctx.image(base, row["image_link"], where, "image_link"),
+                              row["description_with_commonsense_parameters"], row["intervention"])
+        if ctx.image_ok(rec.img_path, where):
+            out.append(rec)
     return out
 
 
@@ -487,16 +681,19 @@ def load_memesense(root: Path, ctx: _Ctx, file: str = "memesense.csv", image_roo
           "JSON and COCO val2014 images")
 def load_foil(root: Path, ctx: _Ctx, file: str = "foil_test.json", img_dir: str = "img") -> list[AlignmentRecord]:
     path = root / file
-    data = _read_json(path)
+    data = _read_json(path, dict)
     for k in ("images", "annotations"):
-        if k not in data:
-            raise DataError(f"{path}: missing top-level field '{k}'")
+        if not isinstance(data.get(k), list):
+            raise DataError(f"{path}: top-level field '{k}' is missing or not a list")
     files = {}
-    for i, im in enumerate(data["images"]):
+    for i, im in _objects(data["images"], path):
         where = f"{path}: images[{i}]"
-        files[_field(im, "id", where, (int, str))] = _field(im, "file_name", where)
+        iid = _field(im, "id", where, (int, str))
+        if iid in files:
+            raise DataError(f"{where}: duplicate image id {iid!r} (its captions would pair with another image)")
+        files[iid] = _field(im, "file_name", where)
     by_image: dict[Any, list[str]] = {}
-    for a in data["annotations"]:
+    for _, a in _objects(data["annotations"], path):
         if not a.get("foil") and str(a.get("foil_word", "ORIG")).upper() == "ORIG":
             by_image.setdefault(a.get("image_id"), []).append(a.get("caption", ""))
     out = []
@@ -506,9 +703,9 @@ def load_foil(root: Path, ctx: _Ctx, file: str = "foil_test.json", img_dir: str 
         if iid not in files:
             raise DataError(f"{where}: field 'image_id' {iid!r} is not in 'images'")
         fw = str(_field(a, "foil_word", where)).strip()
-        is_foil = bool(a["foil"]) if "foil" in a else fw.upper() != "ORIG"
+        is_foil = _bool(a, "foil", where) if "foil" in a else fw.upper() != "ORIG"
         cap = _field(a, "caption", where).strip()
-        rec = AlignmentRecord(str(_field(a, "id", where, (int, str))), root / img_dir / files[iid], cap,
+        rec = AlignmentRecord(_id(a, "id", where), ctx.image(root / img_dir, files[iid], where, "file_name"), cap,
                               [fw] if is_foil else [], references=[c for c in by_image.get(iid, []) if c != cap])
         if ctx.image_ok(rec.img_path, where):
             out.append(rec)
@@ -520,17 +717,17 @@ def load_nocaps_foil(root: Path, ctx: _Ctx, file: str = "nocaps_foil.json", img_
                      ) -> list[AlignmentRecord]:
     """Every item is scored twice: as its foil caption and as the original caption."""
     path = root / file
-    data = _read_json(path)
+    data = _read_json(path, list)
     out = []
-    for i, obj in enumerate(data):
+    for i, obj in _objects(data, path):
         where = f"{path}: record {i} (scored as foil and as original)"
-        rep = _field(obj, "replacement", where, list)
+        rep = _str_list(obj, "replacement", where)
         if len(rep) != 2:
             raise DataError(f"{where}: field 'replacement' must be [original, new]")
-        img = root / img_dir / _field(obj, "image_path", where)
+        img = ctx.image(root / img_dir, _field(obj, "image_path", where), where, "image_path")
         if not ctx.image_ok(img, where):
             continue
-        refs = obj.get("references") or []
+        refs = _str_list(obj, "references", where, optional=True)
         dom = _field(obj, "domain", where)
         foil_is_orig = rep[0] == rep[1]
         out.append(AlignmentRecord(f"{i}_foil", img, _field(obj, "foil", where).strip(),
@@ -543,17 +740,19 @@ def load_nocaps_foil(root: Path, ctx: _Ctx, file: str = "nocaps_foil.json", img_
 def load_hat(root: Path, ctx: _Ctx, file: str = "hat.json", img_dir: str = "img") -> list[AlignmentRecord]:
     path = root / file
     out = []
-    for i, obj in enumerate(_read_json(path)):
+    for i, obj in _objects(_read_json(path, list), path):
         where = f"{path}: record {i} (sample_id {obj.get('sample_id')!r})"
         grounding = _field(obj, "grounding", where, list)
         tl = []
         for j, g in enumerate(grounding):
-            if not (isinstance(g, list) and len(g) == 2):
+            if not (isinstance(g, list) and len(g) == 2 and isinstance(g[0], str)):
                 raise DataError(f"{where}: field 'grounding[{j}]' must be [token, is_misaligned]")
             tl.append((str(g[0]), _label(g[1], {0, 1}, where, f"grounding[{j}][1]")))
         mis = [t.replace(".", "").replace(",", "") for t, m in tl if m]
-        rec = AlignmentRecord(str(_field(obj, "sample_id", where, (int, str))), root / img_dir / _field(obj, "image_path", where),
-                              _field(obj, "caption", where), mis, obj.get("references") or [], token_labels=tl)
+        rec = AlignmentRecord(_id(obj, "sample_id", where),
+                              ctx.image(root / img_dir, _field(obj, "image_path", where), where, "image_path"),
+                              _field(obj, "caption", where), mis, _str_list(obj, "references", where, optional=True),
+                              token_labels=tl)
         if ctx.image_ok(rec.img_path, where):
             out.append(rec)
     return out
@@ -573,9 +772,9 @@ def load_richhf(root: Path, ctx: _Ctx, file: str = "richhf.jsonl", img_dir: str 
             raise DataError(f"{where}: field 'prompt_misalignment_label' has {len(labels)} labels for "
                             f"{len(toks)} words")
         tl = [(t, 1 - _label(lab, {0, 1}, where, "prompt_misalignment_label")) for t, lab in zip(toks, labels)]
-        rec = AlignmentRecord(Path(_field(obj, "filename", where)).stem, root / img_dir / obj["filename"], prompt,
-                              [t for t, m in tl if m], token_labels=tl,
-                              score=float(_field(obj, "misalignment_score", where, (int, float))))
+        rec = AlignmentRecord(Path(_field(obj, "filename", where)).stem,
+                              ctx.image(root / img_dir, obj["filename"], where, "filename"), prompt,
+                              [t for t, m in tl if m], token_labels=tl, score=_number(obj, "misalignment_score", where))
         if ctx.image_ok(rec.img_path, where):
             out.append(rec)
     return out
@@ -588,10 +787,11 @@ def load_seetrue(root: Path, ctx: _Ctx, file: str = "seetrue_feedback.json", img
                  ) -> list[AlignmentRecord]:
     path = root / file
     out = []
-    for i, obj in enumerate(_read_json(path)):
+    for i, obj in _objects(_read_json(path, list), path):
         where = f"{path}: record {i}"
-        rec = AlignmentRecord(f"{i}_{_field(obj, 'id_in_source_dataset', where, (int, str))}",
-                              root / img_dir / _field(obj, "image_path", where), _field(obj, "image_caption", where),
+        rec = AlignmentRecord(f"{i}_{_id(obj, 'id_in_source_dataset', where)}",
+                              ctx.image(root / img_dir, _field(obj, "image_path", where), where, "image_path"),
+                              _field(obj, "image_caption", where),
                               [_field(obj, "caption_misalignment", where)], group=obj.get("dataset_source"))
         if ctx.image_ok(rec.img_path, where):
             out.append(rec)

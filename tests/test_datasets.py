@@ -219,3 +219,215 @@ def test_memesense_missing_intervention(world):
         csv.writer(f).writerows(rows)
     with pytest.raises(DataError, match=r"memesense.csv: line 2 .*missing field 'intervention'"):
         load_source("memesense", memeworld_sources(world)["memesense"])
+
+
+# ----------------------------------------------------------------------------- hostile input, every loader
+# the file holding each loader's records and the field that names an image
+IMAGE_FIELD = {"fhm": ("train.jsonl", "img"), "trace": ("trace/fhm_gold_captions.json", "img"),
+               "mami": ("mami/training.csv", "file_name"),
+               "multioff": ("multioff/Split Dataset/Training_meme_dataset.csv", "image_name"),
+               "hvli": ("hvli/train_set.json", "image_path"), "hatred": ("hatred/fhm_train_reasonings.jsonl", "img"),
+               "memecap": ("memecap/memes-trainval.json", "img_fname"),
+               "memesense": ("memesense/memesense.csv", "image_link"), "foil": ("foil/foil_test.json", "file_name"),
+               "nocaps_foil": ("nocaps_foil/nocaps_foil.json", "image_path"), "hat": ("hat/hat.json", "image_path"),
+               "richhf": ("richhf/richhf.jsonl", "filename"), "seetrue": ("seetrue/seetrue_feedback.json", "image_path")}
+CSV_FILES = {"mami": "\t", "multioff": ",", "memesense": ","}
+LONG_FIELD = {"mami": "Text Transcription", "multioff": "sentence", "memesense": "intervention"}
+
+
+def test_every_loader_is_in_the_hostile_input_tables():
+    assert set(IMAGE_FIELD) == set(NAMES)
+
+
+def _set_first(world: Path, name: str, field: str, value):
+    """Write `value` into the first record's `field` of the loader's main file, whatever its format."""
+    import csv
+    import io
+    p = world / IMAGE_FIELD[name][0]
+    if name in CSV_FILES:
+        rows = list(csv.reader(io.StringIO(p.read_text(), newline=""), delimiter=CSV_FILES[name]))
+        rows[1][rows[0].index(field)] = value
+        buf = io.StringIO()
+        csv.writer(buf, delimiter=CSV_FILES[name], lineterminator="\n").writerows(rows)
+        p.write_text(buf.getvalue())
+    elif p.suffix == ".jsonl":
+        _edit_jsonl(p, 0, lambda rows, i: rows[i].update({field: value}))
+    else:
+        data = json.loads(p.read_text())
+        if name == "foil":
+            data["images"][0][field] = value
+        elif isinstance(data, dict):
+            data[next(iter(data))][field] = value
+        else:
+            data[0][field] = value
+        p.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("path", ["../../../../etc/hostname", "/etc/hostname"])
+def test_image_paths_cannot_leave_the_dataset(world, name, path):
+    _set_first(world, name, IMAGE_FIELD[name][1], path)
+    src = memeworld_sources(world)[name]
+    if name == "hatred":        # HatReD keeps only the file name of 'img': it cannot leave the image folder
+        ds = load_source(name, src, check_images="none")
+        assert all(r.img_path.resolve().is_relative_to((world / "img").resolve()) for r in ds.records)
+        return
+    with pytest.raises(DataError, match="points outside the image folder"):
+        load_source(name, src, check_images="none")
+    ds = load_source(name, {**src, "allow_outside_images": True}, check_images="none")
+    assert any(str(r.img_path).endswith("etc/hostname") for r in ds.records)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_non_utf8_bytes_name_the_file_and_offset_and_a_bom_is_accepted(world, name):
+    p = world / IMAGE_FIELD[name][0]
+    src = memeworld_sources(world)[name]
+    n = len(load_source(name, src, check_images="none"))
+    raw = p.read_bytes()
+    p.write_bytes(b"\xef\xbb\xbf" + raw)
+    assert len(load_source(name, src, check_images="none")) == n
+    k = len(raw) // 2
+    p.write_bytes(raw[:k] + b"\xff" + raw[k:])
+    with pytest.raises(DataError, match=rf"{p.name}: not UTF-8: byte 0xff at offset {k}"):
+        load_source(name, src, check_images="none")
+
+
+@pytest.mark.parametrize("name", sorted(CSV_FILES))
+def test_csv_is_read_strictly(world, name):
+    p = world / IMAGE_FIELD[name][0]
+    src = memeworld_sources(world)[name]
+    d = CSV_FILES[name]
+    good = p.read_text()
+    n = len(load_source(name, src, check_images="none"))
+    lines = good.splitlines()
+    lines[2] = lines[2].replace(d, d + '"', 1)           # an unbalanced quote opening a field
+    p.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataError, match=rf"{p.name}: line"):
+        load_source(name, src, check_images="none")
+    import csv
+    import io
+
+    def rewrite(fn):
+        rows = list(csv.reader(io.StringIO(good, newline=""), delimiter=d))
+        fn(rows)
+        buf = io.StringIO()
+        csv.writer(buf, delimiter=d, lineterminator="\n").writerows(rows)
+        p.write_text(buf.getvalue())
+    rewrite(lambda rows: rows[3].pop())                   # a short row (line 4)
+    with pytest.raises(DataError, match=rf"{p.name}: line 4: \d+ fields, the header has \d+"):
+        load_source(name, src, check_images="none")
+    rewrite(lambda rows: rows[3].append("extra"))         # an extra field
+    with pytest.raises(DataError, match=rf"{p.name}: line 4: \d+ fields"):
+        load_source(name, src, check_images="none")
+    p.write_text(good)
+    _set_first(world, name, LONG_FIELD[name], "x" * 300_000)   # over the csv module's default field limit
+    ds = load_source(name, src, check_images="none")
+    assert len(ds) == n and any(len(getattr(r, "text", "") or getattr(r, "intervention", "")) == 300_000
+                                for r in ds.records)
+
+
+@pytest.mark.parametrize("name", ["trace", "memecap", "nocaps_foil", "hat", "seetrue", "hvli", "foil"])
+@pytest.mark.parametrize("shape", ["top", "record"])
+def test_wrong_json_shapes_are_errors(world, name, shape):
+    p = world / IMAGE_FIELD[name][0]
+    data = json.loads(p.read_text())
+    if shape == "top":
+        data = "a string" if isinstance(data, dict) else {"records": data}
+        match = "the top level is a JSON"
+    elif name == "foil":
+        data["annotations"][0] = 7
+        match = "record 0 is a JSON int"
+    elif isinstance(data, dict):
+        data[next(iter(data))] = [1, 2]
+        match = "a JSON list, expected an object"
+    else:
+        data[0] = 7
+        match = "record 0 is a JSON int"
+    p.write_text(json.dumps(data))
+    with pytest.raises(DataError, match=match):
+        load_source(name, memeworld_sources(world)[name], check_images="none")
+
+
+@pytest.mark.parametrize("value, match", [(None, "missing field 'id'"), (True, "boolean"), ("", "empty string"),
+                                          (1.5, "float")])
+def test_ids_must_be_integers_or_strings(world, value, match):
+    _edit_jsonl(world / "train.jsonl", 0, lambda rows, i: rows[i].update(id=value))
+    with pytest.raises(DataError, match=rf"train.jsonl: line 1 .*{match}"):
+        load("fhm", world)
+
+
+def test_typed_fields_foil_flag_scores_and_list_items(world):
+    p = world / "foil/foil_test.json"
+    data = json.loads(p.read_text())
+    data["annotations"][1]["foil"] = "false"
+    p.write_text(json.dumps(data))
+    with pytest.raises(DataError, match=r"annotations\[1\].*field 'foil' is 'false', expected true or false"):
+        load_source("foil", memeworld_sources(world)["foil"])
+    r = world / "richhf/richhf.jsonl"
+    good = r.read_text()
+    for bad, match in (("NaN", "NaN is not a JSON number"), ("Infinity", "Infinity is not a JSON number"),
+                       ("true", "boolean")):
+        lines = good.splitlines()
+        obj = json.loads(lines[0])
+        lines[0] = json.dumps(obj).replace(json.dumps(obj["misalignment_score"]), bad, 1) \
+            if "misalignment_score" in obj else lines[0]
+        lines[0] = lines[0].replace(f'"misalignment_score": {json.dumps(obj["misalignment_score"])}',
+                                    f'"misalignment_score": {bad}')
+        r.write_text("\n".join(lines) + "\n")
+        with pytest.raises(DataError, match=match):
+            load_source("richhf", memeworld_sources(world)["richhf"])
+    r.write_text(good)
+    _edit_jsonl(world / "hatred/fhm_train_reasonings.jsonl", 0, lambda rows, i: rows[i].update(target=[1]))
+    with pytest.raises(DataError, match=r"field 'target\[0\]' is int, expected str"):
+        load_source("hatred", memeworld_sources(world)["hatred"])
+
+
+def test_duplicates_that_json_would_hide(world):
+    p = world / "hvli/train_set.json"
+    data = json.loads(p.read_text())
+    items = list(data.items())
+    p.write_text("{" + ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in items + [items[0]]) + "}")
+    with pytest.raises(DataError, match=rf"duplicate key {items[0][0]!r}"):
+        load_source("hvli", memeworld_sources(world)["hvli"])
+    f = world / "foil/foil_test.json"
+    data = json.loads(f.read_text())
+    data["images"].append(dict(data["images"][0], file_name=data["images"][1]["file_name"]))
+    f.write_text(json.dumps(data))
+    with pytest.raises(DataError, match="duplicate image id"):
+        load_source("foil", memeworld_sources(world)["foil"])
+
+
+def test_checks_that_check(world):
+    src = memeworld_sources(world)["fhm"]
+    rec = load_source("fhm", src).records[3]
+    raw = rec.img_path.read_bytes()
+    rec.img_path.write_bytes(raw[:len(raw) // 2])           # a truncated image: the header is intact
+    load_source("fhm", src, check_images="exists")
+    with pytest.raises(DataError, match="cannot be decoded"):
+        load_source("fhm", src, check_images="decode")
+    rec.img_path.write_bytes(raw)
+    with pytest.raises(DataError, match="check_images is 'decoded'; valid: none, exists, decode"):
+        load_source("fhm", src, check_images="decoded")
+    with pytest.raises(DataError, match=r"unknown loader option\(s\) split; valid: splits, require_labels"):
+        load_source("fhm", {**src, "split": "train"})
+    only = load_source("fhm", {**src, "splits": "dev_seen"})
+    assert len(only) > 0 and {r.split for r in only.records} == {"dev_seen"}
+    (world / "dev_unseen.jsonl").write_text("")
+    with pytest.raises(DataError, match="dev_unseen.jsonl: split 'dev_unseen' has no records"):
+        load_source("fhm", src)
+    lenient = load_source("fhm", src, strict=False)
+    assert any("has no records" in m for m in lenient.report)
+
+
+def test_memesense_analyses_may_span_lines_but_not_the_whole_file(world):
+    """MemeSense's commonsense analyses are multi-line blocks: they load; a quote left open for
+    more than MAX_FIELD_LINES lines is an error."""
+    from lib.datasets import MAX_FIELD_LINES
+    src = memeworld_sources(world)["memesense"]
+    _set_first(world, "memesense", "description_with_commonsense_parameters",
+               "Meme Description: a boat\nCommonsense Analysis:\n- **Vermin**: calls a people rats")
+    ds = load_source("memesense", src, check_images="none")
+    assert "\n- **Vermin**" in ds.records[0].commonsense
+    _set_first(world, "memesense", "intervention", "x\n" * (MAX_FIELD_LINES + 1))
+    with pytest.raises(DataError, match="one field spans"):
+        load_source("memesense", src, check_images="none")
