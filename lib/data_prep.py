@@ -41,9 +41,11 @@ def build_memeworld(profile: str, params: dict[str, Any], force: bool = False) -
     if not force and stamp.exists() and read_json(stamp) == wanted and (out / "datasheet.json").exists():
         print(f"MemeWorld unchanged: reusing {relpath(out)}")
         return out
-    write_memeworld(out, n=params["memeworld_n"], seed=params["memeworld_seed"], image_size=params["image_size"],
-                    label_noise=params["label_noise"], confounder_rate=params["confounder_rate"],
-                    n_multioff=params["memeworld_n_multioff"])
+    sheet = write_memeworld(out, n=params["memeworld_n"], seed=params["memeworld_seed"], image_size=params["image_size"],
+                            label_noise=params["label_noise"], confounder_rate=params["confounder_rate"],
+                            n_multioff=params["memeworld_n_multioff"])
+    # the render time is a measurement, not data: beside the world, never inside it
+    write_json(stage_dir(profile, STAGE) / "memeworld_render.json", {"render_seconds": sheet["render_seconds"]})
     write_json(stamp, wanted)
     return out
 
