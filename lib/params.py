@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import re
 import dataclasses
 import sys
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any, Callable
 import yaml
 
 from lib import ROOT
+from lib.param_schemas import SCHEMAS, check_section
 
 PARAMS_DIR = ROOT / "params"
 NOTEBOOKS_DIR = ROOT / "notebooks"
@@ -118,8 +120,32 @@ def stage_defaults(stage: Stage) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- profiles
+PROFILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
 def profile_path(profile: str) -> Path:
+    if not isinstance(profile, str) or not PROFILE_NAME.match(profile) or ".." in profile:
+        raise ProfileError(f"profile name {profile!r} is not a plain name (letters, digits, '_', '-', '.'): "
+                           f"a profile is a file params/<name>.yaml")
     return PARAMS_DIR / f"{profile}.yaml"
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key twice in one mapping (YAML itself lets the last one win)."""
+
+
+def _construct_mapping(loader, node, deep=False):
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise ProfileError(f"duplicate key {key!r} at line {key_node.start_mark.line + 1} "
+                               f"(first at line {seen[key] + 1}): the second would silently replace the first")
+        seen[key] = key_node.start_mark.line
+    return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
 def load_profile(profile: str) -> dict[str, dict[str, Any]]:
@@ -128,7 +154,9 @@ def load_profile(profile: str) -> dict[str, dict[str, Any]]:
         known = ", ".join(sorted(p.stem for p in PARAMS_DIR.glob("*.yaml")))
         raise ProfileError(f"no profile '{profile}': {path.relative_to(ROOT)} does not exist (known: {known})")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
+    except ProfileError as e:
+        raise ProfileError(f"params/{path.name}: {e}") from None
     except yaml.YAMLError as e:
         raise ProfileError(f"params/{path.name}: not valid YAML: {e}") from e
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
@@ -178,12 +206,19 @@ def validate_profile(profile: str, only: list[Stage] | None = None) -> dict[str,
             if key not in declared:
                 errors.append(f"{fname}: unknown key '{st.name}.{key}' for {st.label} "
                               f"(declared: {', '.join(sorted(declared))})")
+        rules = SCHEMAS.get(st.name, {})
         for key, default in declared.items():
             if key not in given:
                 errors.append(f"{fname}: missing key '{st.name}.{key}' for {st.label}")
             elif not _compatible(default, given[key]):
                 errors.append(f"{fname}: key '{st.name}.{key}' for {st.label} is {_type_name(given[key])} "
                               f"({given[key]!r}); the parameters cell declares {_type_name(default)} ({default!r})")
+            if default is None and key not in rules:
+                errors.append(f"{fname}: key '{st.name}.{key}' defaults to None in {st.label}, so its type cannot "
+                              f"be checked: give it a rule in lib/param_schemas.py")
+        for problem in check_section(st.name, given):
+            where, _, msg = problem.partition(": ")
+            errors.append(f"{fname}: key '{where}': {msg}")
     if errors:
         raise ProfileError("\n".join(errors))
     return data

@@ -95,3 +95,70 @@ def test_select_stages_by_prefix_and_unknown():
     assert [s.name for s in params.select_stages("00")] == ["00_data_prep"]
     with pytest.raises(ProfileError, match="unknown stage"):
         params.select_stages("42")
+
+
+# ----------------------------------------------------------------------------- nested sections (lib/param_schemas.py)
+def _set(path, value):
+    """An edit that sets data[a][b]... = value for a dotted path."""
+    def edit(d):
+        keys = path.split(".")
+        for k in keys[:-1]:
+            d = d[k]
+        d[keys[-1]] = value
+    return edit
+
+
+NESTED_CASES = [
+    ("02_finetuning.multioff", {"backbone": "memeworld-clip", "hiden": 256}, r"02_finetuning.multioff.hiden': unknown key"),
+    ("02_finetuning.recipes", {"memeworld-clip": {"lr": 0.1, "epoch": 3}}, r"recipes.memeworld-clip.epoch': unknown key"),
+    ("02_finetuning.recipes", {"no-such-clip": {"lr": 0.1}}, r"'no-such-clip' is not an encoder preset"),
+    ("02_finetuning.loss_configs", ["cls+rel", "cls+everything"], r"loss_configs\[1\]': 'cls\+everything' is not one"),
+    ("02_finetuning.backbones", ["clip-vit-l41"], r"backbones\[0\]': 'clip-vit-l41' is not an encoder preset"),
+    ("00_data_prep.datasets", {"fhm": {"root": "x", "split": "train"}}, r"datasets.fhm.split': unknown key"),
+    ("00_data_prep.datasets", {"fhmm": {"root": "x"}}, r"datasets.fhmm': unknown dataset"),
+    ("00_data_prep.check_images", "decoded", r"check_images': 'decoded' is not one of"),
+    ("00_data_prep.label_noise", 1.5, r"label_noise': 1.5 is outside \[0, 0.5\]"),
+    ("03_clip4dm.benchmarks", ["foil", "fhm"], r"benchmarks\[1\]': 'fhm' is not an alignment dataset"),
+    ("03_clip4dm.nli_model", 3, r"nli_model': 3 is int, expected str"),
+    ("03_clip4dm.device", ["cuda"], r"device': \['cuda'\] is list, expected str"),
+    ("01_captioning.grounder", {"kind": "boxes"}, r"grounder.kind': 'boxes' is not one of"),
+    ("01_captioning.captioners", {"c": {"preset": "gpt-5-ultra"}}, r"captioners.c.preset': 'gpt-5-ultra' is not a chat"),
+    ("04_few_shot.models", ["smollm3"], r"models\[0\]': 'smollm3' is not a chat preset"),
+    ("04_few_shot.controls", {"z": {"n": 0, "shot": 1}}, r"controls.z.shot': unknown key"),
+    ("04_few_shot.agent_recipe", {"epochs": 0}, r"agent_recipe.epochs': 0 is outside"),
+    ("04_few_shot.serve_preset", 5, r"serve_preset': 5 is int, expected a chat preset"),
+    ("05_debate.variants", {"v": {"gate": "no"}}, r"variants.v.gate': 'no' is str, expected bool"),
+    ("05_debate.temperatures", {"judge_final": 0.1}, r"temperatures.judge_final: key 'judge_final'|temperatures': key"),
+    ("05_debate.official_prompts_repo", 1, r"official_prompts_repo': 1 is int"),
+    ("serving.schemas", ["nope"], r"schemas\[0\]': 'nope' is not a schema"),
+]
+
+
+@pytest.mark.parametrize("path, value, match", NESTED_CASES, ids=[c[0] + ":" + str(i) for i, c in enumerate(NESTED_CASES)])
+def test_nested_sections_are_checked(profile_copy, path, value, match):
+    profile_copy(_set(path, value))
+    with pytest.raises(ProfileError, match=match) as e:
+        validate_profile("embedded")
+    assert "params/embedded.yaml" in str(e.value)
+
+
+def test_every_none_default_has_a_rule():
+    from lib.param_schemas import SCHEMAS
+    for st in stages():
+        for key, default in params.stage_defaults(st).items():
+            if default is None:
+                assert key in SCHEMAS.get(st.name, {}), f"{st.name}.{key}"
+
+
+def test_duplicate_yaml_keys_and_profile_names(profile_copy, tmp_path):
+    p = params.PARAMS_DIR / "embedded.yaml"
+    text = p.read_text()
+    p.write_text(text.replace("  memeworld_seed: 0", "  memeworld_seed: 0\n  memeworld_seed: 1", 1))
+    with pytest.raises(ProfileError, match=r"params/embedded.yaml: duplicate key 'memeworld_seed' at line \d+"):
+        validate_profile("embedded")
+    p.write_text(text + "\nmodels:\n  train: false\n")
+    with pytest.raises(ProfileError, match="duplicate key 'models'"):
+        validate_profile("embedded")
+    for bad in ("../embedded", "/etc/passwd", "a/b", ""):
+        with pytest.raises(ProfileError, match="not a plain name"):
+            validate_profile(bad)
