@@ -585,12 +585,17 @@ def run_config(section: dict[str, Any], backbone: str | None = None, dataset: st
     first = (section.get("backbones") or ["memeworld-clip"])[0]
     if dataset == "multioff":
         recipe = {**MULTIOFF_RECIPE, **(section.get("multioff") or {})}
-        backbone = backbone or recipe.pop("backbone", first)
+        default = recipe.pop("backbone", first)
+        backbone = backbone or default
     else:
         backbone = backbone or first
         recipe = dict((section.get("recipes") or {}).get(backbone, {}))
-    kw = {**{k: v for k, v in section.items() if k in fields}, **{k: v for k, v in recipe.items() if k in fields},
-          **overrides}
+    unknown = sorted(set(recipe) - set(fields))
+    if unknown:
+        where = "multioff" if dataset == "multioff" else f"recipes.{backbone}"
+        raise ValueError(f"02_finetuning.{where}: unknown key(s) {', '.join(unknown)} (TrainConfig fields: "
+                         f"{', '.join(sorted(fields))})")
+    kw = {**{k: v for k, v in section.items() if k in fields}, **recipe, **overrides}
     kw["unfreeze_text_layers"] = tuple(kw.get("unfreeze_text_layers", (-1,)))
     return backbone, TrainConfig(**kw)
 

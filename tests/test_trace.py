@@ -221,3 +221,7 @@ def test_run_config_layers_section_recipe_and_overrides():
     assert bb == "c" and cfg.epochs == 3 and cfg.fixed_weights == MULTIOFF_RECIPE["fixed_weights"]
     assert cfg.select_on == "macro_f1" and cfg.lr == 0.5
     assert run_config(section, "b", dataset="multioff")[0] == "b"
+    with pytest.raises(ValueError, match=r"02_finetuning.recipes.b: unknown key\(s\) epoch "):
+        run_config({**section, "recipes": {"b": {"epoch": 3}}}, "b")             # a typo is not dropped silently
+    with pytest.raises(ValueError, match=r"02_finetuning.multioff: unknown key\(s\) hiden"):
+        run_config({**section, "multioff": {"hiden": 5}}, dataset="multioff")
