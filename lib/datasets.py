@@ -20,8 +20,9 @@ Bad-input policy (every loader, through the helpers below):
 - JSON objects may not repeat a key; a top level or record of the wrong shape, an id that is
   not an integer or a non-empty string, a flag that is not a boolean, a score that is not a
   finite number, a list holding the wrong item type: each an error naming the field;
-- an image path must stay inside the dataset's image folder (no `..` escape, no absolute path)
-  unless the loader is called with `allow_outside_images=True`;
+- an image path must stay inside the dataset's image folder (no `..` escape, no absolute path;
+  a symlink placed inside the dataset is followed) unless the loader is called with
+  `allow_outside_images=True`;
 - `check_images` is one of none / exists / decode (decode really decodes the pixels); a split
   with no records, `splits` given as a string, and a loader option the loader does not take are
   errors that say what is valid.
@@ -36,6 +37,7 @@ import inspect
 import io
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -249,9 +251,11 @@ class _Ctx:
         p = base / rel
         if self.allow_outside:
             return p
-        b = base.resolve()
-        r = p.resolve()
-        if Path(rel).is_absolute() or not r.is_relative_to(b):
+        # lexical check: `..` and absolute paths are refused; a symlink placed inside the dataset
+        # (a shared image store) is the user's own choice and is followed
+        b = os.path.normpath(os.path.abspath(base))
+        r = os.path.normpath(os.path.abspath(p))
+        if Path(rel).is_absolute() or not (r == b or r.startswith(b + os.sep)):
             raise DataError(f"{where}: field '{key}' {rel!r} points outside the image folder {base} "
                             f"(load with allow_outside_images=True to permit it)")
         return p

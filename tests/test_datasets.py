@@ -20,6 +20,18 @@ def world(memeworld_small, tmp_path):
     return dst
 
 
+@pytest.fixture
+def world_text(memeworld_small, tmp_path):
+    """A private copy of the small MemeWorld's files with its image folders linked, not copied:
+    for tests that break text files only (a copy of every image costs most of a test's time)."""
+    src, _ = memeworld_small
+    dst = tmp_path / "mw"
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("img", "Labelled Images"))
+    (dst / "img").symlink_to(src / "img", target_is_directory=True)
+    (dst / "multioff" / "Labelled Images").symlink_to(src / "multioff" / "Labelled Images", target_is_directory=True)
+    return dst
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_loader_reads_memeworld(memeworld_small, name):
     out, _ = memeworld_small
@@ -265,12 +277,12 @@ def _set_first(world: Path, name: str, field: str, value):
 
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("path", ["../../../../etc/hostname", "/etc/hostname"])
-def test_image_paths_cannot_leave_the_dataset(world, name, path):
-    _set_first(world, name, IMAGE_FIELD[name][1], path)
-    src = memeworld_sources(world)[name]
+def test_image_paths_cannot_leave_the_dataset(world_text, name, path):
+    _set_first(world_text, name, IMAGE_FIELD[name][1], path)
+    src = memeworld_sources(world_text)[name]
     if name == "hatred":        # HatReD keeps only the file name of 'img': it cannot leave the image folder
         ds = load_source(name, src, check_images="none")
-        assert all(r.img_path.resolve().is_relative_to((world / "img").resolve()) for r in ds.records)
+        assert all(r.img_path.parent == world_text / "hatred" / ".." / "img" for r in ds.records)
         return
     with pytest.raises(DataError, match="points outside the image folder"):
         load_source(name, src, check_images="none")
@@ -279,9 +291,9 @@ def test_image_paths_cannot_leave_the_dataset(world, name, path):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_non_utf8_bytes_name_the_file_and_offset_and_a_bom_is_accepted(world, name):
-    p = world / IMAGE_FIELD[name][0]
-    src = memeworld_sources(world)[name]
+def test_non_utf8_bytes_name_the_file_and_offset_and_a_bom_is_accepted(world_text, name):
+    p = world_text / IMAGE_FIELD[name][0]
+    src = memeworld_sources(world_text)[name]
     n = len(load_source(name, src, check_images="none"))
     raw = p.read_bytes()
     p.write_bytes(b"\xef\xbb\xbf" + raw)
@@ -293,9 +305,9 @@ def test_non_utf8_bytes_name_the_file_and_offset_and_a_bom_is_accepted(world, na
 
 
 @pytest.mark.parametrize("name", sorted(CSV_FILES))
-def test_csv_is_read_strictly(world, name):
-    p = world / IMAGE_FIELD[name][0]
-    src = memeworld_sources(world)[name]
+def test_csv_is_read_strictly(world_text, name):
+    p = world_text / IMAGE_FIELD[name][0]
+    src = memeworld_sources(world_text)[name]
     d = CSV_FILES[name]
     good = p.read_text()
     n = len(load_source(name, src, check_images="none"))
@@ -320,7 +332,7 @@ def test_csv_is_read_strictly(world, name):
     with pytest.raises(DataError, match=rf"{p.name}: line 4: \d+ fields"):
         load_source(name, src, check_images="none")
     p.write_text(good)
-    _set_first(world, name, LONG_FIELD[name], "x" * 300_000)   # over the csv module's default field limit
+    _set_first(world_text, name, LONG_FIELD[name], "x" * 300_000)   # over the csv module's default field limit
     ds = load_source(name, src, check_images="none")
     assert len(ds) == n and any(len(getattr(r, "text", "") or getattr(r, "intervention", "")) == 300_000
                                 for r in ds.records)
@@ -328,8 +340,8 @@ def test_csv_is_read_strictly(world, name):
 
 @pytest.mark.parametrize("name", ["trace", "memecap", "nocaps_foil", "hat", "seetrue", "hvli", "foil"])
 @pytest.mark.parametrize("shape", ["top", "record"])
-def test_wrong_json_shapes_are_errors(world, name, shape):
-    p = world / IMAGE_FIELD[name][0]
+def test_wrong_json_shapes_are_errors(world_text, name, shape):
+    p = world_text / IMAGE_FIELD[name][0]
     data = json.loads(p.read_text())
     if shape == "top":
         data = "a string" if isinstance(data, dict) else {"records": data}
@@ -345,25 +357,25 @@ def test_wrong_json_shapes_are_errors(world, name, shape):
         match = "record 0 is a JSON int"
     p.write_text(json.dumps(data))
     with pytest.raises(DataError, match=match):
-        load_source(name, memeworld_sources(world)[name], check_images="none")
+        load_source(name, memeworld_sources(world_text)[name], check_images="none")
 
 
 @pytest.mark.parametrize("value, match", [(None, "missing field 'id'"), (True, "boolean"), ("", "empty string"),
                                           (1.5, "float")])
-def test_ids_must_be_integers_or_strings(world, value, match):
-    _edit_jsonl(world / "train.jsonl", 0, lambda rows, i: rows[i].update(id=value))
+def test_ids_must_be_integers_or_strings(world_text, value, match):
+    _edit_jsonl(world_text / "train.jsonl", 0, lambda rows, i: rows[i].update(id=value))
     with pytest.raises(DataError, match=rf"train.jsonl: line 1 .*{match}"):
-        load("fhm", world)
+        load("fhm", world_text)
 
 
-def test_typed_fields_foil_flag_scores_and_list_items(world):
-    p = world / "foil/foil_test.json"
+def test_typed_fields_foil_flag_scores_and_list_items(world_text):
+    p = world_text / "foil/foil_test.json"
     data = json.loads(p.read_text())
     data["annotations"][1]["foil"] = "false"
     p.write_text(json.dumps(data))
     with pytest.raises(DataError, match=r"annotations\[1\].*field 'foil' is 'false', expected true or false"):
-        load_source("foil", memeworld_sources(world)["foil"])
-    r = world / "richhf/richhf.jsonl"
+        load_source("foil", memeworld_sources(world_text)["foil"])
+    r = world_text / "richhf/richhf.jsonl"
     good = r.read_text()
     for bad, match in (("NaN", "NaN is not a JSON number"), ("Infinity", "Infinity is not a JSON number"),
                        ("true", "boolean")):
@@ -375,26 +387,26 @@ def test_typed_fields_foil_flag_scores_and_list_items(world):
                                     f'"misalignment_score": {bad}')
         r.write_text("\n".join(lines) + "\n")
         with pytest.raises(DataError, match=match):
-            load_source("richhf", memeworld_sources(world)["richhf"])
+            load_source("richhf", memeworld_sources(world_text)["richhf"])
     r.write_text(good)
-    _edit_jsonl(world / "hatred/fhm_train_reasonings.jsonl", 0, lambda rows, i: rows[i].update(target=[1]))
+    _edit_jsonl(world_text / "hatred/fhm_train_reasonings.jsonl", 0, lambda rows, i: rows[i].update(target=[1]))
     with pytest.raises(DataError, match=r"field 'target\[0\]' is int, expected str"):
-        load_source("hatred", memeworld_sources(world)["hatred"])
+        load_source("hatred", memeworld_sources(world_text)["hatred"])
 
 
-def test_duplicates_that_json_would_hide(world):
-    p = world / "hvli/train_set.json"
+def test_duplicates_that_json_would_hide(world_text):
+    p = world_text / "hvli/train_set.json"
     data = json.loads(p.read_text())
     items = list(data.items())
     p.write_text("{" + ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in items + [items[0]]) + "}")
     with pytest.raises(DataError, match=rf"duplicate key {items[0][0]!r}"):
-        load_source("hvli", memeworld_sources(world)["hvli"])
-    f = world / "foil/foil_test.json"
+        load_source("hvli", memeworld_sources(world_text)["hvli"])
+    f = world_text / "foil/foil_test.json"
     data = json.loads(f.read_text())
     data["images"].append(dict(data["images"][0], file_name=data["images"][1]["file_name"]))
     f.write_text(json.dumps(data))
     with pytest.raises(DataError, match="duplicate image id"):
-        load_source("foil", memeworld_sources(world)["foil"])
+        load_source("foil", memeworld_sources(world_text)["foil"])
 
 
 def test_checks_that_check(world):
@@ -419,15 +431,15 @@ def test_checks_that_check(world):
     assert any("has no records" in m for m in lenient.report)
 
 
-def test_memesense_analyses_may_span_lines_but_not_the_whole_file(world):
+def test_memesense_analyses_may_span_lines_but_not_the_whole_file(world_text):
     """MemeSense's commonsense analyses are multi-line blocks: they load; a quote left open for
     more than MAX_FIELD_LINES lines is an error."""
     from lib.datasets import MAX_FIELD_LINES
-    src = memeworld_sources(world)["memesense"]
-    _set_first(world, "memesense", "description_with_commonsense_parameters",
+    src = memeworld_sources(world_text)["memesense"]
+    _set_first(world_text, "memesense", "description_with_commonsense_parameters",
                "Meme Description: a boat\nCommonsense Analysis:\n- **Vermin**: calls a people rats")
     ds = load_source("memesense", src, check_images="none")
     assert "\n- **Vermin**" in ds.records[0].commonsense
-    _set_first(world, "memesense", "intervention", "x\n" * (MAX_FIELD_LINES + 1))
+    _set_first(world_text, "memesense", "intervention", "x\n" * (MAX_FIELD_LINES + 1))
     with pytest.raises(DataError, match="one field spans"):
         load_source("memesense", src, check_images="none")
