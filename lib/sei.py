@@ -412,8 +412,12 @@ def run_setting(chat, setting: Setting, queries: Sequence[Meme], pool: Sequence[
                                 a.truncated, a.dropped_intervention, [pool[j].id for j, _ in plan[q.id]],
                                 [lab for _, lab in plan[q.id]], int(r.usage.get("prompt_tokens", 0)),
                                 int(r.usage.get("completion_tokens", 0)), r.text))
-    cost = {"calls": chat.stats.requests - before[0], "prompt_tokens": sum(p.prompt_tokens for p in preds),
-            "completion_tokens": sum(p.completion_tokens for p in preds), "wall_s": wall}
+    # calls and wall time of this run (0 and ~0 when replayed from the cache), and the latency each
+    # answer took when it was made (kept in the cache: the cold cost, whatever run reads it)
+    cost = {"calls": chat.stats.requests - before[0], "cache_hits": sum(r.from_cache for r in res),
+            "prompt_tokens": sum(p.prompt_tokens for p in preds),
+            "completion_tokens": sum(p.completion_tokens for p in preds), "wall_s": wall,
+            "model_latency_s": float(sum(r.latency_s for r in res))}
     return preds, cost
 
 
