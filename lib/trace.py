@@ -612,7 +612,9 @@ def load_trace_data(path, columns: Sequence[str]) -> MemeBatchData:
     from pathlib import Path
     from lib import datasets
     path = Path(path)
-    ds = datasets.load("trace", path.parent, file=path.name, image_root="/", caption_columns=None)
+    # notebook 01 writes absolute image paths into its TRACE JSON (the compendium's own artifact)
+    ds = datasets.load("trace", path.parent, file=path.name, image_root="/", caption_columns=None,
+                       allow_outside_images=True)
     return MemeBatchData.from_records(ds.records, list(columns))
 
 

@@ -225,3 +225,21 @@ def test_run_config_layers_section_recipe_and_overrides():
         run_config({**section, "recipes": {"b": {"epoch": 3}}}, "b")             # a typo is not dropped silently
     with pytest.raises(ValueError, match=r"02_finetuning.multioff: unknown key\(s\) hiden"):
         run_config({**section, "multioff": {"hiden": 5}}, dataset="multioff")
+
+
+def test_load_trace_data_reads_notebook_01s_absolute_image_paths(tmp_path):
+    """Notebook 01 writes absolute image paths into its TRACE JSON; the loaders' path rule (no
+    absolute paths in a dataset file) must not reject the compendium's own artifact."""
+    import json
+    from PIL import Image
+    from lib.trace import load_trace_data
+    rows = []
+    for i, split in enumerate(["train", "dev_seen", "test_seen"]):
+        p = tmp_path / "img" / f"{i}.png"
+        p.parent.mkdir(exist_ok=True)
+        Image.new("RGB", (8, 8)).save(p)
+        rows.append({"id": str(i), "img": str(p.resolve()), "text": f"t{i}", "label": i % 2, "split": split,
+                     "cap": f"c{i}"})
+    (tmp_path / "trace.json").write_text(json.dumps(rows))
+    data = load_trace_data(tmp_path / "trace.json", ["cap"])
+    assert list(data.splits) == ["train", "dev_seen", "test_seen"]
