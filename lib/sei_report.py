@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
 from lib.agents import AGENTS, AgentExample, AgentRecipe, agent_chat, norm_id, run_agent, train_agent
-from lib.artifacts import write_json, write_text
+from lib.artifacts import write_text
 from lib.sei import Meme, Prediction, subgroup
 
 #: The paper's Table 3 (agents on held-out splits) and Table 2 rows (SigLIP retrieval), for the
