@@ -227,8 +227,15 @@ def _dataclass_fields(cls, **extra: Rule) -> Struct:
 
 def _trace_recipe(with_backbone: bool = False) -> Rule:
     from lib.trace import LOSS_CONFIGS, TrainConfig
-    extra = {"loss_config": Choice(*LOSS_CONFIGS), "modality": Choice("both", "text", "image"),
-             "select_on": Choice("auroc", "macro_f1")}
+    from lib.trace import MODALITIES
+    extra = {"loss_config": Choice(*LOSS_CONFIGS), "modality": Choice(*MODALITIES),
+             "select_on": Choice("auroc", "macro_f1"), "scorer_input": Choice("caption", "image+caption"),
+             "scorer_arch": Choice("full", "small"), "gumbel_over": Choice("logits", "probs"),
+             "contrastive_features": Choice("clip", "head"), "contrastive_caption": Choice("selected", "argmax"),
+             "head_inputs": Choice("auto", "pooled", "projected"), "xavier": Choice("scorer", "all"),
+             "val_threshold_by": Choice("accuracy", "macro_f1"), "selection_temperature": Opt(Range(0, 100)),
+             "head_final_dropout": Opt(Type(bool)), "fixed_weights": Opt(MapOf(Choice("cls", "rel", "con"), Range(0, 100))),
+             "cache_dtype": Choice("float32", "float16", "bfloat16")}
     if with_backbone:
         extra["backbone"] = Preset("encoders")
     return _dataclass_fields(TrainConfig, **extra)
@@ -289,7 +296,8 @@ SCHEMAS: dict[str, dict[str, Rule]] = {
         "backbones": ListOf(ENC, 1), "recipes": MapOf(ENC, Lazy(_trace_recipe)),
         "caption_columns": ListOf(Type(str)), "unfreeze_text_layers": ListOf(Type(int), 1),
         "loss_configs": ListOf(Lazy(lambda: Choice(*__import__("lib.trace", fromlist=["LOSS_CONFIGS"]).LOSS_CONFIGS))),
-        "baselines": ListOf(Choice("text", "image")), "multioff": Lazy(lambda: _trace_recipe(with_backbone=True)),
+        "baselines": ListOf(Choice("text", "caption", "image")), "multioff": Opt(Lazy(lambda: _trace_recipe(with_backbone=True))),
+        "method": Lazy(_trace_recipe), "max_memes": NONNEG, "seeds": ListOf(Type(int)),
         "lr": Range(0, 1), "epochs": POS, "batch_size": POS, "grad_accum": POS, "patience": POS,
         "lora_rank": NONNEG, "hidden": POS, "device": Opt(Type(str)),
     },

@@ -30,6 +30,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from lib.evaluation import (best_threshold, mcnemar, metrics_at, per_type_accuracy,  # noqa: F401 (re-exported)
+                            pr_best_f1_threshold)
+
 # Deterministic cuBLAS (TrainConfig.deterministic on a GPU) needs a fixed workspace, chosen before
 # the process's first cuBLAS call; importing this module before any model runs sets it.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -45,53 +48,101 @@ def _wn(linear):
     return nn.utils.parametrizations.weight_norm(linear)
 
 
-def build_classifier(image_dim: int, text_dim: int, hidden: int = 1024, heads: int = 8):
-    """The TRACE classifier head over backbone features (see the module docstring)."""
+def build_classifier(image_dim: int, text_dim: int, hidden: int = 1024, heads: int = 8, *,
+                     scorer_input: str = "caption", scorer_arch: str = "full",
+                     scorer_dropout: Sequence[float] = (0.5, 0.4, 0.3), proj_dropout: float = 0.3,
+                     attn_dropout: float = 0.3, head_dropout: float = 0.5, head_final_dropout: bool = True,
+                     xavier: str = "scorer", selection_temperature: float | None = None,
+                     gumbel_over: str = "logits", mask_padded: bool = True):
+    """The TRACE classifier head over backbone features (see the module docstring).
+
+    Defaults are the official ViT-L/14 script's: the scorer reads the caption feature alone
+    (`scorer_input="image+caption"` is this compendium's variant), Xavier init on the scorer only,
+    cosine selection (relevance off) on the raw cosine (`selection_temperature` divides it),
+    Gumbel over the scorer's logits (`gumbel_over="probs"`: over sigmoid probabilities, the
+    MultiOFF script). `scorer_arch="small"` is the MultiOFF script's scorer (Linear -> H,
+    weight-normed Linear -> H/2, Linear -> 1). `head_final_dropout=False`: the open_clip scripts'
+    head, without the Dropout before its last Linear. `mask_padded=False`: the official code, where
+    a hard Gumbel pick can land on an empty caption slot.
+    """
     import torch
     import torch.nn as nn
+    if scorer_input not in ("caption", "image+caption"):
+        raise ValueError(f"scorer_input must be 'caption' or 'image+caption', not {scorer_input!r}")
+    if scorer_arch not in ("full", "small"):
+        raise ValueError(f"scorer_arch must be 'full' or 'small', not {scorer_arch!r}")
+    if gumbel_over not in ("logits", "probs"):
+        raise ValueError(f"gumbel_over must be 'logits' or 'probs', not {gumbel_over!r}")
+    if xavier not in ("scorer", "all"):
+        raise ValueError(f"xavier must be 'scorer' or 'all', not {xavier!r}")
+
+    def lin(i, o, wn=False):
+        layer = nn.Linear(i, o)
+        nn.init.xavier_uniform_(layer.weight)            # the scorer's init (before weight norm)
+        nn.init.zeros_(layer.bias)
+        return _wn(layer) if wn else layer
 
     class _CLIPClassifier(nn.Module):
         def __init__(self):
             super().__init__()
             H = hidden
-            self.caption_scorer = nn.Sequential(
-                nn.Linear(image_dim + text_dim, H), nn.LayerNorm(H), nn.GELU(), nn.Dropout(0.5),
-                _wn(nn.Linear(H, H)), nn.LayerNorm(H), nn.GELU(), nn.Dropout(0.4),
-                _wn(nn.Linear(H, H)), nn.LayerNorm(H), nn.GELU(), nn.Dropout(0.4),
-                _wn(nn.Linear(H, H // 2)), nn.LayerNorm(H // 2), nn.GELU(), nn.Dropout(0.3),
-                nn.Linear(H // 2, 1))
-            self.image_proj = nn.Sequential(nn.Linear(image_dim, H), nn.LayerNorm(H), nn.ReLU(), nn.Dropout(0.3))
-            self.text_proj = nn.Sequential(nn.Linear(text_dim, H), nn.LayerNorm(H), nn.ReLU(), nn.Dropout(0.3))
-            self.img2txt = nn.MultiheadAttention(H, heads, dropout=0.3, batch_first=True)
-            self.txt2img = nn.MultiheadAttention(H, heads, dropout=0.3, batch_first=True)
-            blocks: list[nn.Module] = [nn.Dropout(0.5)]
+            d_in = text_dim + (image_dim if scorer_input == "image+caption" else 0)
+            d1, d2, d3 = scorer_dropout
+            if scorer_arch == "full":
+                self.caption_scorer = nn.Sequential(
+                    lin(d_in, H), nn.LayerNorm(H), nn.GELU(), nn.Dropout(d1),
+                    lin(H, H, True), nn.LayerNorm(H), nn.GELU(), nn.Dropout(d2),
+                    lin(H, H, True), nn.LayerNorm(H), nn.GELU(), nn.Dropout(d2),
+                    lin(H, H // 2, True), nn.LayerNorm(H // 2), nn.GELU(), nn.Dropout(d3),
+                    lin(H // 2, 1))
+            else:
+                self.caption_scorer = nn.Sequential(
+                    lin(d_in, H), nn.LayerNorm(H), nn.GELU(), nn.Dropout(d1),
+                    lin(H, H // 2, True), nn.LayerNorm(H // 2), nn.GELU(), nn.Dropout(d3),
+                    lin(H // 2, 1))
+            self.image_proj = nn.Sequential(nn.Linear(image_dim, H), nn.LayerNorm(H), nn.ReLU(), nn.Dropout(proj_dropout))
+            self.text_proj = nn.Sequential(nn.Linear(text_dim, H), nn.LayerNorm(H), nn.ReLU(), nn.Dropout(proj_dropout))
+            self.img2txt = nn.MultiheadAttention(H, heads, dropout=attn_dropout, batch_first=True)
+            self.txt2img = nn.MultiheadAttention(H, heads, dropout=attn_dropout, batch_first=True)
+            blocks: list[nn.Module] = [nn.Dropout(head_dropout)]
             d = 2 * H
-            for _ in range(3):
-                blocks += [nn.Linear(d, H), nn.LayerNorm(H), nn.ReLU(), nn.Dropout(0.5)]
+            for k in range(3):
+                blocks += [nn.Linear(d, H), nn.LayerNorm(H), nn.ReLU()]
+                if k < 2 or head_final_dropout:
+                    blocks.append(nn.Dropout(head_dropout))
                 d = H
             blocks.append(nn.Linear(H, 1))
             self.head = nn.Sequential(*blocks)
             self.log_vars = nn.Parameter(torch.zeros(3))
-            for m in self.modules():
-                if isinstance(m, nn.Linear) and not hasattr(m, "parametrizations"):
-                    nn.init.xavier_uniform_(m.weight)
-                    nn.init.zeros_(m.bias)
+            if xavier == "all":
+                for m in self.modules():
+                    if isinstance(m, nn.Linear) and not hasattr(m, "parametrizations"):
+                        nn.init.xavier_uniform_(m.weight)
+                        nn.init.zeros_(m.bias)
 
         def forward(self, img, caps, cap_mask, cap_emb=None, img_emb=None, relevance: bool = True,
-                    tau: float = 1.0, hard: bool = True, modality: str = "both"):
-            """img [B, Di]; caps [B, K, Dt]; cap_mask [B, K] bool; cap_emb/img_emb: the backbone's
-            projected embeddings (cosine selection when the relevance scorer is off)."""
+                    tau: float = 1.0, hard: bool = True, modality: str = "both", allowed=None):
+            """img [B, Di]; caps [B, K, Dt]; cap_mask [B, K] bool (a caption exists); cap_emb / img_emb:
+            the backbone's projected embeddings (cosine selection when the relevance scorer is off,
+            and the official contrastive features); allowed [K] bool: candidate columns this model
+            may select (the unimodal baselines), masked whatever `mask_padded` says."""
             import torch.nn.functional as F
-            if modality == "text":
+            if modality in ("text", "caption"):
                 img = torch.zeros_like(img)
+                img_emb = None if img_emb is None else torch.zeros_like(img_emb)
             B, K, _ = caps.shape
-            scorer_in = torch.cat([img.unsqueeze(1).expand(B, K, -1), caps], -1)
+            scorer_in = caps if scorer_input == "caption" else torch.cat([img.unsqueeze(1).expand(B, K, -1), caps], -1)
             scores = self.caption_scorer(scorer_in).squeeze(-1)                   # [B, K]
             if relevance or cap_emb is None:
-                sel_logits = scores
+                sel_logits = scores.sigmoid() if gumbel_over == "probs" else scores
             else:
-                sel_logits = (F.normalize(img_emb, dim=-1).unsqueeze(1) * F.normalize(cap_emb, dim=-1)).sum(-1) / 0.07
-            sel_logits = sel_logits.masked_fill(~cap_mask, -1e4)
+                sel_logits = (F.normalize(img_emb, dim=-1).unsqueeze(1) * F.normalize(cap_emb, dim=-1)).sum(-1)
+                if selection_temperature:
+                    sel_logits = sel_logits / selection_temperature
+            block = torch.zeros_like(cap_mask) if allowed is None else ~allowed.to(cap_mask.device).expand(B, K)
+            if mask_padded:
+                block = block | ~cap_mask
+            sel_logits = sel_logits.masked_fill(block, -1e4)
             if self.training:
                 weights = F.gumbel_softmax(sel_logits, tau=tau, hard=hard)
             else:
@@ -104,7 +155,13 @@ def build_classifier(image_dim: int, text_dim: int, hidden: int = 1024, heads: i
             i2 = ip + self.img2txt(q_i, q_t, q_t, need_weights=False)[0].squeeze(1)
             t2 = tp + self.txt2img(q_t, q_i, q_i, need_weights=False)[0].squeeze(1)
             logit = self.head(torch.cat([i2, t2], -1)).squeeze(-1)
-            return {"logit": logit, "scores": scores, "weights": weights, "img_proj": ip, "txt_proj": tp}
+            out = {"logit": logit, "scores": scores, "weights": weights, "img_proj": ip, "txt_proj": tp,
+                   "select_mask": cap_mask & ~block if allowed is not None else cap_mask}
+            if cap_emb is not None and img_emb is not None:
+                out["img_emb"] = img_emb
+                out["sel_emb"] = torch.bmm(weights.unsqueeze(1), cap_emb).squeeze(1)         # the selected caption
+                out["argmax_emb"] = cap_emb[torch.arange(B, device=cap_emb.device), weights.argmax(-1)]
+            return out
 
     return _CLIPClassifier()
 
@@ -115,7 +172,7 @@ CLIPClassifier = build_classifier
 
 # ----------------------------------------------------------------------------- losses
 def focal_bce(logit, target, alpha: float = 0.25, gamma: float = 2.0, focal_weight: float = 0.9):
-    """0.9 focal (alpha on positives, gamma 2) + 0.1 BCE, on logits."""
+    """focal_weight x focal (alpha on positives, gamma) + (1 - focal_weight) x BCE, on logits."""
     import torch
     import torch.nn.functional as F
     bce = F.binary_cross_entropy_with_logits(logit, target, reduction="none")
@@ -127,6 +184,7 @@ def focal_bce(logit, target, alpha: float = 0.25, gamma: float = 2.0, focal_weig
 
 
 def info_nce(a, b, tau: float = 0.07):
+    """Symmetric InfoNCE between rows of a and b at temperature tau."""
     import torch
     import torch.nn.functional as F
     a, b = F.normalize(a, dim=-1), F.normalize(b, dim=-1)
@@ -135,29 +193,48 @@ def info_nce(a, b, tau: float = 0.07):
     return 0.5 * (F.cross_entropy(logits, t) + F.cross_entropy(logits.T, t))
 
 
-def sigmoid_contrastive(a, b, t: float = 10.0, bias: float = -10.0):
-    """SigLIP's pairwise sigmoid loss."""
+def sigmoid_contrastive(a, b, tau: float = 0.07):
+    """The official SigLIP-backbone contrastive term: BCE-with-logits on cos / tau against the
+    identity (1 on matching pairs, 0 elsewhere), averaged over all B^2 pairs."""
     import torch
     import torch.nn.functional as F
     a, b = F.normalize(a, dim=-1), F.normalize(b, dim=-1)
-    logits = a @ b.T * t + bias
-    labels = 2 * torch.eye(len(a), device=a.device) - 1
-    return -F.logsigmoid(labels * logits).sum() / len(a)
+    logits = a @ b.T / tau
+    return F.binary_cross_entropy_with_logits(logits, torch.eye(len(a), device=a.device, dtype=logits.dtype))
+
+
+CONTRASTIVE_FEATURES = ("clip", "head")
 
 
 def trace_loss(out: dict[str, Any], labels, cap_mask, enabled: Sequence[str], log_vars=None,
-               fixed_weights: dict[str, float] | None = None, sigmoid: bool = False) -> tuple[Any, dict[str, float]]:
-    """The enabled losses combined by uncertainty weighting sum_k exp(-s_k) L_k + 0.5 s_k (or fixed weights)."""
+               fixed_weights: dict[str, float] | None = None, sigmoid: bool = False, *,
+               focal: dict[str, float] | None = None, contrastive_features: str = "clip",
+               contrastive_caption: str = "selected", contrastive_temperature: float = 0.07) -> tuple[Any, dict[str, float]]:
+    """The enabled losses combined by uncertainty weighting sum_k exp(-s_k) L_k + 0.5 s_k (or fixed weights).
+
+    focal: {alpha, gamma, focal_weight} for the classification and relevance losses.
+    contrastive_features: "clip" (official) compares the backbone's projected image embedding with
+    the selected caption's projected text embedding; "head" compares the head's own projections.
+    contrastive_caption: "selected" (the Gumbel pick, straight-through) or "argmax" (MultiOFF)."""
+    focal = focal or {}
     parts = {}
     if "cls" in enabled:
-        parts["cls"] = focal_bce(out["logit"], labels)
+        parts["cls"] = focal_bce(out["logit"], labels, **focal)
     if "rel" in enabled:
         m = cap_mask.float()
         mean_score = (out["scores"] * m).sum(-1) / m.sum(-1).clamp(min=1)
-        parts["rel"] = focal_bce(mean_score, labels)
+        parts["rel"] = focal_bce(mean_score, labels, **focal)
     if "con" in enabled and len(labels) > 1:
+        if contrastive_features not in CONTRASTIVE_FEATURES:
+            raise ValueError(f"contrastive_features must be one of {CONTRASTIVE_FEATURES}, not {contrastive_features!r}")
+        if contrastive_features == "clip":
+            if "img_emb" not in out:
+                raise ValueError("contrastive_features='clip' needs the backbone's projected embeddings in the forward")
+            a, b = out["img_emb"], out["argmax_emb" if contrastive_caption == "argmax" else "sel_emb"]
+        else:
+            a, b = out["img_proj"], out["txt_proj"]
         fn = sigmoid_contrastive if sigmoid else info_nce
-        parts["con"] = fn(out["img_proj"], out["txt_proj"])
+        parts["con"] = fn(a, b, contrastive_temperature)
     total = 0.0
     for k, v in parts.items():
         if fixed_weights is not None:
@@ -168,9 +245,9 @@ def trace_loss(out: dict[str, Any], labels, cap_mask, enabled: Sequence[str], lo
     return total, {k: float(v.detach()) for k, v in parts.items()}
 
 
-def gumbel_tau(epoch: int, epochs: int) -> float:
-    """tau = max(1 - 0.9 e / E, 0.1) at epoch e of E (0-based)."""
-    return max(1.0 - 0.9 * epoch / max(1, epochs), 0.1)
+def gumbel_tau(epoch: int, epochs: int, start: float = 1.0, decay: float = 0.9, floor: float = 0.1) -> float:
+    """tau = max(start - decay * e / E, floor) at epoch e of E (0-based)."""
+    return max(start - decay * epoch / max(1, epochs), floor)
 
 
 # ----------------------------------------------------------------------------- data and features
@@ -301,29 +378,87 @@ def batch_features(encoder, data: MemeBatchData, rows, cache: FeatureCache | Non
 # ----------------------------------------------------------------------------- training
 @dataclass
 class TrainConfig:
+    """Everything that shapes one TRACE run. The defaults are the official ViT-L/14 script's
+    behaviour except where marked "deliberate" (an improvement kept as the default, with the
+    official behaviour one field away)."""
     loss_config: str = "cls+rel"          # cls+rel (default) | cls+con | all
-    modality: str = "both"                # both | text | image (unimodal baselines)
+    modality: str = "both"                # both | text (meme text only) | caption (captions only) | image
     unfreeze_text_layers: tuple[int, ...] = (-1,)   # relative to the last text layer (-1 = last)
     lora_rank: int = 0                    # > 0: LoRA (peft) on the unfrozen layers' attention instead of full tuning
     hidden: int = 1024
+    heads: int = 8
     epochs: int = 30
     batch_size: int = 128
     grad_accum: int = 4                   # effective batch = batch_size * grad_accum
     lr: float = 1e-4
-    weight_decay: float = 0.0
+    weight_decay: float = 0.01            # AdamW's default, which the official scripts keep
     grad_clip: float = 1.0
     patience: int = 5                     # early stopping on validation AUROC (or macro-F1)
-    lr_patience: int = 2                  # ReduceLROnPlateau(max, factor 0.1)
+    lr_patience: int = 2                  # ReduceLROnPlateau(max, factor 0.1, min_lr)
+    min_lr: float = 1e-7
     select_on: str = "auroc"              # auroc | macro_f1 (MultiOFF)
     fixed_weights: dict[str, float] | None = None   # MultiOFF: {"cls": 1, "con": 0.3, "rel": 0.7}
-    sigmoid_contrastive: bool = False     # SigLIP backbones
+    sigmoid_contrastive: bool = False     # SigLIP backbones: BCE on cos / temperature over B^2 pairs
+    # -- the method's constants
+    focal_alpha: float = 0.25
+    focal_gamma: float = 2.0
+    focal_weight: float = 0.9             # focal x this + BCE x (1 - this)
+    tau_start: float = 1.0                # Gumbel tau = max(tau_start - tau_decay * e / E, tau_min)
+    tau_decay: float = 0.9
+    tau_min: float = 0.1
+    contrastive_temperature: float = 0.07
+    selection_temperature: float | None = None   # cosine selection: raw cosine (official); 0.07 divides it
+    scorer_input: str = "caption"         # caption (official) | image+caption
+    scorer_arch: str = "full"             # full | small (the MultiOFF script's scorer)
+    gumbel_over: str = "logits"           # logits | probs (MultiOFF: Gumbel over sigmoid probabilities)
+    contrastive_features: str = "clip"    # clip (backbone embeddings, official) | head (the head's projections)
+    contrastive_caption: str = "selected"  # selected (Gumbel pick) | argmax (MultiOFF)
+    scorer_dropout: tuple[float, float, float] = (0.5, 0.4, 0.3)
+    proj_dropout: float = 0.3
+    attn_dropout: float = 0.3
+    head_dropout: float = 0.5
+    head_final_dropout: bool | None = None   # None: by backbone (open_clip scripts have none)
+    head_inputs: str = "auto"             # auto (pooled for HF backbones, projected for open_clip) | pooled | projected
+    xavier: str = "scorer"                # scorer (official) | all
+    val_threshold_by: str = "accuracy"    # the decision threshold maximises this on validation
+    # -- deliberate departures, each with the official behaviour as its other value
+    mask_padded: bool = True              # deliberate; False: a hard Gumbel pick can land on an empty slot
+    restore_best: bool = True             # deliberate; False: keep the last epoch's weights
+    # -- engineering
     cache_frozen: bool = True
     cache_dtype: str = "float32"          # host dtype of cached text hidden states (float16/bfloat16 halve memory)
-    amp: bool = True                      # autocast bf16/fp16 on GPU; ignored on CPU
+    amp: bool = True                      # autocast bf16 on GPU; ignored on CPU
     seed: int = 121
     deterministic: bool = True            # torch deterministic algorithms (warn-only): the same run twice gives
                                           # the same numbers (without it, 1e-7 differences in accumulated
                                           # gradients grow into different models over 12 epochs)
+
+    def __post_init__(self):
+        self.unfreeze_text_layers = tuple(self.unfreeze_text_layers)
+        self.scorer_dropout = tuple(self.scorer_dropout)
+        if self.loss_config not in LOSS_CONFIGS:
+            raise ValueError(f"TrainConfig.loss_config must be one of {', '.join(LOSS_CONFIGS)}, not {self.loss_config!r}")
+        if self.modality not in MODALITIES:
+            raise ValueError(f"TrainConfig.modality must be one of {', '.join(MODALITIES)}, not {self.modality!r}")
+        if self.head_inputs not in ("auto", "pooled", "projected"):
+            raise ValueError(f"TrainConfig.head_inputs must be auto, pooled or projected, not {self.head_inputs!r}")
+        if self.contrastive_caption not in ("selected", "argmax"):
+            raise ValueError(f"TrainConfig.contrastive_caption must be selected or argmax, not {self.contrastive_caption!r}")
+        if len(self.scorer_dropout) != 3:
+            raise ValueError("TrainConfig.scorer_dropout takes three rates (first block, middle blocks, last block)")
+
+
+MODALITIES = ("both", "text", "caption", "image")
+#: the candidate columns each modality may select ("text" is the meme text)
+def allowed_columns(columns: Sequence[str], modality: str) -> list[bool]:
+    """Which candidate columns a model of this modality may select: the text-only baseline reads
+    only the meme text, the caption-only baseline only the captioners' columns (which describe the
+    image: not a text-only model), the others every column."""
+    if modality == "text":
+        return [c == "text" for c in columns]
+    if modality == "caption":
+        return [c != "text" for c in columns]
+    return [True] * len(columns)
 
 
 def unfrozen_layer_indices(encoder, unfreeze_text_layers: Sequence[int]) -> list[int]:
@@ -373,20 +508,31 @@ def lora_targets(encoder, layer_idx) -> list[str]:
     return out
 
 
-def metrics_at(probs: np.ndarray, labels: np.ndarray, threshold: float) -> dict[str, float]:
-    from sklearn.metrics import accuracy_score, precision_recall_fscore_support, roc_auc_score
-    pred = (probs >= threshold).astype(int)
-    p, r, f, _ = precision_recall_fscore_support(labels, pred, average="macro", zero_division=0)
-    auroc = roc_auc_score(labels, probs) if len(set(labels.tolist())) == 2 else float("nan")
-    return {"accuracy": float(accuracy_score(labels, pred)), "macro_precision": float(p), "macro_recall": float(r),
-            "macro_f1": float(f), "auroc": float(auroc)}
+def head_inputs(encoder, cfg: TrainConfig) -> str:
+    """pooled or projected: what the head and scorer read (official: projected on open_clip backbones)."""
+    if cfg.head_inputs != "auto":
+        return cfg.head_inputs
+    return "projected" if getattr(encoder, "backend", "") == "open_clip" else "pooled"
 
 
-def best_threshold(probs: np.ndarray, labels: np.ndarray, by: str = "accuracy") -> float:
-    """The threshold that maximises `by` on these (validation) predictions."""
-    cands = np.unique(np.concatenate([[0.5], probs]))
-    scores = [metrics_at(probs, labels, t)[by] for t in cands]
-    return float(cands[int(np.argmax(scores))])
+def head_final_dropout(encoder, cfg: TrainConfig) -> bool:
+    if cfg.head_final_dropout is not None:
+        return bool(cfg.head_final_dropout)
+    return getattr(encoder, "backend", "") != "open_clip"
+
+
+def _embed_dims(encoder) -> tuple[int, int]:
+    """Widths of the backbone's projected image and text embeddings."""
+    import torch
+    with torch.no_grad():
+        dev = encoder.device
+        i = encoder.project_image(torch.zeros(1, encoder.image_dim, device=dev))
+        t = encoder.project_text(torch.zeros(1, encoder.text_dim, device=dev))
+    return int(i.shape[-1]), int(t.shape[-1])
+
+
+class CheckpointMismatch(ValueError):
+    """A run folder's checkpoint belongs to another configuration."""
 
 
 class Trainer:
@@ -415,25 +561,42 @@ class Trainer:
         if cfg.cache_frozen and cache is not None and cache.layer > min(self.unfrozen):
             raise ValueError(f"feature cache stops at layer {cache.layer} but layer {min(self.unfrozen)} is unfrozen")
         self.cache = cache if cfg.cache_frozen else None
-        self.model = build_classifier(encoder.image_dim, encoder.text_dim, cfg.hidden).to(encoder.device)
+        self.inputs = head_inputs(encoder, cfg)
+        dims = _embed_dims(encoder) if self.inputs == "projected" else (encoder.image_dim, encoder.text_dim)
+        self.model = build_classifier(
+            *dims, cfg.hidden, cfg.heads, scorer_input=cfg.scorer_input, scorer_arch=cfg.scorer_arch,
+            scorer_dropout=cfg.scorer_dropout, proj_dropout=cfg.proj_dropout, attn_dropout=cfg.attn_dropout,
+            head_dropout=cfg.head_dropout, head_final_dropout=head_final_dropout(encoder, cfg), xavier=cfg.xavier,
+            selection_temperature=cfg.selection_temperature, gumbel_over=cfg.gumbel_over,
+            mask_padded=cfg.mask_padded).to(encoder.device)
+        self.allowed = torch.tensor(allowed_columns(data.columns, cfg.modality), device=encoder.device)
+        if not bool(self.allowed.any()):
+            raise ValueError(f"TrainConfig.modality={cfg.modality!r} leaves no candidate column among {data.columns}")
         self.enabled = LOSS_CONFIGS[cfg.loss_config]
         self.relevance = "rel" in self.enabled
         params = [p for p in self.model.parameters()] + [p for p in encoder.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.ReduceLROnPlateau(self.opt, mode="max", factor=0.1,
-                                                                patience=cfg.lr_patience)
+                                                                patience=cfg.lr_patience, min_lr=cfg.min_lr)
         self.curve: list[dict[str, Any]] = []
         self._params = params
+        self._focal = {"alpha": cfg.focal_alpha, "gamma": cfg.focal_gamma, "focal_weight": cfg.focal_weight}
 
     def _forward(self, rows, train: bool, tau: float = 1.0):
         import torch
         img, img_emb, caps, cemb, mask = batch_features(self.encoder, self.data, rows, self.cache)
+        if self.inputs == "projected":
+            img, caps = img_emb, cemb
         dev = self.encoder.device
         use_amp = self.cfg.amp and dev.startswith("cuda")
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=use_amp):
             out = self.model(img.float(), caps.float(), mask, cemb.float(), img_emb.float(), relevance=self.relevance,
-                             tau=tau, hard=True, modality=self.cfg.modality)
-        return out, mask
+                             tau=tau, hard=True, modality=self.cfg.modality, allowed=self.allowed)
+        return out, out["select_mask"]
+
+    def tau(self, epoch: int) -> float:
+        c = self.cfg
+        return gumbel_tau(epoch, c.epochs, c.tau_start, c.tau_decay, c.tau_min)
 
     def epoch(self, rows: np.ndarray, epoch: int) -> dict[str, float]:
         import torch
@@ -442,7 +605,7 @@ class Trainer:
         self.model.train()
         self.encoder.model.train()
         perm = np.random.permutation(rows)            # the same on every process (same seed)
-        tau = gumbel_tau(epoch, cfg.epochs)
+        tau = self.tau(epoch)
         t0, losses = time.time(), []
         self.opt.zero_grad(set_to_none=True)
         n_batches = math.ceil(len(perm) / (cfg.batch_size * self.world))
@@ -456,7 +619,10 @@ class Trainer:
             out, mask = self._forward(r, True, tau)
             y = torch.as_tensor(self.data.labels[r], device=out["logit"].device)
             loss, parts = trace_loss(out, y, mask, self.enabled, self.model.log_vars, cfg.fixed_weights,
-                                     cfg.sigmoid_contrastive)
+                                     cfg.sigmoid_contrastive, focal=self._focal,
+                                     contrastive_features=cfg.contrastive_features,
+                                     contrastive_caption=cfg.contrastive_caption,
+                                     contrastive_temperature=cfg.contrastive_temperature)
             (scale * loss / cfg.grad_accum).backward()
             if (b + 1) % cfg.grad_accum == 0 or b + 1 == n_batches:
                 self._sync_gradients()
@@ -497,92 +663,144 @@ class Trainer:
                 weights.append(out["weights"].float().cpu().numpy())
         return np.concatenate(probs), np.concatenate(weights)
 
-    def fit(self, train_rows, val_rows) -> dict[str, Any]:
-        """Train with ReduceLROnPlateau and early stopping on validation; keep the best state."""
+    # -- checkpoints: everything an interrupted fit needs to continue as if it had not stopped
+    def _trainable_state(self) -> dict[str, Any]:
+        return {n: p.detach().clone() for n, p in self.encoder.model.named_parameters() if p.requires_grad}
+
+    def _load_trainable(self, state: dict[str, Any]) -> None:
         import torch
+        named = dict(self.encoder.model.named_parameters())
+        with torch.no_grad():
+            for n, v in state.items():
+                named[n].copy_(v)
+
+    def _checkpoint_state(self, epoch: int, best: float, best_state, bad: int) -> dict[str, Any]:
+        import random
+        import torch
+        return {"version": 1, "config": asdict(self.cfg), "epoch": epoch, "best": best, "bad": bad,
+                "best_state": best_state, "model": self.model.state_dict(), "trainable": self._trainable_state(),
+                "opt": self.opt.state_dict(), "sched": self.sched.state_dict(), "curve": self.curve,
+                "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+
+    def _restore(self, ck: dict[str, Any]) -> None:
+        import random
+        import torch
+        self.model.load_state_dict(ck["model"])
+        self._load_trainable(ck["trainable"])
+        self.opt.load_state_dict(ck["opt"])
+        self.sched.load_state_dict(ck["sched"])
+        self.curve = list(ck["curve"])
+        torch.set_rng_state(ck["rng"]["torch"])
+        np.random.set_state(ck["rng"]["numpy"])
+        random.setstate(ck["rng"]["python"])
+        if ck["rng"].get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(ck["rng"]["cuda"])
+
+    def fit(self, train_rows, val_rows, checkpoint=None, on_epoch_end=None) -> dict[str, Any]:
+        """Train with ReduceLROnPlateau and early stopping on validation; keep the best state
+        (`restore_best`; the official code keeps the last).
+
+        checkpoint: a file path; after every epoch the full training state (weights, optimiser,
+        scheduler, curve, best state, random generators) is written there atomically, and a fit that
+        finds one for the same configuration continues after its last epoch with the same result
+        as an uninterrupted fit. on_epoch_end(epoch_record): called after each epoch's checkpoint."""
+        import torch
+        from pathlib import Path
         cfg = self.cfg
-        best, best_state, bad = -1.0, None, 0
-        for e in range(cfg.epochs):
+        best, best_state, bad, start = -1.0, None, 0, 0
+        if checkpoint is not None and Path(checkpoint).exists():
+            ck = torch.load(checkpoint, map_location=self.encoder.device, weights_only=False)
+            if ck.get("config") != asdict(cfg):
+                diff = sorted(k for k in asdict(cfg) if ck.get("config", {}).get(k) != asdict(cfg)[k])
+                raise CheckpointMismatch(f"{checkpoint}: written for another configuration (differs in "
+                                         f"{', '.join(diff)}); move it aside or restore that configuration")
+            self._restore(ck)
+            best, best_state, bad, start = ck["best"], ck["best_state"], ck["bad"], ck["epoch"] + 1
+            stopped = ck.get("stopped", False)
+            if stopped:
+                start = cfg.epochs
+        for e in range(start, cfg.epochs):
             ep = self.epoch(np.asarray(train_rows), e)
             pv, _ = self.predict(np.asarray(val_rows))
             yv = self.data.labels[np.asarray(val_rows)].astype(int)
-            vm = metrics_at(pv, yv, best_threshold(pv, yv))
+            vm = metrics_at(pv, yv, best_threshold(pv, yv, cfg.val_threshold_by))
             score = vm[cfg.select_on]
             self.sched.step(score)
             self.curve.append({"epoch": e + 1, **ep, "val_auroc": vm["auroc"], "val_macro_f1": vm["macro_f1"],
-                               "lr": self.opt.param_groups[0]["lr"]})
+                               "val_accuracy": vm["accuracy"], "lr": self.opt.param_groups[0]["lr"]})
             if score > best + 1e-6:
                 best, bad = score, 0
-                best_state = (copy.deepcopy(self.model.state_dict()),
-                              {n: p.detach().clone() for n, p in self.encoder.model.named_parameters() if p.requires_grad})
+                best_state = (copy.deepcopy(self.model.state_dict()), self._trainable_state(), e + 1)
             else:
                 bad += 1
-                if bad >= cfg.patience:
-                    break
-        if best_state is not None:
+            stop = bad >= cfg.patience
+            if checkpoint is not None:
+                from lib.artifacts import write_with
+                state = self._checkpoint_state(e, best, best_state, bad)
+                state["stopped"] = stop
+                write_with(Path(checkpoint), lambda tmp: torch.save(state, tmp))
+            if on_epoch_end is not None:
+                on_epoch_end(self.curve[-1])
+            if stop:
+                break
+        best_epoch = len(self.curve)
+        if cfg.restore_best and best_state is not None:
             self.model.load_state_dict(best_state[0])
-            named = dict(self.encoder.model.named_parameters())
-            with torch.no_grad():
-                for n, v in best_state[1].items():
-                    named[n].copy_(v)
-        return {"best_val": best, "epochs_run": len(self.curve)}
+            self._load_trainable(best_state[1])
+            best_epoch = best_state[2]
+        return {"best_val": best, "epochs_run": len(self.curve), "best_epoch": best_epoch}
 
     def evaluate(self, val_rows, test_splits: dict[str, np.ndarray]) -> dict[str, Any]:
-        """Threshold from validation only; per-split metrics, the optimistic (threshold-on-test) variant
-        labelled as such, and predictions (id, probability, threshold, prediction, label)."""
+        """Threshold from validation only; per-split metrics, the official threshold-on-test number
+        (best-F1 point of the split's own precision-recall curve) labelled optimistic, and
+        predictions (id, probability, threshold, prediction, label, selected caption and its weight)."""
         pv, _ = self.predict(np.asarray(val_rows))
         yv = self.data.labels[np.asarray(val_rows)].astype(int)
-        thr = best_threshold(pv, yv)
+        thr = best_threshold(pv, yv, self.cfg.val_threshold_by)
         out: dict[str, Any] = {"threshold": thr, "val": metrics_at(pv, yv, thr), "splits": {}, "predictions": []}
         for split, rows in test_splits.items():
             rows = np.asarray(rows)
             p, w = self.predict(rows)
             y = self.data.labels[rows].astype(int)
             m = metrics_at(p, y, thr)
-            m["accuracy_optimistic_threshold_on_test"] = metrics_at(p, y, best_threshold(p, y))["accuracy"]
+            if len(set(y.tolist())) == 2:
+                t_opt = pr_best_f1_threshold(p, y)
+                m["accuracy_optimistic_threshold_on_test"] = metrics_at(p, y, t_opt)["accuracy"]
+                m["macro_f1_optimistic_threshold_on_test"] = metrics_at(p, y, t_opt)["macro_f1"]
             out["splits"][split] = m
             for i, r in enumerate(rows):
+                k = int(np.argmax(w[i]))
                 out["predictions"].append({"id": self.data.ids[r], "split": split, "probability": float(p[i]),
                                            "threshold": thr, "prediction": int(p[i] >= thr), "label": int(y[i]),
-                                           "selected": self.data.columns[int(np.argmax(w[i]))]})
+                                           "selected": self.data.columns[k], "selected_weight": float(w[i][k])})
         return out
-
-
-def per_type_accuracy(predictions: list[dict[str, Any]], types: dict[str, str]) -> dict[str, float]:
-    import collections
-    hit: dict[str, list[int]] = collections.defaultdict(list)
-    for p in predictions:
-        t = types.get(p["id"])
-        if t is not None:
-            hit[t].append(int(p["prediction"] == p["label"]))
-    return {t: float(np.mean(v)) for t, v in sorted(hit.items())}
-
-
-def mcnemar(correct_a: Sequence[bool], correct_b: Sequence[bool]) -> dict[str, float]:
-    """McNemar on paired correct/incorrect (statsmodels, exact=False, correction=True)."""
-    from statsmodels.stats.contingency_tables import mcnemar as _mc
-    a, b = np.asarray(correct_a, bool), np.asarray(correct_b, bool)
-    table = [[int((a & b).sum()), int((a & ~b).sum())], [int((~a & b).sum()), int((~a & ~b).sum())]]
-    r = _mc(table, exact=False, correction=True)
-    return {"statistic": float(r.statistic), "pvalue": float(r.pvalue), "b": table[0][1], "c": table[1][0]}
 
 
 # ----------------------------------------------------------------------------- runs (notebook 02 and the CLI)
 VALIDATION_SPLITS = ("dev_seen", "dev_unseen", "val")
 TEST_SPLITS = ("test_seen", "test_unseen", "test")
+#: the official MultiOFF script (CLIP-RoBERTa B/32, last text layer)
 MULTIOFF_RECIPE = {"loss_config": "all", "fixed_weights": {"cls": 1.0, "con": 0.3, "rel": 0.7},
                    "select_on": "macro_f1", "unfreeze_text_layers": (-1,), "batch_size": 32, "grad_accum": 4,
-                   "epochs": 20, "seed": 42}
+                   "epochs": 20, "seed": 42, "weight_decay": 0.01, "grad_clip": 2.0, "scorer_arch": "small",
+                   "gumbel_over": "probs", "contrastive_caption": "argmax"}
 
 
 def run_config(section: dict[str, Any], backbone: str | None = None, dataset: str = "fhm",
                **overrides) -> tuple[str, TrainConfig]:
     """The backbone and TrainConfig of one run from a profile's `02_finetuning` section (notebook
-    02's parameters): the section's TrainConfig fields, then for FHM the backbone's `recipes` entry,
-    for MultiOFF `MULTIOFF_RECIPE` updated by the section's `multioff` (whose `backbone` is the
-    default encoder there), then `overrides`. The backbone defaults to the section's first."""
+    02's parameters): the section's TrainConfig fields (and its `method` mapping of the method's
+    constants), then for FHM the backbone's `recipes` entry, for MultiOFF `MULTIOFF_RECIPE` updated
+    by the section's `multioff` (whose `backbone` is the default encoder there), then `overrides`.
+    The backbone defaults to the section's first."""
     fields = TrainConfig.__dataclass_fields__
     first = (section.get("backbones") or ["memeworld-clip"])[0]
+    method = dict(section.get("method") or {})
+    unknown = sorted(set(method) - set(fields))
+    if unknown:
+        raise ValueError(f"02_finetuning.method: unknown key(s) {', '.join(unknown)} (TrainConfig fields: "
+                         f"{', '.join(sorted(fields))})")
     if dataset == "multioff":
         recipe = {**MULTIOFF_RECIPE, **(section.get("multioff") or {})}
         default = recipe.pop("backbone", first)
@@ -595,7 +813,7 @@ def run_config(section: dict[str, Any], backbone: str | None = None, dataset: st
         where = "multioff" if dataset == "multioff" else f"recipes.{backbone}"
         raise ValueError(f"02_finetuning.{where}: unknown key(s) {', '.join(unknown)} (TrainConfig fields: "
                          f"{', '.join(sorted(fields))})")
-    kw = {**{k: v for k, v in section.items() if k in fields}, **recipe, **overrides}
+    kw = {**{k: v for k, v in section.items() if k in fields}, **method, **recipe, **overrides}
     kw["unfreeze_text_layers"] = tuple(kw.get("unfreeze_text_layers", (-1,)))
     return backbone, TrainConfig(**kw)
 
@@ -605,6 +823,30 @@ def split_rows(data: MemeBatchData) -> tuple[np.ndarray, np.ndarray, dict[str, n
     sp = np.array(data.splits)
     tests = {s: np.where(sp == s)[0] for s in TEST_SPLITS if (sp == s).any()}
     return np.where(sp == "train")[0], np.where(np.isin(sp, VALIDATION_SPLITS))[0], tests
+
+
+def subsample(data: MemeBatchData, max_memes: int, seed: int = 0) -> MemeBatchData:
+    """A quick-look copy with at most `max_memes` memes, stratified by split (each split keeps its
+    share, at least 8 memes) and drawn with a fixed seed; 0 keeps everything."""
+    n = len(data.ids)
+    if not max_memes or max_memes >= n:
+        return data
+    rng = np.random.default_rng(seed)
+    sp = np.array(data.splits)
+    keep = []
+    for s in dict.fromkeys(data.splits):
+        rows = np.where(sp == s)[0]
+        k = min(len(rows), max(8, round(max_memes * len(rows) / n)))
+        keep.extend(sorted(rng.choice(rows, k, replace=False).tolist()))
+    keep = np.array(sorted(keep))
+    used = np.unique(data.cap_index[keep][data.cap_index[keep] >= 0])
+    remap = np.full(len(data.texts), -1, dtype=np.int64)
+    remap[used] = np.arange(len(used))
+    ci = data.cap_index[keep]
+    ci = np.where(ci >= 0, remap[np.clip(ci, 0, None)], -1)
+    return MemeBatchData([data.ids[i] for i in keep], data.labels[keep], [data.splits[i] for i in keep],
+                         [data.image_paths[i] for i in keep], ci, [data.texts[i] for i in used], list(data.columns),
+                         [data.meta[i] for i in keep] if data.meta else [])
 
 
 def load_trace_data(path, columns: Sequence[str]) -> MemeBatchData:
@@ -618,13 +860,24 @@ def load_trace_data(path, columns: Sequence[str]) -> MemeBatchData:
     return MemeBatchData.from_records(ds.records, list(columns))
 
 
+def data_fingerprint(data: MemeBatchData) -> str:
+    """A short hash of what a run trains and is evaluated on (ids, labels, splits, candidate texts)."""
+    import hashlib
+    import json
+    h = hashlib.sha256()
+    h.update(json.dumps([data.ids, data.labels.astype(int).tolist(), data.splits, data.columns]).encode())
+    h.update(data.cap_index.tobytes())
+    h.update("\n".join(data.texts).encode())
+    return h.hexdigest()[:16]
+
+
 def lowest_layer(encoder, unfreeze_text_layers: Sequence[int]) -> int:
     """The lowest unfrozen text layer: where `FeatureCache` stops."""
     return unfrozen_layer_indices(encoder, unfreeze_text_layers)[0]
 
 
 def train_variant(encoder, data: MemeBatchData, cfg: TrainConfig, cache: FeatureCache | None = None,
-                  progress: bool = True, accelerator=None) -> dict[str, Any]:
+                  progress: bool = True, accelerator=None, checkpoint=None, on_epoch_end=None) -> dict[str, Any]:
     """Fit with validation-based selection, then evaluate every test split at the validation threshold."""
     train, val, tests = split_rows(data)
     if len(train) == 0 or len(val) == 0:
@@ -632,23 +885,99 @@ def train_variant(encoder, data: MemeBatchData, cfg: TrainConfig, cache: Feature
                          f"(validation splits: {', '.join(VALIDATION_SPLITS)})")
     t0 = time.time()
     tr = Trainer(encoder, data, cfg, cache, progress=progress, accelerator=accelerator)
-    fit = tr.fit(train, val)
+    fit = tr.fit(train, val, checkpoint=checkpoint, on_epoch_end=on_epoch_end)
     ev = tr.evaluate(val, tests)
     return {"fit": fit, "curve": tr.curve, "eval": ev, "seconds": time.time() - t0, "trainer": tr}
 
 
+def variant_name(cfg: TrainConfig, backbone: str | None = None, dataset: str = "fhm", main_backbone: str | None = None,
+                 tag: str = "") -> str:
+    """A run's folder name: <dataset>_<backbone>_<loss config or baseline>[_<tag>]."""
+    v = cfg.loss_config.replace("+", "_") if cfg.modality == "both" else f"{cfg.modality}_only"
+    return "_".join(x for x in (dataset, backbone or main_backbone or "", v, tag) if x)
+
+
+def selected_share(predictions: Sequence[dict[str, Any]], columns: Sequence[str], split: str | None = None) -> dict[str, float]:
+    """Share of memes whose selected caption is each candidate column (argmax of the inference weights)."""
+    rows = [p for p in predictions if split is None or p["split"] == split]
+    n = max(1, len(rows))
+    return {c: sum(p["selected"] == c for p in rows) / n for c in columns}
+
+
+def run_variant(run_dir, data: MemeBatchData, backbone: str, cfg: TrainConfig, make_encoder, make_cache=None,
+                progress: bool = True, accelerator=None, on_epoch_end=None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One TRACE variant as a resumable run in `run_dir`:
+
+    - `config.json`: backbone, TrainConfig and the data fingerprint (written first);
+    - `checkpoint.pt`: the full training state after every epoch (a killed run resumes after its
+      last finished epoch and ends with the same metrics as an uninterrupted run);
+    - `result.json` (fit, curve, evaluation without predictions, selected-caption shares) and
+      `predictions.csv` when the run is finished.
+    A finished run with the same configuration and data is read back, not retrained (runs launched
+    elsewhere, e.g. `accelerate launch -m lib.trace`, are collected the same way). A folder holding
+    another configuration's run is moved to `runs/.superseded/` (never deleted) before training.
+    make_encoder(): a fresh encoder; make_cache(encoder): its FeatureCache (or None)."""
+    import json
+    import shutil
+    from pathlib import Path
+    import pandas as pd
+    from lib.artifacts import write_json, write_text
+    run_dir = Path(run_dir)
+    main = accelerator is None or accelerator.is_main_process
+    want = {"backbone": backbone, "data": data_fingerprint(data), "config": json.loads(json.dumps(asdict(cfg))),
+            **(extra or {})}
+    cfg_path, res_path, pred_path, ck = (run_dir / "config.json", run_dir / "result.json",
+                                         run_dir / "predictions.csv", run_dir / "checkpoint.pt")
+    if cfg_path.exists():
+        try:
+            have = json.loads(cfg_path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{cfg_path}: not valid JSON ({e}); move the folder aside to retrain") from e
+        if have != want:
+            if main:
+                dest = run_dir.parent / ".superseded" / f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(run_dir), str(dest))
+                print(f"{run_dir.name}: the configuration or data changed; the old run was moved to {dest}")
+            if accelerator is not None:
+                accelerator.wait_for_everyone()
+        elif res_path.exists() and pred_path.exists():
+            res = json.loads(res_path.read_text())
+            preds = pd.read_csv(pred_path, dtype={"id": str}).to_dict("records")
+            return {**res, "eval": {**res["eval"], "predictions": preds}, "trained": False, "dir": str(run_dir)}
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(cfg_path, want)
+    resumed = None
+    if ck.exists():
+        import torch
+        resumed = int(torch.load(ck, map_location="cpu", weights_only=False)["epoch"]) + 1
+    enc = make_encoder()
+    cache = make_cache(enc) if make_cache is not None and cfg.cache_frozen else None
+    r = train_variant(enc, data, cfg, cache, progress=progress, accelerator=accelerator,
+                      checkpoint=ck if main else None, on_epoch_end=on_epoch_end)
+    ev = {k: v for k, v in r["eval"].items() if k != "predictions"}
+    res = {"name": run_dir.name, "backbone": backbone, "fit": r["fit"], "curve": r["curve"], "eval": ev,
+           "seconds": r["seconds"], "resumed_after_epoch": resumed,
+           "selected_share": {s: selected_share(r["eval"]["predictions"], data.columns, s) for s in ev["splits"]}}
+    if main:
+        write_text(pred_path, pd.DataFrame(r["eval"]["predictions"]).to_csv(index=False))
+        write_json(res_path, res)
+    return {**res, "eval": r["eval"], "trained": True, "dir": str(run_dir)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Train one TRACE variant from a profile, single- or multi-process:
+    """Train one TRACE variant from a profile, single- or multi-process, as a resumable run:
 
         python -m lib.trace --profile paper --backbone clip-vit-l14 --loss-config cls+rel
         accelerate launch --multi_gpu --num_processes 4 -m lib.trace --profile paper --dataset multioff
 
-    Reads the profile's `02_finetuning` section (and its `recipes` / `multioff` entries), the TRACE
-    JSON from notebook 01, and writes metrics.json, predictions.csv and curve.json under
-    artifacts/<profile>/02_finetuning/runs/<dataset>_<backbone>_<variant>/ (main process only)."""
+    Reads the profile's `02_finetuning` section (its `method`, `recipes` and `multioff` entries)
+    and the TRACE JSON from notebook 01; writes config.json, checkpoint.pt (every epoch),
+    result.json and predictions.csv under artifacts/<profile>/02_finetuning/runs/<name>/, the
+    folder notebook 02 collects. Run it again after a kill and it resumes from the last epoch."""
     import argparse
-    import pandas as pd
-    from lib.artifacts import require, stage_dir, write_json, write_text
+    from lib.artifacts import require, stage_dir
     from lib.encoders import load_encoder
     from lib.params import load_profile
     ap = argparse.ArgumentParser(prog="python -m lib.trace", description=main.__doc__.split("\n")[0])
@@ -656,8 +985,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--dataset", choices=("fhm", "multioff"), default="fhm")
     ap.add_argument("--backbone", help="encoder preset (default: the profile's first backbone)")
     ap.add_argument("--loss-config", choices=sorted(LOSS_CONFIGS))
-    ap.add_argument("--modality", choices=("both", "text", "image"), default="both")
+    ap.add_argument("--modality", choices=MODALITIES, default="both")
     ap.add_argument("--epochs", type=int)
+    ap.add_argument("--seed", type=int)
+    ap.add_argument("--tag", default="", help="suffix of the run's folder name")
     ap.add_argument("--cache-dtype", choices=CACHE_DTYPES,
                     help="host dtype of the cached text hidden states (default float32, exact)")
     ap.add_argument("--no-progress", action="store_true")
@@ -670,29 +1001,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ImportError:
         pass
     device = str(acc.device) if acc is not None else p.get("device")
-    given = {"loss_config": a.loss_config, "epochs": a.epochs, "cache_dtype": a.cache_dtype}
+    given = {"loss_config": a.loss_config, "epochs": a.epochs, "cache_dtype": a.cache_dtype, "seed": a.seed}
     backbone, cfg = run_config(p, a.backbone, a.dataset, modality=a.modality,
-                               **{k: v for k, v in given.items() if v})
+                               **{k: v for k, v in given.items() if v is not None})
     src = require(a.profile, "trace_captions_multioff" if a.dataset == "multioff" else "trace_captions",
                   "python -m lib.trace")
     data = load_trace_data(src, p.get("caption_columns", []))
-    enc = load_encoder(backbone, device=device)
-    cache = FeatureCache(enc, data, lowest_layer(enc, cfg.unfreeze_text_layers),
-                         progress=not a.no_progress, store_dtype=cfg.cache_dtype) if cfg.cache_frozen else None
-    if cache is not None:
-        print(f"feature cache: {cache.nbytes / 2**30:.2f} GiB ({cfg.cache_dtype} hidden states)")
-    r = train_variant(enc, data, cfg, cache, progress=not a.no_progress, accelerator=acc)
+
+    def make_cache(enc):
+        c = FeatureCache(enc, data, lowest_layer(enc, cfg.unfreeze_text_layers), progress=not a.no_progress,
+                         store_dtype=cfg.cache_dtype)
+        print(f"feature cache: {c.nbytes / 2**30:.2f} GiB ({cfg.cache_dtype} hidden states)")
+        return c
+
+    name = variant_name(cfg, backbone, a.dataset, tag=a.tag)
+    out = stage_dir(a.profile, "02_finetuning") / "runs" / name
+    r = run_variant(out, data, backbone, cfg, lambda: load_encoder(backbone, device=device), make_cache,
+                    progress=not a.no_progress, accelerator=acc)
     if acc is None or acc.is_main_process:
-        name = f"{a.dataset}_{backbone}_{cfg.loss_config.replace('+', '_')}" + ("" if a.modality == "both" else f"_{a.modality}_only")
-        out = stage_dir(a.profile, "02_finetuning") / "runs" / name
-        out.mkdir(parents=True, exist_ok=True)
-        flat = {"threshold": r["eval"]["threshold"], "processes": acc.num_processes if acc else 1,
-                "seconds": r["seconds"], **{f"{s}_{k}": v for s, m in r["eval"]["splits"].items() for k, v in m.items()}}
-        write_json(out / "metrics.json", flat)
-        write_json(out / "curve.json", r["curve"])
-        write_text(out / "predictions.csv", pd.DataFrame(r["eval"]["predictions"]).to_csv(index=False))
-        print(f"{name}: " + ", ".join(f"{k} {v:.3f}" for k, v in flat.items() if isinstance(v, float)))
-        print(f"wrote {out}")
+        flat = {f"{s}_{k}": v for s, m in r["eval"]["splits"].items() for k, v in m.items()}
+        state = "trained" if r["trained"] else "already finished"
+        print(f"{name} ({state}): " + ", ".join(f"{k} {v:.3f}" for k, v in flat.items() if isinstance(v, float)))
+        print(f"run folder: {out}")
     return 0
 
 

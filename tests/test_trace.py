@@ -81,6 +81,7 @@ def test_losses_follow_the_specification():
     assert focal_bce(logit, y).item() == pytest.approx((0.9 * focal + 0.1 * bce).item(), rel=1e-5)
     assert gumbel_tau(0, 30) == 1.0 and gumbel_tau(29, 30) == pytest.approx(max(1 - 0.9 * 29 / 30, 0.1))
     assert gumbel_tau(40, 30) == 0.1
+    assert gumbel_tau(5, 10, start=2.0, decay=1.0, floor=0.5) == pytest.approx(1.5)
     out = {"logit": logit, "scores": torch.tensor([[1.0, 3.0], [0.0, -2.0]]), "img_proj": torch.randn(2, 4),
            "txt_proj": torch.randn(2, 4)}
     mask = torch.tensor([[True, True], [True, False]])
@@ -89,7 +90,8 @@ def test_losses_follow_the_specification():
     rel = focal_bce(torch.tensor([2.0, 0.0]), y)
     expect = torch.exp(-s[0]) * parts["cls"] + 0.5 * s[0] + torch.exp(-s[1]) * rel + 0.5 * s[1]
     assert total.item() == pytest.approx(expect.item(), rel=1e-5)
-    fixed, _ = trace_loss(out, y, mask, ("cls", "con", "rel"), None, {"cls": 1.0, "con": 0.3, "rel": 0.7})
+    fixed, _ = trace_loss(out, y, mask, ("cls", "con", "rel"), None, {"cls": 1.0, "con": 0.3, "rel": 0.7},
+                          contrastive_features="head")
     assert fixed.item() > 0
 
 
@@ -211,15 +213,16 @@ def test_importing_trace_fixes_the_cublas_workspace_for_deterministic_gpu_runs()
 
 def test_run_config_layers_section_recipe_and_overrides():
     from lib.trace import MULTIOFF_RECIPE, run_config
-    section = {"backbones": ["a", "b"], "recipes": {"b": {"weight_decay": 0.01, "unfreeze_text_layers": [-2, -5]}},
+    section = {"backbones": ["a", "b"], "recipes": {"b": {"weight_decay": 0.05, "unfreeze_text_layers": [-2, -5]}},
                "multioff": {"backbone": "c", "epochs": 3}, "lr": 0.5, "unfreeze_text_layers": [-1], "device": None}
     bb, cfg = run_config(section)
-    assert bb == "a" and cfg.lr == 0.5 and cfg.weight_decay == 0.0 and cfg.unfreeze_text_layers == (-1,)
+    assert bb == "a" and cfg.lr == 0.5 and cfg.weight_decay == 0.01 and cfg.unfreeze_text_layers == (-1,)
     bb, cfg = run_config(section, "b", loss_config="all")
-    assert bb == "b" and cfg.weight_decay == 0.01 and cfg.unfreeze_text_layers == (-2, -5) and cfg.loss_config == "all"
+    assert bb == "b" and cfg.weight_decay == 0.05 and cfg.unfreeze_text_layers == (-2, -5) and cfg.loss_config == "all"
     bb, cfg = run_config(section, dataset="multioff")
     assert bb == "c" and cfg.epochs == 3 and cfg.fixed_weights == MULTIOFF_RECIPE["fixed_weights"]
     assert cfg.select_on == "macro_f1" and cfg.lr == 0.5
+    assert (cfg.scorer_arch, cfg.gumbel_over, cfg.contrastive_caption, cfg.grad_clip) == ("small", "probs", "argmax", 2.0)
     assert run_config(section, "b", dataset="multioff")[0] == "b"
     with pytest.raises(ValueError, match=r"02_finetuning.recipes.b: unknown key\(s\) epoch "):
         run_config({**section, "recipes": {"b": {"epoch": 3}}}, "b")             # a typo is not dropped silently
@@ -243,3 +246,192 @@ def test_load_trace_data_reads_notebook_01s_absolute_image_paths(tmp_path):
     (tmp_path / "trace.json").write_text(json.dumps(rows))
     data = load_trace_data(tmp_path / "trace.json", ["cap"])
     assert list(data.splits) == ["train", "dev_seen", "test_seen"]
+
+
+# ----------------------------------------------------------------------------- the official code's behaviour
+def test_scorer_reads_the_caption_alone_by_default_and_image_plus_caption_as_an_option():
+    torch.manual_seed(0)
+    m = CLIPClassifier(8, 6, hidden=32, heads=4)
+    assert m.caption_scorer[0].in_features == 6                               # the caption feature alone
+    m.eval()
+    caps, mask = torch.randn(3, 2, 6), torch.ones(3, 2, dtype=torch.bool)
+    a, b = m(torch.randn(3, 8), caps, mask), m(torch.randn(3, 8), caps, mask)
+    assert torch.equal(a["scores"], b["scores"])                              # the image does not move the scores
+    m2 = CLIPClassifier(8, 6, hidden=32, heads=4, scorer_input="image+caption")
+    assert m2.caption_scorer[0].in_features == 14
+
+
+def test_xavier_init_only_on_the_scorer():
+    import torch.nn as nn
+    torch.manual_seed(0)
+    m = CLIPClassifier(8, 6, hidden=32, heads=4)
+    scorer = [x for x in m.caption_scorer.modules() if isinstance(x, nn.Linear)]
+    assert len(scorer) == 5 and all(torch.count_nonzero(x.bias) == 0 for x in scorer)
+    assert torch.count_nonzero(m.image_proj[0].bias) > 0 and torch.count_nonzero(m.head[1].bias) > 0  # PyTorch's default init
+    m_all = CLIPClassifier(8, 6, hidden=32, heads=4, xavier="all")
+    assert torch.count_nonzero(m_all.image_proj[0].bias) == 0 and torch.count_nonzero(m_all.head[1].bias) == 0
+
+
+def test_cosine_selection_uses_the_raw_cosine_and_the_temperature_is_an_option():
+    """Relevance off: softmax over raw cosines. img [1, 0], captions [1, 0] and [0, 1]: cos 1 and 0,
+    weights e/(e+1) = 0.7311 and 0.2689; divided by 0.07 the first takes 1 - 6.2e-7."""
+    img_emb = torch.tensor([[1.0, 0.0]])
+    cemb = torch.tensor([[[2.0, 0.0], [0.0, 3.0]]])
+    caps, mask = torch.randn(1, 2, 6), torch.ones(1, 2, dtype=torch.bool)
+    m = CLIPClassifier(8, 6, hidden=32, heads=4).eval()
+    w = m(torch.randn(1, 8), caps, mask, cemb, img_emb, relevance=False)["weights"][0]
+    assert w.tolist() == pytest.approx([0.7311, 0.2689], abs=1e-4)
+    m7 = CLIPClassifier(8, 6, hidden=32, heads=4, selection_temperature=0.07).eval()
+    w7 = m7(torch.randn(1, 8), caps, mask, cemb, img_emb, relevance=False)["weights"][0]
+    assert w7[1].item() == pytest.approx(1 / (1 + np.exp(1 / 0.07)), rel=1e-3)
+
+
+def test_contrastive_loss_compares_clips_embeddings_of_image_and_selected_caption():
+    """Official: InfoNCE between the backbone's image embedding and the selected caption's text
+    embedding at tau 0.07. a = [[1,0],[0,1]], selected b = [[1,0],[1,0]]: row logits [1/.07, 1/.07]
+    and [0, 0] -> CE log 2 each; columns [1/.07, 0] -> ~0 and [1/.07, 0] against target 1 -> 1/.07 + log(1+e^-1/.07)."""
+    k = 1 / 0.07
+    out = {"logit": torch.zeros(2), "scores": torch.zeros(2, 2), "img_proj": torch.randn(2, 4), "txt_proj": torch.randn(2, 4),
+           "img_emb": torch.tensor([[1.0, 0.0], [0.0, 1.0]]), "sel_emb": torch.tensor([[1.0, 0.0], [1.0, 0.0]]),
+           "argmax_emb": torch.tensor([[1.0, 0.0], [0.0, 1.0]])}
+    y, mask = torch.tensor([1.0, 0.0]), torch.ones(2, 2, dtype=torch.bool)
+    _, parts = trace_loss(out, y, mask, ("cls", "con"), torch.zeros(3))
+    rows = np.log(2) + np.log(2)
+    cols = np.log1p(np.exp(-k)) + (k + np.log1p(np.exp(-k)))
+    assert parts["con"] == pytest.approx(0.5 * (rows / 2 + cols / 2), rel=1e-5)
+    _, am = trace_loss(out, y, mask, ("cls", "con"), torch.zeros(3), contrastive_caption="argmax")
+    assert am["con"] == pytest.approx(np.log1p(np.exp(-k)), abs=1e-7) and am["con"] < parts["con"] / 100  # MultiOFF: argmax pick
+    # SigLIP backbones: BCE-with-logits on cos / 0.07 against the identity, over all B^2 pairs
+    _, sg = trace_loss(out, y, mask, ("cls", "con"), torch.zeros(3), sigmoid=True)
+    sp = lambda x: np.log1p(np.exp(x))                                         # noqa: E731
+    assert sg["con"] == pytest.approx((sp(-k) + sp(k) + 2 * np.log(2)) / 4, rel=1e-5)
+    _, head = trace_loss(out, y, mask, ("cls", "con"), torch.zeros(3), contrastive_features="head")
+    assert head["con"] != pytest.approx(parts["con"])                          # the other features are an option
+
+
+def test_gumbel_over_sigmoid_probabilities_and_the_small_scorer_for_multioff():
+    import torch.nn as nn
+    torch.manual_seed(0)
+    m = CLIPClassifier(8, 6, hidden=32, heads=4, scorer_arch="small", gumbel_over="probs").eval()
+    assert sum(isinstance(x, nn.Linear) for x in m.caption_scorer.modules()) == 3
+    caps, mask = torch.randn(2, 3, 6), torch.ones(2, 3, dtype=torch.bool)
+    out = m(torch.randn(2, 8), caps, mask)
+    torch.testing.assert_close(out["weights"], out["scores"].sigmoid().softmax(-1))
+
+
+def test_padded_slots_masked_by_default_selectable_as_in_the_official_code():
+    caps = torch.zeros(1, 3, 6)
+    caps[0, :2] = torch.randn(2, 6)
+    mask = torch.tensor([[True, True, False]])
+    torch.manual_seed(0)
+    m = CLIPClassifier(8, 6, hidden=32, heads=4).eval()
+    assert m(torch.randn(1, 8), caps, mask)["weights"][0, 2] < 1e-6
+    torch.manual_seed(0)
+    m_off = CLIPClassifier(8, 6, hidden=32, heads=4, mask_padded=False).eval()
+    assert m_off(torch.randn(1, 8), caps, mask)["weights"][0, 2] > 0.01
+
+
+def test_official_threshold_is_the_best_f1_point_of_the_pr_curve():
+    """probs [0.1, 0.4, 0.35, 0.8], labels [0, 0, 1, 1]: the PR curve's points at 0.1 / 0.35 / 0.4 / 0.8
+    have F1 0.667 / 0.8 / 0.5 / 0.667, so the official threshold is 0.35 (best accuracy would tie
+    0.35, 0.5 and 0.8 and pick the lowest candidate)."""
+    from lib.evaluation import pr_best_f1_threshold
+    p, y = np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1])
+    assert pr_best_f1_threshold(p, y) == pytest.approx(0.35)
+    assert metrics_at(p, y, 0.35)["accuracy"] == 0.75
+
+
+def test_train_config_carries_the_method_and_official_optimiser(tiny):
+    from lib.trace import run_config
+    enc, data = tiny
+    cfg = TrainConfig(hidden=16, epochs=1, batch_size=4)
+    assert cfg.weight_decay == 0.01 and cfg.min_lr == 1e-7 and cfg.scorer_input == "caption"
+    assert cfg.selection_temperature is None and cfg.contrastive_features == "clip"
+    tr = Trainer(enc, data, cfg, None, progress=False)
+    assert tr.opt.param_groups[0]["weight_decay"] == 0.01 and tr.sched.min_lrs == [1e-7]
+    assert tr.inputs == "pooled" and sum(type(x).__name__ == "Dropout" for x in tr.model.head) == 4
+    _, c2 = run_config({"method": {"focal_alpha": 0.5, "tau_min": 0.3, "scorer_input": "image+caption"}})
+    assert (c2.focal_alpha, c2.tau_min, c2.scorer_input) == (0.5, 0.3, "image+caption")
+    with pytest.raises(ValueError, match=r"02_finetuning.method: unknown key\(s\) focal_alfa"):
+        run_config({"method": {"focal_alfa": 0.5}})
+    with pytest.raises(ValueError, match="modality"):
+        TrainConfig(modality="audio")
+
+
+def test_open_clip_heads_read_projected_features_without_final_dropout(tmp_path):
+    from test_encoders import _open_clip_native
+    from PIL import Image
+    enc = _open_clip_native()[0]
+    recs = []
+    for i in range(6):
+        p = tmp_path / f"{i}.png"
+        Image.new("RGB", (32, 32), (i * 40, 0, 0)).save(p)
+        recs.append(MemeRecord(str(i), p, f"text {i}", i % 2, ["train", "dev_seen", "test_seen"][i % 3], captions={}))
+    data = MemeBatchData.from_records(recs, [])
+    tr = Trainer(enc, data, TrainConfig(hidden=16, epochs=1, batch_size=4), None, progress=False)
+    emb = enc.project_image(torch.zeros(1, enc.image_dim)).shape[-1]
+    assert tr.inputs == "projected" and emb != enc.image_dim                  # the tiny tower projects 32 -> 16
+    assert tr.model.image_proj[0].in_features == emb and tr.model.caption_scorer[0].in_features == emb
+    assert sum(type(x).__name__ == "Dropout" for x in tr.model.head) == 3     # no Dropout before the last Linear
+
+
+def test_unimodal_baselines_see_only_their_modality():
+    """text-only: the meme text only (no caption, no image); caption-only: the captions, no meme text
+    and no image; image-only: no text at all. Changing what a baseline must not see changes nothing."""
+    from lib.trace import allowed_columns
+    cols = ["text", "vlm_caption", "tag_caption"]
+    assert allowed_columns(cols, "text") == [True, False, False]
+    assert allowed_columns(cols, "caption") == [False, True, True]
+    torch.manual_seed(0)
+    m = CLIPClassifier(8, 6, hidden=32, heads=4).eval()
+    img, caps, mask = torch.randn(4, 8), torch.randn(4, 3, 6), torch.ones(4, 3, dtype=torch.bool)
+    caps2 = caps.clone()
+    caps2[:, 1:] = torch.randn(4, 2, 6)
+    txt = torch.tensor(allowed_columns(cols, "text"))
+    a = m(img, caps, mask, modality="text", allowed=txt)
+    b = m(torch.randn(4, 8), caps2, mask, modality="text", allowed=txt)
+    assert torch.all(a["weights"][:, 1:] < 1e-6)
+    torch.testing.assert_close(a["logit"], b["logit"])
+    cap = torch.tensor(allowed_columns(cols, "caption"))
+    caps3 = caps.clone()
+    caps3[:, 0] = torch.randn(4, 6)
+    c = m(img, caps, mask, modality="caption", allowed=cap)
+    d = m(torch.randn(4, 8), caps3, mask, modality="caption", allowed=cap)
+    assert torch.all(c["weights"][:, 0] < 1e-6)
+    torch.testing.assert_close(c["logit"], d["logit"])
+    e = m(img, caps, mask, modality="image")
+    f = m(img, torch.randn(4, 3, 6), mask, modality="image")
+    torch.testing.assert_close(e["logit"], f["logit"])
+
+
+def test_a_killed_run_resumes_to_the_same_metrics(tiny, tmp_path):
+    """A run killed after epoch 2 of 4 resumes from its checkpoint and ends with exactly the metrics,
+    curve and predictions of an uninterrupted run; a finished run is read back, not retrained."""
+    from lib.trace import run_variant
+    enc0, data = tiny
+    model = enc0.preset.model
+    cfg = TrainConfig(hidden=16, epochs=4, batch_size=4, lr=1e-2, patience=10, loss_config="all")
+    make = lambda: load_encoder(model, device="cpu")                          # noqa: E731
+    cache = lambda e: FeatureCache(e, data, lowest_unfrozen=2, progress=False)  # noqa: E731
+    full = run_variant(tmp_path / "full", data, "tiny", cfg, make, cache, progress=False)
+
+    class Killed(Exception):
+        pass
+
+    def kill(rec):
+        if rec["epoch"] == 2:
+            raise Killed
+    with pytest.raises(Killed):
+        run_variant(tmp_path / "killed", data, "tiny", cfg, make, cache, progress=False, on_epoch_end=kill)
+    assert (tmp_path / "killed" / "checkpoint.pt").exists() and not (tmp_path / "killed" / "result.json").exists()
+    resumed = run_variant(tmp_path / "killed", data, "tiny", cfg, make, cache, progress=False)
+    assert resumed["resumed_after_epoch"] == 2 and len(resumed["curve"]) == 4
+    assert resumed["eval"]["splits"] == full["eval"]["splits"]
+    assert [c["loss"] for c in resumed["curve"]] == [c["loss"] for c in full["curve"]]
+    assert [p["probability"] for p in resumed["eval"]["predictions"]] == [p["probability"] for p in full["eval"]["predictions"]]
+    again = run_variant(tmp_path / "killed", data, "tiny", cfg, make, cache, progress=False)
+    assert again["trained"] is False and again["eval"]["splits"] == full["eval"]["splits"]
+    # another configuration in the same folder: the old run is moved aside, not lost
+    other = run_variant(tmp_path / "killed", data, "tiny", TrainConfig(**{**cfg.__dict__, "epochs": 1}), make, cache,
+                        progress=False)
+    assert other["trained"] and len(list((tmp_path / ".superseded").iterdir())) == 1
