@@ -260,3 +260,89 @@ def trace_records(records, columns: dict[str, Sequence[str]]) -> list[dict[str, 
                 row[col] = caps[i]
         rows.append(row)
     return rows
+
+
+# ----------------------------------------------------------------------------- one dataset, end to end
+def caption_dataset(records, tagger, grounder, chats: dict[str, Any], captioners: dict[str, dict[str, Any]],
+                    max_new_tokens: int = 60, include_tag_caption: bool = True, name: str = "",
+                    batch_size: int = 256) -> dict[str, Any]:
+    """Tag, box and caption `records` (MemeRecords): read every image (unreadable ones reported and
+    kept with the meme text as their only candidate), tag and ground them in batches, caption them
+    with each captioner (the grounding in the prompt where its spec says `grounded`), and return
+    the TRACE rows (`rows`, each with its boxes under `grounding`) plus what the notebook inspects:
+    images, readable indices `ok`, tags, boxes, caption columns, unreadable `bad`, failures."""
+    from tqdm.auto import tqdm
+    images, bad = [], []
+    for r in records:
+        try:
+            images.append(r.image())
+        except (OSError, ValueError) as e:
+            images.append(None)
+            bad.append((r.id, str(r.img_path), type(e).__name__))
+    ok = [i for i, im in enumerate(images) if im is not None]
+    tags: list[list] = [[] for _ in records]
+    boxes: list[list] = [[] for _ in records]
+    for s in tqdm(range(0, len(ok), batch_size), desc=f"{name}: tags and boxes"):
+        idx = ok[s:s + batch_size]
+        t = tagger.tags([images[i] for i in idx])
+        b = grounder.ground([images[i] for i in idx], [[x for x, _ in tt] for tt in t]) if grounder else [[] for _ in idx]
+        for i, tt, bb in zip(idx, t, b):
+            tags[i], boxes[i] = tt, bb
+    columns: dict[str, list[str]] = {}
+    failures: dict[str, dict[str, int]] = {}
+    for col, spec in captioners.items():
+        prompts = [grounded_prompt(tags[i], boxes=boxes[i], width=images[i].width) if spec.get("grounded")
+                   else DEFAULT_PROMPT for i in ok]
+        res = caption_many(chats[col], [images[i] for i in ok], prompts, max_new_tokens=max_new_tokens,
+                           desc=f"{name}: {col}")
+        caps = [""] * len(records)
+        for i, r in zip(ok, res):
+            caps[i] = r.text if r.ok else ""
+        columns[col] = caps
+        failures[col] = {s: sum(r.status == s for r in res) for s in ("failed", "refused", "blocked")}
+    if include_tag_caption:
+        columns["tag_caption"] = [tag_caption(tags[i], boxes[i], images[i].width if images[i] else None)
+                                  for i in range(len(records))]
+    rows = trace_records(records, columns)
+    for row, b in zip(rows, boxes):
+        row["grounding"] = b
+    return {"records": records, "images": images, "ok": ok, "tags": tags, "boxes": boxes, "columns": columns,
+            "bad": bad, "failures": failures, "rows": rows}
+
+
+def caption_quality(run: dict[str, Any], gold: dict[str, dict[str, Any]], object_tag, object_box) -> dict[str, float]:
+    """Caption and grounding quality of one `caption_dataset` run against MemeWorld's gold: ROUGE-L F
+    of every caption column on held-out memes (dev and test) and on train; tag precision / recall
+    against the gold objects; each correct tag's box against the drawn object's (IoU, share with
+    IoU >= 0.5, share in the right third)."""
+    from lib.memeworld_vlm import rouge_l
+    m: dict[str, float] = {}
+    recs = run["records"]
+    ids, splits = [r.id for r in recs], [r.split for r in recs]
+    for col, caps in run["columns"].items():
+        for part, keep in (("", lambda s: s != "train"), ("_train", lambda s: s == "train")):
+            pairs = [(c, gold[i]["gold_caption"]) for i, s, c in zip(ids, splits, caps) if c and i in gold and keep(s)]
+            m[f"rouge_l_{col}{part}"] = rouge_l([p for p, _ in pairs], [g for _, g in pairs]) if pairs else float("nan")
+    tp = fp = fn = 0
+    ious, in_third = [], []
+    for i, t, bx, im in zip(ids, run["tags"], run["boxes"], run["images"]):
+        if i not in gold or im is None:
+            continue
+        objs = gold[i]["objects"]
+        phrases = {object_tag(o) for o in objs}
+        got = {x for x, _ in t}
+        tp += len(got & phrases)
+        fp += len(got - phrases)
+        fn += len(phrases - got)
+        for b in bx:
+            match = [o for o in objs if object_tag(o) == b["tag"]]
+            if match:
+                best = max(match, key=lambda o: box_iou(b["box"], object_box(o["position"], im.width)))
+                ious.append(box_iou(b["box"], object_box(best["position"], im.width)))
+                in_third.append(position_word(b["box"], im.width) in {o["position"] for o in match})
+    m["tag_precision"] = tp / max(1, tp + fp)
+    m["tag_recall"] = tp / max(1, tp + fn)
+    if ious:
+        m.update({"box_iou": float(np.mean(ious)), "box_hit_rate": float(np.mean(np.array(ious) >= 0.5)),
+                  "box_position_accuracy": float(np.mean(in_third)), "n_boxes_scored": len(ious)})
+    return m

@@ -22,12 +22,32 @@ def metrics_at(probs: np.ndarray, labels: np.ndarray, threshold: float) -> dict[
             "macro_f1": float(f), "auroc": float(auroc)}
 
 
-def best_threshold(probs: np.ndarray, labels: np.ndarray, by: str = "accuracy") -> float:
-    """The threshold that maximises `by` on these (validation) predictions; ties go to the lowest."""
+def threshold_sweep(probs: np.ndarray, labels: np.ndarray) -> dict[str, np.ndarray]:
+    """Accuracy and macro-F1 at every candidate threshold (0.5 and each distinct probability, sorted),
+    from cumulative counts: O(n log n) instead of one metrics call per candidate."""
     probs, labels = np.asarray(probs, float), np.asarray(labels, int)
     cands = np.unique(np.concatenate([[0.5], probs]))
-    scores = [metrics_at(probs, labels, t)[by] for t in cands]
-    return float(cands[int(np.argmax(scores))])
+    pos, neg = np.sort(probs[labels == 1]), np.sort(probs[labels == 0])
+    tp = len(pos) - np.searchsorted(pos, cands, "left")        # predicted positive: prob >= threshold
+    fp = len(neg) - np.searchsorted(neg, cands, "left")
+    fn, tn = len(pos) - tp, len(neg) - fp
+    acc = (tp + tn) / len(probs)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        f_pos = np.where(2 * tp + fp + fn > 0, 2 * tp / (2 * tp + fp + fn), 0.0)
+        f_neg = np.where(2 * tn + fn + fp > 0, 2 * tn / (2 * tn + fn + fp), 0.0)
+    return {"threshold": cands, "accuracy": acc, "macro_f1": (f_pos + f_neg) / 2}
+
+
+def best_threshold(probs: np.ndarray, labels: np.ndarray, by: str = "accuracy") -> float:
+    """The threshold that maximises `by` (accuracy or macro_f1) on these (validation) predictions;
+    ties go to the lowest candidate."""
+    probs, labels = np.asarray(probs, float), np.asarray(labels, int)
+    if len(set(labels.tolist())) < 2 or by not in ("accuracy", "macro_f1"):
+        cands = np.unique(np.concatenate([[0.5], probs]))
+        scores = [metrics_at(probs, labels, t)[by] for t in cands]
+        return float(cands[int(np.argmax(scores))])
+    s = threshold_sweep(probs, labels)
+    return float(s["threshold"][int(np.argmax(np.round(s[by], 12)))])
 
 
 def pr_best_f1_threshold(probs: np.ndarray, labels: np.ndarray) -> float:

@@ -26,7 +26,7 @@ The mixture is chosen so that a reader of one modality cannot solve the emergent
 types: the pointer texts occur more often with benign pictures than with rats, rats
 occur more often with pest-control texts than with pointer texts, generic hate occurs
 more often with a hateful meme than as counter-speech, and the gang emblem more often
-in propaganda than in counter-speech. `unimodal_ceilings` measures this on the data.
+in propaganda than in counter-speech. `unimodal_bayes_readers` measures this on the data.
 
 Groups, symbols and the hate gang are fictional. Multiclass targets 1-5 mirror
 H-VLI's indices (Racist, Sexist, Homophobe, Religion, OtherHate) on fictional
@@ -593,17 +593,25 @@ def _write_csv(path: Path, header: list[str], rows: list[list], delimiter: str =
     write_text(path, buf.getvalue())
 
 
-def unimodal_ceilings(specs: list[MemeSpec], train_splits=("train",), eval_splits=("test_seen", "test_unseen")
-                      ) -> dict[str, dict[str, float]]:
-    """Accuracy per interaction type of the best text-only and image-only readers.
+def unimodal_bayes_readers(specs: list[MemeSpec], train_splits=("train",), eval_splits=("test_seen", "test_unseen")
+                           ) -> dict[str, dict[str, float]]:
+    """Accuracy of the Bayes-optimal reader of one modality, on the whole evaluation split and
+    restricted to each interaction type.
 
-    A text-only reader sees the exact text; an image-only reader sees the exact scene
-    (objects, colours, positions). Each predicts the majority final label of its input
-    in the train split (the Bayes rule on the training distribution, with the overall
-    majority for unseen inputs): an upper bound for any unimodal model trained there.
+    Each reader sees the label-relevant content of one modality: the text reader the text's family
+    and the group it names (if it names one), the image reader the picture's family and the
+    targeted group where the picture is a defaced sigil. Keying on this content rather than on the
+    exact string lets the reader generalise as a model can (an unseen text of a seen family is
+    read like its family). Each predicts the majority final label of its input in the train split
+    (the overall majority for an input never seen there). Its `overall` accuracy bounds, up to
+    estimation noise from the train split, any reader of that modality on the whole split. Its per-type accuracies are *not* per-type bounds:
+    a model that trades whole-split accuracy for one type (always answering "hateful" scores 1.0
+    on type 001) can beat them on that type. `rule_reader` is the generator's own rules: its
+    accuracy is limited only by label noise.
     """
-    def key_text(s): return s.text
-    def key_image(s): return tuple((o.kind, o.position, o.colour, o.symbol) for o in s.objects)
+    def key_text(s):
+        named = s.group is not None and any(n in s.text for n in GROUPS[s.group][:2])
+        return (s.text_family, s.group if named else None)
     def key_image_family(s): return (s.image_family, s.group if s.image_family == "defaced" else None)
     out: dict[str, dict[str, float]] = {}
     train = [s for s in specs if s.split in train_splits]
@@ -620,12 +628,13 @@ def unimodal_ceilings(specs: list[MemeSpec], train_splits=("train",), eval_split
             pred = v.most_common(1)[0][0] if v else overall
             per_type[s.type].append(int(pred == s.final_label))
         out[name] = {t: float(np.mean(v)) for t, v in sorted(per_type.items())}
-    # the multimodal rule reader: the generator's own rules (its ceiling is set by label noise)
+        out[name]["overall"] = float(np.mean([x for v in per_type.values() for x in v]))
     per_type = defaultdict(list)
     for s in specs:
         if s.split in eval_splits:
             per_type[s.type].append(int(s.final_label_clean == s.final_label))
     out["rule_reader"] = {t: float(np.mean(v)) for t, v in sorted(per_type.items())}
+    out["rule_reader"]["overall"] = float(np.mean([x for v in per_type.values() for x in v]))
     return out
 
 
@@ -771,7 +780,7 @@ def write_memeworld(out: Path | str, n: int = 10000, seed: int = 0, image_size: 
                           "split": s.split})
     _write_jsonl(out / "captions" / "scene_captions.jsonl", pairs)
 
-    ceilings = unimodal_ceilings(specs)
+    readers = unimodal_bayes_readers(specs)
     counts = {split: dict(sorted(Counter(s.type for s in specs if s.split == split).items())) for split in SPLIT_SHARES}
     sheet = {
         "generator": "MemeWorld", "seed": seed, "n": len(specs), "n_multioff": len(mo_specs),
@@ -780,8 +789,8 @@ def write_memeworld(out: Path | str, n: int = 10000, seed: int = 0, image_size: 
         "hateful_share": float(np.mean([s.final_label for s in specs])),
         "n_confounders": sum(s.confounder_of is not None for s in specs),
         "unseen_combos": sorted([list(c) for c in UNSEEN_COMBOS]),
-        "ceilings_per_type": ceilings,
-        "ceiling_rule_reader_test": float(np.mean([s.final_label_clean == s.final_label for s in test_specs])),
+        "bayes_readers": readers,
+        "rule_reader_acc_test": float(np.mean([s.final_label_clean == s.final_label for s in test_specs])),
     }
     _write_json(out / "datasheet.json", sheet)     # no timings: same seed, byte-identical files
     return {**sheet, "render_seconds": round(t_render, 2)}

@@ -297,7 +297,7 @@ SCHEMAS: dict[str, dict[str, Rule]] = {
         "caption_columns": ListOf(Type(str)), "unfreeze_text_layers": ListOf(Type(int), 1),
         "loss_configs": ListOf(Lazy(lambda: Choice(*__import__("lib.trace", fromlist=["LOSS_CONFIGS"]).LOSS_CONFIGS))),
         "baselines": ListOf(Choice("text", "caption", "image")), "multioff": Opt(Lazy(lambda: _trace_recipe(with_backbone=True))),
-        "method": Lazy(_trace_recipe), "max_memes": NONNEG, "seeds": ListOf(Type(int)),
+        "method": Lazy(_trace_recipe), "max_memes": NONNEG, "extra_variants": MapOf(Type(str), Lazy(_trace_recipe)),
         "lr": Range(0, 1), "epochs": POS, "batch_size": POS, "grad_accum": POS, "patience": POS,
         "lora_rank": NONNEG, "hidden": POS, "device": Opt(Type(str)),
     },

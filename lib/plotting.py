@@ -7,7 +7,16 @@ from lib import ROOT
 
 
 def setup() -> None:
+    """The compendium's style; inside a Jupyter kernel, figures also render inline (so a saved
+    notebook shows them on a git host, whatever MPLBACKEND the runner exported)."""
     import matplotlib
+    try:
+        from IPython import get_ipython
+        ip = get_ipython()
+        if ip is not None and getattr(ip, "kernel", None) is not None:
+            ip.run_line_magic("matplotlib", "inline")
+    except ImportError:
+        pass
     import seaborn as sns
     matplotlib.rcParams.update({"figure.dpi": 110, "savefig.dpi": 150, "savefig.bbox": "tight",
                                 "svg.hashsalt": "compendium", "pdf.compression": 6})
@@ -24,3 +33,14 @@ def save_figure(fig, name: str, profile: str) -> list[Path]:
         write_with(p, lambda tmp, ext=ext, meta=meta: fig.savefig(tmp, format=ext, metadata=meta))
         paths.append(p)
     return paths
+
+
+def show(fig, name: str, profile: str) -> None:
+    """Save the figure (PNG + PDF under figures/<profile>/) and show it inline; returns nothing, so a
+    cell ending with it displays the figure, not a list of paths."""
+    import matplotlib.pyplot as plt
+    save_figure(fig, name, profile)
+    if "inline" in plt.get_backend():
+        plt.show()
+    else:
+        plt.close(fig)

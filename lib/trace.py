@@ -607,6 +607,7 @@ class Trainer:
         perm = np.random.permutation(rows)            # the same on every process (same seed)
         tau = self.tau(epoch)
         t0, losses = time.time(), []
+        picks = np.zeros(len(self.data.columns))
         self.opt.zero_grad(set_to_none=True)
         n_batches = math.ceil(len(perm) / (cfg.batch_size * self.world))
         for b in tqdm(range(n_batches), desc=f"epoch {epoch + 1}", disable=not self.progress or self.rank > 0,
@@ -630,7 +631,11 @@ class Trainer:
                 self.opt.step()
                 self.opt.zero_grad(set_to_none=True)
             losses.append(float(loss.detach()))
-        return {"loss": float(np.mean(losses)), "seconds": time.time() - t0, "tau": tau}
+            if scale:
+                picks += np.bincount(out["weights"].detach().argmax(-1).cpu().numpy(), minlength=len(picks))
+        share = picks / max(1, picks.sum())
+        return {"loss": float(np.mean(losses)), "seconds": time.time() - t0, "tau": tau,
+                "train_pick_share": {c: float(s) for c, s in zip(self.data.columns, share)}}
 
     def _sync_gradients(self) -> None:
         """Average gradients over processes (what DDP does), one flat all-reduce per step."""
@@ -769,6 +774,7 @@ class Trainer:
                 m["accuracy_optimistic_threshold_on_test"] = metrics_at(p, y, t_opt)["accuracy"]
                 m["macro_f1_optimistic_threshold_on_test"] = metrics_at(p, y, t_opt)["macro_f1"]
             out["splits"][split] = m
+            out.setdefault("mean_weight", {})[split] = {c: float(x) for c, x in zip(self.data.columns, w.mean(0))}
             for i, r in enumerate(rows):
                 k = int(np.argmax(w[i]))
                 out["predictions"].append({"id": self.data.ids[r], "split": split, "probability": float(p[i]),
@@ -904,6 +910,10 @@ def selected_share(predictions: Sequence[dict[str, Any]], columns: Sequence[str]
     return {c: sum(p["selected"] == c for p in rows) / n for c in columns}
 
 
+#: bumped when result.json gains fields, so older finished runs are retrained rather than half-read
+RESULT_FORMAT = 2
+
+
 def run_variant(run_dir, data: MemeBatchData, backbone: str, cfg: TrainConfig, make_encoder, make_cache=None,
                 progress: bool = True, accelerator=None, on_epoch_end=None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """One TRACE variant as a resumable run in `run_dir`:
@@ -925,7 +935,7 @@ def run_variant(run_dir, data: MemeBatchData, backbone: str, cfg: TrainConfig, m
     run_dir = Path(run_dir)
     main = accelerator is None or accelerator.is_main_process
     want = {"backbone": backbone, "data": data_fingerprint(data), "config": json.loads(json.dumps(asdict(cfg))),
-            **(extra or {})}
+            "result_format": RESULT_FORMAT, **(extra or {})}
     cfg_path, res_path, pred_path, ck = (run_dir / "config.json", run_dir / "result.json",
                                          run_dir / "predictions.csv", run_dir / "checkpoint.pt")
     if cfg_path.exists():
@@ -1028,3 +1038,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+#: the official FHM script's settings (ViT-L/14): TrainConfig's defaults plus its unfrozen layers
+OFFICIAL_FHM = {"unfreeze_text_layers": (-2, -5, -8)}
+#: deliberate departures kept as defaults, with the official behaviour
+DELIBERATE = {"mask_padded": (True, False), "restore_best": (True, False)}
+
+
+def config_diff(cfg: TrainConfig, dataset: str = "fhm") -> list[dict[str, Any]]:
+    """Every TrainConfig field where `cfg` differs from the official script for `dataset`, plus the
+    deliberate departures (rows: setting, official, this run)."""
+    ref = TrainConfig(**(MULTIOFF_RECIPE if dataset == "multioff" else OFFICIAL_FHM))
+    engineering = {"cache_frozen", "cache_dtype", "amp", "deterministic"}
+    rows = []
+    for k in TrainConfig.__dataclass_fields__:
+        if k in engineering:
+            continue
+        a, b = getattr(ref, k), getattr(cfg, k)
+        if k in DELIBERATE and a == b:
+            a = DELIBERATE[k][1]
+        if a != b:
+            rows.append({"setting": k, "official": a, "this run": b,
+                         "why": "deliberate (documented)" if k in DELIBERATE else "profile"})
+    return rows
