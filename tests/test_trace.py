@@ -435,3 +435,16 @@ def test_a_killed_run_resumes_to_the_same_metrics(tiny, tmp_path):
     other = run_variant(tmp_path / "killed", data, "tiny", TrainConfig(**{**cfg.__dict__, "epochs": 1}), make, cache,
                         progress=False)
     assert other["trained"] and len(list((tmp_path / ".superseded").iterdir())) == 1
+
+
+def test_quick_look_subsample_keeps_every_split_and_remaps_captions(tiny):
+    from lib.trace import subsample
+    _, data = tiny
+    sub = subsample(data, 12, seed=0)
+    assert len(sub.ids) < len(data.ids) and set(sub.splits) == set(data.splits)
+    assert subsample(data, 0) is data
+    row = {i: k for k, i in enumerate(data.ids)}
+    for k, i in enumerate(sub.ids):                                   # every candidate text survives the remap
+        for j in range(sub.cap_index.shape[1]):
+            a, b = sub.cap_index[k, j], data.cap_index[row[i], j]
+            assert (a < 0) == (b < 0) and (a < 0 or sub.texts[a] == data.texts[b])
