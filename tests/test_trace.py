@@ -437,10 +437,13 @@ def test_a_killed_run_resumes_to_the_same_metrics(tiny, tmp_path):
     assert other["trained"] and len(list((tmp_path / ".superseded").iterdir())) == 1
 
 
-def test_quick_look_subsample_keeps_every_split_and_remaps_captions(tiny):
+def test_quick_look_subsample_keeps_every_split_and_remaps_captions(tmp_path):
     from lib.trace import subsample
-    _, data = tiny
-    sub = subsample(data, 12, seed=0)
+    recs = [MemeRecord(str(i), tmp_path / f"{i}.png", f"text {i}", i % 2, ["train", "dev_seen", "test_seen"][i % 3],
+                       captions={"vlm_caption": f"cap {i % 5}"} if i % 4 else {}) for i in range(120)]
+    data = MemeBatchData.from_records(recs, ["vlm_caption"])
+    sub = subsample(data, 30, seed=0)
+    assert 24 <= len(sub.ids) <= 36 and len(sub.texts) < len(data.texts)
     assert len(sub.ids) < len(data.ids) and set(sub.splits) == set(data.splits)
     assert subsample(data, 0) is data
     row = {i: k for k, i in enumerate(data.ids)}
