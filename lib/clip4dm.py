@@ -31,10 +31,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from lib.datasets import CAPTION_WORD_RE
 from lib.encoders import AttentionUnavailable, Encoder, load_encoder
 
 PUNCT = {".", ","}
-WORD_RE = re.compile(r"[^\s.,]+|[.,]")
+WORD_RE = CAPTION_WORD_RE          # the same split the benchmark loaders locate words with
 
 
 def words_with_spans(text: str) -> list[tuple[str, int, int]]:
@@ -132,25 +133,53 @@ class CLIP4DM:
             if w < len(spans):
                 buckets[w].append(score)
         n_template = len(self.template)
-        attributions = [(word, sum(b) / len(b)) for (word, s, _), b in zip(spans, buckets)
-                        if s >= n_template and b]
-        return self._select(attributions, cos)
+        n_tpl_words = sum(1 for _, s, _ in spans if s < n_template)
+        attributions, positions = [], []
+        for k, ((word, s, _), b) in enumerate(zip(spans, buckets)):
+            if s >= n_template and b:
+                attributions.append((word, sum(b) / len(b)))
+                positions.append(k - n_tpl_words)          # index among the caption's words ("." and "," count)
+        return self._select(attributions, cos, positions)
 
-    def _select(self, attributions: list[tuple[str, float]], cos: float) -> dict[str, Any]:
-        named = [(f"{i}_{w}", s) for i, (w, s) in enumerate(attributions) if w not in PUNCT]
+    def _select(self, attributions: list[tuple[str, float]], cos: float,
+                positions: list[int] | None = None) -> dict[str, Any]:
+        """The official output for these word attributions, plus richer keys.
+
+        Official keys (exactly what the official `CLIP4DM.__call__` returns):
+        - most_negative: `negative_word` is the bare lowest word ("." and "," are candidates),
+          `sum_negative_attribution` its score, `negative_word_score_list` [];
+        - threshold: punctuation dropped first, the remaining words numbered after the drop
+          ("{i}_{word}"), every word below epsilon kept, ascending; `negative_word` their names
+          joined by spaces ("" when none), the sum of their scores (0 when none), their scores;
+          `word_attributions` without "." and ",".
+        Added keys: `all_word_attributions` (every caption word with its score, punctuation
+        included), `word_positions` (each one's index among the caption's words) and
+        `lowest_word_position` (the position of the lowest non-punctuation word): what
+        position-exact localisation needs when a word occurs twice."""
+        positions = list(range(len(attributions))) if positions is None else list(positions)
+        content = [(w, s) for w, s in attributions if w not in PUNCT]
         if self.sorted_by == "threshold":
+            named = [(f"{i}_{w}", s) for i, (w, s) in enumerate(content)]
             kept = sorted([(n, s) for n, s in named if s < self.epsilon], key=lambda x: x[1])
-            neg_word = kept[0][0] if kept else None
+            neg_word = " ".join(n for n, _ in kept)
             total = float(sum(s for _, s in kept)) if kept else 0.0
             score_list = [s for _, s in kept]
+            word_attributions = content
         else:
-            lowest = min(named, key=lambda x: x[1]) if named else None
-            neg_word = lowest[0] if lowest else None
-            total = float(lowest[1]) if lowest else 0.0
-            score_list = [total] if lowest else []
+            if attributions:
+                lowest = min(attributions, key=lambda x: x[1])
+                neg_word, total = lowest[0], float(lowest[1])
+            else:
+                neg_word, total = "", 0.0
+            score_list = []
+            word_attributions = list(attributions)
+        idx = [k for k, (w, _) in enumerate(attributions) if w not in PUNCT]
+        low = min(idx, key=lambda k: attributions[k][1]) if idx else None
         return {"negative_word": neg_word, "sum_negative_attribution": total,
                 "negative_word_score_list": score_list, "clip_score": clip_score_from_cos(cos),
-                "word_attributions": attributions}
+                "word_attributions": word_attributions,
+                "all_word_attributions": list(attributions), "word_positions": positions,
+                "lowest_word_position": None if low is None else positions[low]}
 
 
 # ----------------------------------------------------------------------------- scores
@@ -192,18 +221,30 @@ def ref_clipscore(model: CLIP4DM, images, captions: Sequence[str], references: S
 
 
 # ----------------------------------------------------------------------------- benchmark metrics
-def _strip_index(name: str | None) -> str | None:
-    return None if name is None else name.split("_", 1)[1] if "_" in name else name
-
-
 def _norm(w: str) -> str:
     return re.sub(r"[^\w\-']", "", w.lower())
 
 
+def _all_words(result: dict[str, Any]) -> tuple[list[tuple[str, float]], list[int]]:
+    """Every attributed caption word with its score (punctuation included) and its position."""
+    attrs = result.get("all_word_attributions", result["word_attributions"])
+    pos = result.get("word_positions") or list(range(len(attrs)))
+    return [tuple(a) for a in attrs], list(pos)
+
+
 def localization_accuracy(results: Sequence[dict[str, Any]], foil_words: Sequence[str]) -> float:
-    """Share of foil captions whose first predicted word is the foil word."""
-    hits = [(_strip_index(r["negative_word"]) is not None and _norm(_strip_index(r["negative_word"])) == _norm(fw))
-            for r, fw in zip(results, foil_words)]
+    """The official FOIL / nocaps LA: the share of foil captions whose (most_negative) bare negative
+    word equals the foil word's string. Where the foil word occurs twice, a hit on the other
+    occurrence counts too; `position_accuracy` does not."""
+    hits = [bool(r.get("negative_word")) and _norm(r["negative_word"]) == _norm(fw) for r, fw in zip(results, foil_words)]
+    return float(np.mean(hits)) if hits else float("nan")
+
+
+def position_accuracy(results: Sequence[dict[str, Any]], positions: Sequence[Sequence[int]]) -> float:
+    """Position-exact LA: the lowest-scoring caption word (punctuation excluded) is at a misaligned
+    word's position."""
+    hits = [r.get("lowest_word_position") is not None and r["lowest_word_position"] in set(p)
+            for r, p in zip(results, positions)]
     return float(np.mean(hits)) if hits else float("nan")
 
 
@@ -213,140 +254,172 @@ def average_precision(scores: Sequence[float], positive: Sequence[bool]) -> floa
 
 
 def evaluate_foil(results: Sequence[dict[str, Any]], records) -> dict[str, float]:
-    """FOIL / nocaps-FOIL: LA over foil captions; AP (original = positive) by CLIPScore, by the sum of
-    negative attributions and by F-CLIPScore; LA chance = 1 / mean number of caption words."""
+    """FOIL / nocaps-FOIL (most_negative results): `la` = position-exact localisation accuracy over
+    foil captions (the lowest word sits where the foil word was swapped in); `la_official_string` =
+    the official string comparison; `n_repeated_foil_word` = foil captions where the foil word's
+    string occurs more than once (where the two can differ); AP with the original caption as the
+    positive class by CLIPScore, by the sum of negative attributions and by F-CLIPScore;
+    LA chance = 1 / mean number of caption words."""
+    from lib.datasets import caption_words
     foil = [(r, rec) for r, rec in zip(results, records) if rec.is_foil]
-    la = localization_accuracy([r for r, _ in foil], [rec.misaligned_words[0] for _, rec in foil])
-    n_words = [len([w for w, _ in r["word_attributions"] if w not in PUNCT]) for r, _ in foil]
+    la = position_accuracy([r for r, _ in foil], [rec.misaligned_positions for _, rec in foil])
+    la_s = localization_accuracy([r for r, _ in foil], [rec.misaligned_words[0] for _, rec in foil])
+    rep = sum(sum(_norm(w) == _norm(rec.misaligned_words[0]) for w in caption_words(rec.caption)) > 1 for _, rec in foil)
+    n_words = [len([w for w, _ in _all_words(r)[0] if w not in PUNCT]) for r, _ in foil]
     orig = [not rec.is_foil for rec in records]
-    return {"la": la, "la_chance": float(np.mean([1.0 / max(1, n) for n in n_words])) if n_words else float("nan"),
+    return {"la": la, "la_official_string": la_s, "n_repeated_foil_word": int(rep),
+            "la_chance": float(np.mean([1.0 / max(1, n) for n in n_words])) if n_words else float("nan"),
             "ap_clipscore": average_precision([r["clip_score"] for r in results], orig),
             "ap_neg_attribution": average_precision([r["sum_negative_attribution"] for r in results], orig),
             "ap_fclipscore": average_precision([f_clipscore(r) for r in results], orig),
             "ap_chance": float(np.mean(orig)), "n_pairs": len(results), "n_foil": len(foil)}
 
 
-def predicted_phrases(result: dict[str, Any], epsilon: float) -> list[tuple[list[int], float]]:
-    """Adjacent words scoring below epsilon merged into phrases: (word indices, lowest score)."""
-    attrs = result["word_attributions"]
+def predicted_phrases(result: dict[str, Any], epsilon: float, merge_across_punctuation: bool = True
+                      ) -> list[tuple[list[int], float, str]]:
+    """Runs of adjacent caption words scoring below epsilon, as (their positions, mean score, text).
+
+    The official `main.py` merges kept words that are adjacent once punctuation is removed (so
+    "red , dog" with both kept is one phrase) and scores a phrase by the mean of its words;
+    `merge_across_punctuation=False` lets punctuation end a phrase."""
+    attrs, pos = _all_words(result)
     phrases, cur = [], []
-    for i, (w, s) in enumerate(attrs):
-        if w not in PUNCT and s < epsilon:
-            cur.append(i)
-        elif w in PUNCT and cur:
-            phrases.append(cur)
-            cur = []
+    for (w, s), p in zip(attrs, pos):
+        if w in PUNCT:
+            if not merge_across_punctuation and cur:
+                phrases.append(cur)
+                cur = []
+            continue
+        if s < epsilon:
+            cur.append((p, w, s))
         elif cur:
             phrases.append(cur)
             cur = []
     if cur:
         phrases.append(cur)
-    return [(p, min(attrs[i][1] for i in p)) for p in phrases]
-
-
-def _gt_word_flags(result: dict[str, Any], token_labels: Sequence[tuple[str, int]]) -> list[int]:
-    """Ground-truth misalignment per attributed word, aligning the benchmark's words to ours."""
-    flags = []
-    labels = []
-    for tok, m in token_labels:
-        for w in WORD_RE.findall(tok):
-            labels.append((w, m if w not in PUNCT else 0))
-    j = 0
-    for w, _ in result["word_attributions"]:
-        if j < len(labels) and _norm(labels[j][0]) == _norm(w):
-            flags.append(labels[j][1])
-            j += 1
-        else:
-            flags.append(0)
-    return flags
+    return [([p for p, _, _ in ph], float(np.mean([s for _, _, s in ph])), " ".join(w for _, w, _ in ph))
+            for ph in phrases]
 
 
 def evaluate_hat(results: Sequence[dict[str, Any]], records, epsilon: float) -> dict[str, float]:
-    """HAT: the lowest predicted phrase is correct if it lies inside the ground-truth phrase
-    (accuracy over misaligned captions); AP with the misaligned caption as the positive class
-    on the negated F-CLIPScore."""
-    hits = []
+    """HAT, as the official `main.py` computes it: phrases of words below epsilon (merged across
+    punctuation, scored by their mean), no fallback when none; over misaligned captions, correct
+    when the lowest phrase's text is a substring of the ground-truth phrase (the flagged words
+    joined); AP (misaligned = positive) on the negated score of the lowest phrase (0 when none).
+    Corrected variants, labelled: `hat_la_position_exact` (every word of the lowest phrase sits
+    at a flagged position, so a correct word elsewhere with the same string does not count) and
+    `hat_ap_fclipscore` (AP on the negated F-CLIPScore)."""
+    hits, exact, ap_scores = [], [], []
     for r, rec in zip(results, records):
+        phrases = predicted_phrases(r, epsilon)
+        lowest = min(phrases, key=lambda x: x[1]) if phrases else None
+        ap_scores.append(-lowest[1] if lowest else 0.0)
         if not rec.is_foil:
             continue
-        flags = _gt_word_flags(r, rec.token_labels)
-        phrases = predicted_phrases(r, epsilon)
-        if not phrases:
-            named = [(i, s) for i, (w, s) in enumerate(r["word_attributions"]) if w not in PUNCT]
-            phrases = [([min(named, key=lambda x: x[1])[0]], 0.0)] if named else []
-        if not phrases:
-            hits.append(False)
-            continue
-        lowest = min(phrases, key=lambda p: p[1])[0]
-        hits.append(all(flags[i] for i in lowest))
+        gt = " ".join(w for w, m in rec.token_labels if m) if rec.token_labels else " ".join(rec.misaligned_words)
+        gt = " ".join(w for w in re.findall(r"[^\s.,]+", gt))
+        hits.append(lowest is not None and lowest[2] in gt)
+        exact.append(lowest is not None and set(lowest[0]) <= set(rec.misaligned_positions))
     pos = [rec.is_foil for rec in records]
     return {"hat_la": float(np.mean(hits)) if hits else float("nan"),
-            "hat_ap": average_precision([-f_clipscore(r) for r in results], pos),
-            "hat_ap_chance": float(np.mean(pos)), "hat_n": len(results)}
+            "hat_ap": average_precision(ap_scores, pos),
+            "hat_la_position_exact": float(np.mean(exact)) if exact else float("nan"),
+            "hat_ap_fclipscore": average_precision([-f_clipscore(r) for r in results], pos),
+            "hat_ap_chance": float(np.mean(pos)), "hat_n": len(results), "hat_n_misaligned": int(sum(pos))}
 
 
 def evaluate_richhf(results: Sequence[dict[str, Any]], records, epsilon: float) -> dict[str, float]:
-    """RichHF-18K: token-level P/R/F1 of words below epsilon against the misaligned-token labels;
-    Pearson and Spearman of -F-CLIPScore and of -sum of negative attributions against the
-    misalignment score."""
+    """RichHF-18K: Pearson and Spearman against `misalignment_score` (higher = more misaligned) of
+    the negated sum of negative attributions (`richhf_*_neg_attribution`: more negative attribution
+    = more misaligned, so a positive correlation is the expected sign) and of the negated
+    F-CLIPScore and CLIPScore (same sign convention). Token-level P / R / F1 of words below
+    epsilon against the flagged words, by position: the compendium's own, since the official
+    token code never runs (its counters are reset before use), so no official number exists."""
     from scipy.stats import pearsonr, spearmanr
     tp = fp = fn = 0
     for r, rec in zip(results, records):
-        flags = _gt_word_flags(r, rec.token_labels)
-        pred = [w not in PUNCT and s < epsilon for w, s in r["word_attributions"]]
-        tp += sum(p and f for p, f in zip(pred, flags))
-        fp += sum(p and not f for p, f in zip(pred, flags))
-        fn += sum(f and not p for p, f in zip(pred, flags))
+        attrs, pos = _all_words(r)
+        pred = {p for (w, s), p in zip(attrs, pos) if w not in PUNCT and s < epsilon}
+        gold_pos = set(rec.misaligned_positions)
+        tp += len(pred & gold_pos)
+        fp += len(pred - gold_pos)
+        fn += len(gold_pos - pred)
     prec = tp / (tp + fp) if tp + fp else 0.0
     rec_ = tp / (tp + fn) if tp + fn else 0.0
     gold = np.asarray([rec.score for rec in records], dtype=float)
-    fcs = -np.asarray([f_clipscore(r) for r in results])
-    neg = -np.asarray([r["sum_negative_attribution"] for r in results])
-    return {"richhf_precision": prec, "richhf_recall": rec_,
-            "richhf_f1": 2 * prec * rec_ / (prec + rec_) if prec + rec_ else 0.0,
-            "richhf_pearson": float(pearsonr(fcs, gold)[0]), "richhf_spearman": float(spearmanr(fcs, gold)[0]),
-            "richhf_pearson_neg_attribution": float(pearsonr(neg, gold)[0])}
+    cols = {"neg_attribution": -np.asarray([r["sum_negative_attribution"] for r in results]),
+            "fclipscore": -np.asarray([f_clipscore(r) for r in results]),
+            "clipscore": -np.asarray([r["clip_score"] for r in results])}
+    out = {"richhf_precision": prec, "richhf_recall": rec_,
+           "richhf_f1": 2 * prec * rec_ / (prec + rec_) if prec + rec_ else 0.0}
+    for k, v in cols.items():
+        ok = np.std(v) > 0 and np.std(gold) > 0
+        out[f"richhf_pearson_{k}"] = float(pearsonr(v, gold)[0]) if ok else float("nan")
+        out[f"richhf_spearman_{k}"] = float(spearmanr(v, gold)[0]) if ok else float("nan")
+    return out
 
 
 def predicted_phrase_text(result: dict[str, Any], epsilon: float) -> str:
-    """The lowest predicted phrase as text (SeeTRUE-Feedback compares it with the annotated one)."""
+    """The lowest predicted phrase as text ("" when no word is below epsilon)."""
     phrases = predicted_phrases(result, epsilon)
-    attrs = result["word_attributions"]
-    if not phrases:
-        named = [(i, s) for i, (w, s) in enumerate(attrs) if w not in PUNCT]
-        if not named:
-            return ""
-        phrases = [([min(named, key=lambda x: x[1])[0]], 0.0)]
-    lowest = min(phrases, key=lambda p: p[1])[0]
-    return " ".join(attrs[i][0] for i in lowest)
+    return min(phrases, key=lambda x: x[1])[2] if phrases else ""
 
 
-def evaluate_seetrue(results: Sequence[dict[str, Any]], records, epsilon: float, nli_model: str | None,
-                     device: str | None = None) -> dict[str, Any]:
-    """SeeTRUE-Feedback: mean NLI entailment probability (premise = annotated misalignment,
-    hypothesis = predicted phrase) under a configurable NLI model (bart-large-mnli in the paper).
-    Without an NLI model the score is not computed and the result says so."""
-    preds = [predicted_phrase_text(r, epsilon) for r in results]
-    if not nli_model:
-        return {"seetrue_nli": None, "seetrue_note": "no NLI model configured (set nli_model, e.g. "
-                "facebook/bart-large-mnli); the NLI score was not computed"}
+def nli_entailment(premises: Sequence[str], hypotheses: Sequence[str], nli_model, device: str | None = None,
+                   batch_size: int = 32) -> np.ndarray:
+    """P(entailment) of each (premise, hypothesis) from a sequence-classification NLI model (a
+    local folder or a loaded (model, tokenizer) pair): the softmax over the entailment and
+    contradiction logits only (neutral dropped), as the official SeeTRUE evaluation does."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(nli_model)
-    model = AutoModelForSequenceClassification.from_pretrained(nli_model).eval()
+    if isinstance(nli_model, (tuple, list)):
+        model, tok = nli_model
+    else:
+        tok = AutoTokenizer.from_pretrained(nli_model)
+        model = AutoModelForSequenceClassification.from_pretrained(nli_model)
+    model = model.eval()
     if device:
         model.to(device)
     label2id = {k.lower(): v for k, v in model.config.label2id.items()}
-    ent = label2id.get("entailment")
-    if ent is None:
-        raise ValueError(f"{nli_model}: no 'entailment' label in its config (labels: {sorted(label2id)})")
-    probs = []
+    ent, con = label2id.get("entailment"), label2id.get("contradiction")
+    if ent is None or con is None:
+        raise ValueError(f"NLI model: needs 'entailment' and 'contradiction' labels in its config "
+                         f"(labels: {sorted(label2id)})")
+    out = []
     with torch.no_grad():
-        for k in range(0, len(preds), 32):
-            prem = [rec.misaligned_words[0] for rec in records[k:k + 32]]
-            enc = tok(prem, preds[k:k + 32], padding=True, truncation=True, return_tensors="pt").to(model.device)
-            probs += model(**enc).logits.softmax(-1)[:, ent].tolist()
-    return {"seetrue_nli": float(np.mean(probs)), "seetrue_note": f"NLI model {nli_model}"}
+        for k in range(0, len(premises), batch_size):
+            enc = tok(list(premises[k:k + batch_size]), list(hypotheses[k:k + batch_size]), padding=True,
+                      truncation=True, return_tensors="pt").to(model.device)
+            logits = model(**enc).logits[:, [ent, con]]
+            out += logits.softmax(-1)[:, 0].tolist()
+    return np.asarray(out, dtype=float)
+
+
+def evaluate_seetrue(results: Sequence[dict[str, Any]], records, epsilon: float, nli_model, device: str | None = None
+                     ) -> dict[str, Any]:
+    """SeeTRUE-Feedback as the official evaluation computes it: every predicted phrase (words below
+    epsilon, merged across punctuation) is scored by NLI against the annotated misalignment
+    (premise = annotation, hypothesis = phrase; P(entailment) over entailment and contradiction
+    only); a caption's score is the mean over its phrases, 0 when it has none; the benchmark score
+    is the mean over captions. Without an NLI model the score is not computed and the result says so."""
+    phrases = [[t for _, _, t in predicted_phrases(r, epsilon)] for r in results]
+    out: dict[str, Any] = {"seetrue_share_with_phrase": float(np.mean([bool(p) for p in phrases])) if phrases else float("nan")}
+    if not nli_model:
+        return {**out, "seetrue_nli": None, "seetrue_note": "no NLI model configured (set nli_model, e.g. a local "
+                "facebook/bart-large-mnli folder); the NLI score was not computed"}
+    prem, hyp, owner = [], [], []
+    for i, (ph, rec) in enumerate(zip(phrases, records)):
+        for t in ph:
+            prem.append(rec.misaligned_words[0] if rec.misaligned_words else "")
+            hyp.append(t)
+            owner.append(i)
+    probs = nli_entailment(prem, hyp, nli_model, device) if prem else np.zeros(0)
+    per = np.zeros(len(results))
+    for i in range(len(results)):
+        mine = [p for p, o in zip(probs, owner) if o == i]
+        per[i] = float(np.mean(mine)) if mine else 0.0
+    name = nli_model if isinstance(nli_model, str) else type(nli_model[0]).__name__
+    return {**out, "seetrue_nli": float(per.mean()) if len(per) else float("nan"), "seetrue_note": f"NLI model {name}"}
 
 
 # ----------------------------------------------------------------------------- speed
@@ -417,7 +490,7 @@ def select(raw: dict[str, Any], sorted_by: str, epsilon: float) -> dict[str, Any
     """A result dict from stored word attributions and cosine, under any selection rule."""
     sel = CLIP4DM.__new__(CLIP4DM)
     sel.sorted_by, sel.epsilon = sorted_by, epsilon
-    return CLIP4DM._select(sel, [tuple(x) for x in raw["word_attributions"]], raw["cos"])
+    return CLIP4DM._select(sel, [tuple(x) for x in raw["word_attributions"]], raw["cos"], raw.get("word_positions"))
 
 
 def attribute_pairs(model: CLIP4DM, pairs: Sequence[tuple[str, str]], cache_path, batch_size: int = 32,
@@ -433,7 +506,7 @@ def attribute_pairs(model: CLIP4DM, pairs: Sequence[tuple[str, str]], cache_path
     cache_path = Path(cache_path)
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     tag = json.dumps([model.template, model.start_layer_text,
-                      model.encoder.preset.identity() if model.encoder.preset else None], sort_keys=True)
+                      model.encoder.preset.identity() if model.encoder.preset else None, "format 2"], sort_keys=True)
 
     def key(p):
         return hashlib.sha1(f"{tag}\x00{os.path.realpath(p[0])}\x00{p[1]}".encode()).hexdigest()
@@ -462,7 +535,8 @@ def attribute_pairs(model: CLIP4DM, pairs: Sequence[tuple[str, str]], cache_path
             for k, t, sc, of, c in zip(chunk, texts, scores, offsets, sims):
                 r = model._words(t, sc, of, float(c))
                 row = {"key": k, "caption": by_key[k][1], "cos": float(c),
-                       "word_attributions": [list(x) for x in r["word_attributions"]]}
+                       "word_attributions": [list(x) for x in r["all_word_attributions"]],
+                       "word_positions": r["word_positions"]}
                 done[k] = row
                 lines.append(json.dumps(row))
             f.write("\n".join(lines) + "\n")

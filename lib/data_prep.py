@@ -112,6 +112,16 @@ def load_prepared(profile: str, name: str, consumer: str, **kw) -> Dataset:
     return load_all({name: sources[name]}, **kw)[name]
 
 
+def load_prepared_file(profile: str, name: str, file: str, consumer: str, **kw) -> Dataset:
+    """Another file of a prepared dataset, read by the same loader from the same root (e.g. HAT's
+    validation copy `hat_val.json` beside `hat.json`)."""
+    sources = read_json(require(profile, "datasets", consumer))
+    if name not in sources:
+        raise KeyError(f"{consumer}: dataset '{name}' was not prepared for profile '{profile}' "
+                       f"(prepared: {sorted(sources)})")
+    return load_all({name: {**sources[name], "file": file}}, **kw)[name]
+
+
 def counts_table(datasets: dict[str, Dataset]):
     """Records per dataset and split, with the hateful share where labels exist."""
     import pandas as pd

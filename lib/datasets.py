@@ -38,9 +38,10 @@ import io
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 FHM_SPLITS = ("train", "dev_seen", "dev_unseen", "test_seen", "test_unseen")
 HVLI_TYPES = ("000", "001", "010", "011", "100", "101", "110", "111")
@@ -111,6 +112,57 @@ class MemeSenseRecord:
         return Image.open(self.img_path).convert("RGB")
 
 
+#: CLIP4DM's word split: spaces separate words, "." and "," are words of their own
+CAPTION_WORD_RE = re.compile(r"[^\s.,]+|[.,]")
+
+
+def caption_words(text: str) -> list[str]:
+    """A caption's words as CLIP4DM splits them ("." and "," are words of their own)."""
+    return CAPTION_WORD_RE.findall(text)
+
+
+def _wnorm(w: str) -> str:
+    return re.sub(r"[^\w\-']", "", w.lower())
+
+
+def swap_positions(foil: str, originals: Sequence[str], foil_word: str) -> tuple[list[int], bool]:
+    """Where a one-word-swap foil differs from its original: the positions (among `caption_words`)
+    of the swapped word, found by comparing with an original of the same length that differs in
+    one place, holding the foil word. Without such an original the first occurrence of the foil
+    word's string is used (second value False: located by string, not by position)."""
+    fw = caption_words(foil)
+    target = _wnorm(foil_word)
+    for o in originals:
+        ow = caption_words(o)
+        if len(ow) != len(fw):
+            continue
+        diff = [k for k, (a, b) in enumerate(zip(fw, ow)) if _wnorm(a) != _wnorm(b)]
+        if len(diff) == 1 and _wnorm(fw[diff[0]]) == target:
+            return diff, True
+    hits = [k for k, w in enumerate(fw) if _wnorm(w) == target]
+    return hits[:1], False
+
+
+def labelled_positions(caption: str, labels: Sequence[tuple[str, int]]) -> list[int]:
+    """Positions among `caption_words(caption)` of the words a benchmark flags, aligning its own
+    tokens (which may carry punctuation, or leave it out) to the caption's words in order."""
+    words = caption_words(caption)
+    flat = []
+    for tok, m in labels:
+        for w in caption_words(tok):
+            if w not in (".", ","):
+                flat.append((_wnorm(w), m))
+    out, j = [], 0
+    for k, w in enumerate(words):
+        if w in (".", ","):
+            continue
+        if j < len(flat) and flat[j][0] == _wnorm(w):
+            if flat[j][1]:
+                out.append(k)
+            j += 1
+    return out
+
+
 @dataclass
 class AlignmentRecord:
     """An (image, caption) pair with its misalignment annotation.
@@ -128,6 +180,9 @@ class AlignmentRecord:
     group: str | None = None
     score: float | None = None
     split: str = "test"
+    #: positions of the misaligned words among `caption_words(caption)` ("." and "," count as words);
+    #: empty where the benchmark does not locate them
+    misaligned_positions: list[int] = field(default_factory=list)
 
     @property
     def is_foil(self) -> bool:
@@ -709,8 +764,10 @@ def load_foil(root: Path, ctx: _Ctx, file: str = "foil_test.json", img_dir: str 
         fw = str(_field(a, "foil_word", where)).strip()
         is_foil = _bool(a, "foil", where) if "foil" in a else fw.upper() != "ORIG"
         cap = _field(a, "caption", where).strip()
+        refs = [c for c in by_image.get(iid, []) if c != cap]
         rec = AlignmentRecord(_id(a, "id", where), ctx.image(root / img_dir, files[iid], where, "file_name"), cap,
-                              [fw] if is_foil else [], references=[c for c in by_image.get(iid, []) if c != cap])
+                              [fw] if is_foil else [], references=refs,
+                              misaligned_positions=swap_positions(cap, refs, fw)[0] if is_foil else [])
         if ctx.image_ok(rec.img_path, where):
             out.append(rec)
     return out
@@ -734,8 +791,9 @@ def load_nocaps_foil(root: Path, ctx: _Ctx, file: str = "nocaps_foil.json", img_
         refs = _str_list(obj, "references", where, optional=True)
         dom = _field(obj, "domain", where)
         foil_is_orig = rep[0] == rep[1]
-        out.append(AlignmentRecord(f"{i}_foil", img, _field(obj, "foil", where).strip(),
-                                   [] if foil_is_orig else [rep[1]], refs, group=dom))
+        foil_cap, base = _field(obj, "foil", where).strip(), _field(obj, "baseline", where).strip()
+        out.append(AlignmentRecord(f"{i}_foil", img, foil_cap, [] if foil_is_orig else [rep[1]], refs, group=dom,
+                                   misaligned_positions=[] if foil_is_orig else swap_positions(foil_cap, [base], rep[1])[0]))
         out.append(AlignmentRecord(f"{i}_orig", img, _field(obj, "baseline", where).strip(), [], refs, group=dom))
     return out
 
@@ -753,10 +811,11 @@ def load_hat(root: Path, ctx: _Ctx, file: str = "hat.json", img_dir: str = "img"
                 raise DataError(f"{where}: field 'grounding[{j}]' must be [token, is_misaligned]")
             tl.append((str(g[0]), _label(g[1], {0, 1}, where, f"grounding[{j}][1]")))
         mis = [t.replace(".", "").replace(",", "") for t, m in tl if m]
+        cap = _field(obj, "caption", where)
         rec = AlignmentRecord(_id(obj, "sample_id", where),
                               ctx.image(root / img_dir, _field(obj, "image_path", where), where, "image_path"),
-                              _field(obj, "caption", where), mis, _str_list(obj, "references", where, optional=True),
-                              token_labels=tl)
+                              cap, mis, _str_list(obj, "references", where, optional=True),
+                              token_labels=tl, misaligned_positions=labelled_positions(cap, tl))
         if ctx.image_ok(rec.img_path, where):
             out.append(rec)
     return out
@@ -778,7 +837,8 @@ def load_richhf(root: Path, ctx: _Ctx, file: str = "richhf.jsonl", img_dir: str 
         tl = [(t, 1 - _label(lab, {0, 1}, where, "prompt_misalignment_label")) for t, lab in zip(toks, labels)]
         rec = AlignmentRecord(Path(_field(obj, "filename", where)).stem,
                               ctx.image(root / img_dir, obj["filename"], where, "filename"), prompt,
-                              [t for t, m in tl if m], token_labels=tl, score=_number(obj, "misalignment_score", where))
+                              [t for t, m in tl if m], token_labels=tl, score=_number(obj, "misalignment_score", where),
+                              misaligned_positions=labelled_positions(prompt, tl))
         if ctx.image_ok(rec.img_path, where):
             out.append(rec)
     return out

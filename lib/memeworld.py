@@ -573,6 +573,133 @@ def foil_caption(spec: MemeSpec, rng: np.random.Generator) -> tuple[str, str, st
     return scene_caption(objs), str(target), str(foil)
 
 
+#: the edits that make a caption disagree with its picture (HAT, RichHF, SeeTRUE views)
+EDITS = ("colour", "kind", "colour+kind", "symbol", "relation")
+
+
+def _phrase_words(o: SceneObject) -> list[tuple[str, str | None]]:
+    """The words of an object's phrase, each with the field it expresses (None: fixed words)."""
+    if o.kind in BENIGN_OBJECTS:
+        return [("a", None), (str(o.colour), "colour"), (o.kind, "kind")]
+    if o.kind == "sigil":
+        return [("a", None), (str(o.symbol), "symbol"), ("sigil", None)]
+    if o.kind == "defaced":
+        return [("a", None), ("crossed-out", None), (str(o.symbol), "symbol"), ("sigil", None)]
+    return [(w, None) for w in o.phrase().split()]
+
+
+def flagged_caption(objects: list[SceneObject], changed: list[set[str]] | None = None) -> list[tuple[str, int]]:
+    """The scene caption as (word, is_misaligned) with "," its own word; `changed[i]` names the
+    fields of object i that disagree with the picture ("colour", "kind", "symbol", "position")."""
+    changed = changed or [set() for _ in objects]
+    parts = []
+    for o, ch in zip(objects, changed):
+        words = [(w, int(f is not None and f in ch)) for w, f in _phrase_words(o)]
+        pw = POSITION_PHRASE[o.position].split()
+        words += [(w, 0) for w in pw[:-1]] + [(pw[-1], int("position" in ch))]
+        parts.append(words)
+    out = list(parts[0])
+    for k, p in enumerate(parts[1:], start=1):
+        out += ([("and", 0)] if k == len(parts) - 1 else [(",", 0)]) + p
+    return out
+
+
+def caption_text(words: list[tuple[str, int]]) -> str:
+    return " ".join(w for w, _ in words).replace(" ,", ",")
+
+
+def misalign(spec: MemeSpec, rng: np.random.Generator, n_edits: int = 1
+             ) -> tuple[list[SceneObject], list[set[str]], list[str]]:
+    """Up to `n_edits` edits on distinct objects of the scene (never the picture itself): a colour,
+    an object kind, both (a two-word phrase), a sigil's symbol, or a swapped relation (two objects
+    trade positions in the caption). Returns the described objects, the changed fields per object
+    and the edit kinds applied."""
+    objs = [SceneObject(**asdict(o)) for o in spec.objects]
+    changed: list[set[str]] = [set() for _ in objs]
+    kinds: list[str] = []
+    for _ in range(n_edits):
+        free = [i for i, ch in enumerate(changed) if not ch]
+        options = []
+        for i in free:
+            o = objs[i]
+            if o.kind in BENIGN_OBJECTS:
+                options += [("colour", i), ("kind", i), ("colour+kind", i)]
+            elif o.kind in ("sigil", "defaced"):
+                options.append(("symbol", i))
+        if len(free) >= 2:
+            options.append(("relation", -1))
+        if not options:
+            break
+        kind, i = options[rng.integers(len(options))]
+        if kind == "relation":
+            a, b = rng.choice(free, 2, replace=False)
+            objs[a].position, objs[b].position = objs[b].position, objs[a].position
+            changed[a].add("position")
+            changed[b].add("position")
+        else:
+            o = objs[i]
+            if "colour" in kind:
+                o.colour = [c for c in COLOURS if c != o.colour][rng.integers(len(COLOURS) - 1)]
+                changed[i].add("colour")
+            if "kind" in kind:
+                o.kind = [b for b in BENIGN_OBJECTS if b != o.kind][rng.integers(len(BENIGN_OBJECTS) - 1)]
+                changed[i].add("kind")
+            if kind == "symbol":
+                o.symbol = [x for x in SYMBOLS if x != o.symbol][rng.integers(len(SYMBOLS) - 1)]
+                changed[i].add("symbol")
+        kinds.append(kind)
+    return objs, changed, kinds
+
+
+def _grounding(words: list[tuple[str, int]]) -> list[list]:
+    """HAT's [token, is_misaligned] list, punctuation attached to the word before it."""
+    out: list[list] = []
+    for w, m in words:
+        if w in (",", ".") and out:
+            out[-1][0] += w
+        else:
+            out.append([w, m])
+    return out
+
+
+def misalignment_views(specs: list[MemeSpec], rng: np.random.Generator, img_rel: dict[int, str]
+                       ) -> dict[str, Any]:
+    """HAT, RichHF and SeeTRUE-Feedback rows for `specs`, labelled by position: every meme gives an
+    aligned caption and a misaligned one (HAT), a prompt with 0-3 edits whose score is its number
+    of misaligned words (RichHF), and a misaligned caption with the misaligned phrase as feedback
+    (SeeTRUE, which has misaligned pairs only)."""
+    hat, richhf, seetrue = [], [], []
+    for s in specs:
+        img = img_rel[s.id]
+        gold = flagged_caption(s.objects)
+        objs, ch, kinds = misalign(s, rng, 1)
+        words = flagged_caption(objs, ch)
+        hat.append({"sample_id": f"{s.id}_mis", "image_path": img, "caption": caption_text(words),
+                    "references": [caption_text(gold)], "grounding": _grounding(words), "edit": kinds[0] if kinds else ""})
+        hat.append({"sample_id": f"{s.id}_orig", "image_path": img, "caption": caption_text(gold),
+                    "references": [caption_text(gold)], "grounding": _grounding(gold), "edit": ""})
+        n = int(rng.integers(0, 4))
+        objs, ch, _ = misalign(s, rng, n)
+        words = flagged_caption(objs, ch)
+        toks = [(w, m) for w, m in words if w not in (",", ".")]
+        richhf.append({"filename": img, "prompt": caption_text(words),
+                       "prompt_misalignment_label": " ".join("0" if m else "1" for _, m in toks),
+                       "misalignment_score": float(sum(m for _, m in toks))})
+        objs, ch, _ = misalign(s, rng, 1)
+        words = flagged_caption(objs, ch)
+        if any(m for _, m in words):
+            # feedback: the misaligned object as a phrase ("blue cup", "zigzag sigil", "red sun on the left")
+            # (the edited object's phrase without its article, with its claimed position for a relation)
+            k = next(i for i, c in enumerate(ch) if c)
+            o = objs[k]
+            fb = " ".join(w for w, _ in _phrase_words(o)[1:])
+            if "position" in ch[k]:
+                fb = f"{fb} {POSITION_PHRASE[o.position]}"
+            seetrue.append({"image_path": img, "image_caption": caption_text(words), "caption_misalignment": fb,
+                            "id_in_source_dataset": str(s.id), "dataset_source": "memeworld"})
+    return {"hat": hat, "richhf": richhf, "seetrue": seetrue}
+
+
 # ----------------------------------------------------------------------------- writing
 def _write_json(path: Path, obj: Any) -> None:
     from lib.artifacts import write_json
@@ -740,9 +867,11 @@ def write_memeworld(out: Path | str, n: int = 10000, seed: int = 0, image_size: 
         _write_csv(out / "multioff" / "Split Dataset" / f"{part}_meme_dataset.csv", ["image_name", "sentence", "label"],
                    [[f"mo_{s.id:05d}.png", s.text, "offensive" if s.final_label else "Non-offensiv"]
                     for s in mo_specs if mo_split[s.split] == part])
-    # misalignment benchmarks from the test memes: FOIL, nocaps-FOIL, HAT, RichHF, SeeTRUE-Feedback
+    # misalignment benchmarks from the test memes: FOIL and nocaps-FOIL (one swapped word), then
+    # HAT, RichHF and SeeTRUE-Feedback (position-exact labels, multi-word edits, aligned captions)
+    # from their own generator, so the FOIL draws (and the training pairs after them) stay put
     test_specs = [s for s in specs if s.split in ("test_seen", "test_unseen")]
-    images, anns, nocaps, hat, richhf, seetrue = [], [], [], [], [], []
+    images, anns, nocaps = [], [], []
     for s in test_specs:
         gold = scene_caption(s.objects)
         foil, target, foil_word = foil_caption(s, rng)
@@ -754,23 +883,17 @@ def write_memeworld(out: Path | str, n: int = 10000, seed: int = 0, image_size: 
         domain = "in-domain" if s.split == "test_seen" else "out-domain"
         nocaps.append({"foil": foil, "baseline": gold, "replacement": [target, foil_word], "references": [gold],
                        "image_path": f"{s.id:05d}.png", "domain": domain})
-        words = foil.replace(",", " ,").split()
-        hat.append({"sample_id": f"{s.id}_foil", "image_path": f"{s.id:05d}.png", "caption": foil,
-                    "references": [gold], "grounding": [[w, int(w == foil_word)] for w in words]})
-        hat.append({"sample_id": f"{s.id}_orig", "image_path": f"{s.id:05d}.png", "caption": gold,
-                    "references": [gold], "grounding": [[w, 0] for w in gold.replace(",", " ,").split()]})
-        toks = [w for w in foil.replace(",", " ").split() if w]
-        richhf.append({"filename": f"{s.id:05d}.png", "prompt": foil,
-                       "prompt_misalignment_label": " ".join("0" if w == foil_word else "1" for w in toks),
-                       "misalignment_score": float(sum(w == foil_word for w in toks))})
-        seetrue.append({"image_path": f"{s.id:05d}.png", "image_caption": foil,
-                        "caption_misalignment": f"{foil_word}", "id_in_source_dataset": str(s.id),
-                        "dataset_source": "memeworld"})
+    mrng = np.random.default_rng([seed, 20261122])
+    names = {s.id: f"{s.id:05d}.png" for s in specs}
+    views = misalignment_views(test_specs, mrng, names)
+    # a validation copy of HAT from the dev memes: epsilon is chosen there, never on test
+    val = misalignment_views([s for s in specs if s.split in ("dev_seen", "dev_unseen")], mrng, names)
     _write_json(out / "foil" / "foil_test.json", {"images": images, "annotations": anns})
     _write_json(out / "nocaps_foil" / "nocaps_foil.json", nocaps)
-    _write_json(out / "hat" / "hat.json", hat)
-    _write_jsonl(out / "richhf" / "richhf.jsonl", richhf)
-    _write_json(out / "seetrue" / "seetrue_feedback.json", seetrue)
+    _write_json(out / "hat" / "hat.json", views["hat"])
+    _write_json(out / "hat" / "hat_val.json", val["hat"])
+    _write_jsonl(out / "richhf" / "richhf.jsonl", views["richhf"])
+    _write_json(out / "seetrue" / "seetrue_feedback.json", views["seetrue"])
     # scene-caption training pairs (train split only) with one FOIL hard negative each
     pairs = []
     for s in specs:

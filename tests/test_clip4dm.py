@@ -24,25 +24,62 @@ def model(tiny_clip_dir):
     return CLIP4DM.from_pretrained(tiny_clip_dir, device="cpu", epsilon=0.0)
 
 
+OFFICIAL_KEYS = {"negative_word", "sum_negative_attribution", "negative_word_score_list", "clip_score",
+                 "word_attributions"}
+
+
 def test_output_has_the_seed_readme_keys_and_words(model):
     r = model(_imgs(1)[0], "a cup of coke")
-    assert set(r) == {"negative_word", "sum_negative_attribution", "negative_word_score_list", "clip_score",
-                      "word_attributions"}
+    assert OFFICIAL_KEYS <= set(r)
+    assert set(r) - OFFICIAL_KEYS == {"all_word_attributions", "word_positions", "lowest_word_position"}
     assert [w for w, _ in r["word_attributions"]] == ["a", "cup", "of", "coke"]   # template words dropped
     assert 0.0 <= r["clip_score"] <= 2.5
-    kept = [s for _, s in r["word_attributions"] if s < 0.0]
-    assert r["sum_negative_attribution"] == pytest.approx(sum(kept))
-    assert r["negative_word_score_list"] == sorted(kept)
-    if kept:
-        i = min(range(4), key=lambda j: r["word_attributions"][j][1])
-        assert r["negative_word"] == f"{i}_{r['word_attributions'][i][0]}"
+    kept = sorted([(f"{i}_{w}", s) for i, (w, s) in enumerate(r["word_attributions"]) if s < 0.0], key=lambda x: x[1])
+    assert r["sum_negative_attribution"] == pytest.approx(sum(s for _, s in kept))
+    assert r["negative_word_score_list"] == [s for _, s in kept]
+    assert r["negative_word"] == " ".join(n for n, _ in kept)               # every kept word, ascending
 
 
-def test_punctuation_is_its_own_word_and_never_selected(model):
+def _select(sorted_by, attrs, epsilon=-0.05, positions=None):
+    m = CLIP4DM.__new__(CLIP4DM)
+    m.sorted_by, m.epsilon = sorted_by, epsilon
+    return m._select(attrs, 0.3, positions)
+
+
+def test_official_threshold_output_by_hand():
+    """Threshold mode, worked by hand: "a red sun , and a blue house ." with "," -0.9 and "." -0.8.
+    Punctuation is dropped before numbering, so the words are 0 a, 1 red, 2 sun, 3 and, 4 a,
+    5 blue, 6 house; kept below -0.05: blue (-0.3), red (-0.2), sun (-0.1), ascending."""
+    attrs = [("a", 0.1), ("red", -0.2), ("sun", -0.1), (",", -0.9), ("and", 0.0), ("a", 0.2), ("blue", -0.3),
+             ("house", 0.05), (".", -0.8)]
+    r = _select("threshold", attrs)
+    assert r["negative_word"] == "5_blue 1_red 2_sun"
+    assert r["sum_negative_attribution"] == pytest.approx(-0.6)
+    assert r["negative_word_score_list"] == [-0.3, -0.2, -0.1]
+    assert [w for w, _ in r["word_attributions"]] == ["a", "red", "sun", "and", "a", "blue", "house"]
+    assert r["clip_score"] == pytest.approx(0.75)
+    none = _select("threshold", [("a", 0.1), (".", -0.9)])
+    assert none["negative_word"] == "" and none["sum_negative_attribution"] == 0 and none["negative_word_score_list"] == []
+
+
+def test_official_most_negative_output_by_hand():
+    """most_negative: the bare lowest word, punctuation a candidate like any word, an empty score
+    list; the position-exact key points at the lowest real word."""
+    attrs = [("a", 0.1), ("red", -0.2), ("sun", -0.1), (",", -0.9), ("and", 0.0), ("a", 0.2), ("red", -0.3)]
+    r = _select("most_negative", attrs, positions=[0, 1, 2, 3, 4, 5, 6])
+    assert r["negative_word"] == "," and r["sum_negative_attribution"] == -0.9
+    assert r["negative_word_score_list"] == [] and [w for w, _ in r["word_attributions"]] == [w for w, _ in attrs]
+    assert r["lowest_word_position"] == 6                                    # the second "red", not the first
+    assert f_clipscore(r) == pytest.approx(-0.9 * (1 - 0.75 / 2.5))
+
+
+def test_punctuation_is_its_own_word(model):
     r = model(_imgs(1)[0], "a red sun on the left, and a blue house.")
-    words = [w for w, _ in r["word_attributions"]]
+    words = [w for w, _ in r["all_word_attributions"]]
     assert words == ["a", "red", "sun", "on", "the", "left", ",", "and", "a", "blue", "house", "."]
-    assert r["negative_word"] is None or r["negative_word"].split("_", 1)[1] not in {",", "."}
+    assert r["word_positions"] == list(range(12))
+    assert "," not in [w for w, _ in r["word_attributions"]]                 # threshold mode drops it
+    assert all(not n.split("_", 1)[1] in {",", "."} for n in r["negative_word"].split())
 
 
 def test_attribution_matches_an_independent_computation(model):
@@ -83,7 +120,7 @@ def test_most_negative_picks_the_single_lowest_word(tiny_clip_dir):
     m = CLIP4DM.from_pretrained(tiny_clip_dir, device="cpu", sorted_by="most_negative")
     r = m(_imgs(1)[0], "a cup of coke")
     low = min(r["word_attributions"], key=lambda x: x[1])
-    assert r["negative_word"].endswith("_" + low[0]) and r["sum_negative_attribution"] == low[1]
+    assert r["negative_word"] == low[0] and r["sum_negative_attribution"] == low[1]
     assert f_clipscore(r) == pytest.approx(low[1] * (1 - r["clip_score"] / 2.5))
 
 
@@ -106,36 +143,90 @@ def test_refclipscore_max_over_references_vs_first_only(model):
     assert full[0] >= first[0] - 1e-9      # the max over references can only help
 
 
-def _res(words, clip_score=1.0, neg=None):
-    attrs = list(words)
-    named = [(f"{i}_{w}", s) for i, (w, s) in enumerate(attrs) if w not in ".,"]
-    low = min(named, key=lambda x: x[1])
-    return {"negative_word": neg if neg is not None else low[0], "sum_negative_attribution": low[1],
-            "negative_word_score_list": [low[1]], "clip_score": clip_score, "word_attributions": attrs}
+def _res(words, clip_score=1.0, sorted_by="most_negative", epsilon=0.0):
+    m = CLIP4DM.__new__(CLIP4DM)
+    m.sorted_by, m.epsilon = sorted_by, epsilon
+    r = m._select(list(words), 0.0)
+    r["clip_score"] = clip_score
+    return r
 
 
 def test_foil_metrics_on_known_results():
-    recs = [AlignmentRecord("1", None, "a red dog", ["dog"]), AlignmentRecord("2", None, "a red cat", []),
-            AlignmentRecord("3", None, "a blue car", ["blue"]), AlignmentRecord("4", None, "a blue car", [])]
+    """LA is position-exact: in record 5 the foil word "red" occurs twice and the lowest word is the
+    first "red", which was not swapped: the official string comparison counts it, LA does not."""
+    recs = [AlignmentRecord("1", None, "a red dog", ["dog"], misaligned_positions=[2]),
+            AlignmentRecord("2", None, "a red cat", []),
+            AlignmentRecord("3", None, "a blue car", ["blue"], misaligned_positions=[1]),
+            AlignmentRecord("4", None, "a blue car", []),
+            AlignmentRecord("5", None, "a red cup and a red hat", ["red"], misaligned_positions=[5])]
     res = [_res([("a", 0.1), ("red", 0.0), ("dog", -0.5)], 0.5), _res([("a", 0.1), ("red", 0.0), ("cat", -0.01)], 0.9),
-           _res([("a", -0.3), ("blue", -0.1), ("car", 0.2)], 0.6), _res([("a", 0.0), ("blue", -0.02), ("car", 0.1)], 0.8)]
+           _res([("a", -0.3), ("blue", -0.1), ("car", 0.2)], 0.6), _res([("a", 0.0), ("blue", -0.02), ("car", 0.1)], 0.8),
+           _res([("a", 0.1), ("red", -0.4), ("cup", 0.0), ("and", 0.0), ("a", 0.0), ("red", -0.1), ("hat", 0.0)], 0.4)]
     m = evaluate_foil(res, recs)
-    assert m["la"] == 0.5 and m["la_chance"] == pytest.approx(1 / 3)
-    assert m["ap_clipscore"] == 1.0 and m["ap_fclipscore"] == 1.0
-    assert localization_accuracy([{"negative_word": None}], ["dog"]) == 0.0
+    assert m["la"] == pytest.approx(1 / 3) and m["la_official_string"] == pytest.approx(2 / 3)
+    assert m["n_repeated_foil_word"] == 1 and m["n_foil"] == 3
+    assert m["ap_clipscore"] == 1.0
+    assert localization_accuracy([{"negative_word": ""}], ["dog"]) == 0.0
     assert average_precision([0.1, 0.9], [False, True]) == 1.0
 
 
-def test_hat_phrases_merge_adjacent_flagged_words():
-    r = _res([("a", 0.1), ("big", -0.2), ("red", -0.3), ("dog", 0.1), (".", -0.9)])
+def test_hat_official_phrases_merge_across_punctuation_and_score_by_mean():
+    r = _res([("a", 0.1), ("big", -0.2), ("red", -0.4), (",", 0.3), ("dog", -0.3), ("on", 0.1), ("grass", -0.1)])
     ph = predicted_phrases(r, epsilon=0.0)
-    assert ph == [([1, 2], -0.3)]
-    rec = AlignmentRecord("h", None, "a big red dog.", ["big", "red"],
-                          token_labels=[("a", 0), ("big", 1), ("red", 1), ("dog.", 0)])
-    rec2 = AlignmentRecord("h2", None, "a big red dog.", ["dog"],
-                           token_labels=[("a", 0), ("big", 0), ("red", 0), ("dog.", 1)])
-    m = evaluate_hat([r, r], [rec, rec2], epsilon=0.0)
-    assert m["hat_la"] == 0.5
+    assert [(p, t) for p, _, t in ph] == [([1, 2, 4], "big red dog"), ([6], "grass")]
+    assert ph[0][1] == pytest.approx(-0.3) and ph[1][1] == pytest.approx(-0.1)
+    assert [t for _, _, t in predicted_phrases(r, 0.0, merge_across_punctuation=False)] == ["big red", "dog", "grass"]
+
+
+def test_hat_metrics_official_and_position_exact():
+    """The lowest phrase is "red" (alone, -0.5). Record A flags the "red" at position 4 (the second
+    one): the official substring test counts a hit, the position-exact variant does not. Record B
+    has no word below epsilon: no fallback, a miss, and 0 as its AP score."""
+    ra = _res([("a", 0.1), ("red", -0.5), ("cup", 0.2), ("and", 0.1), ("red", 0.3), ("hat", 0.1)])
+    rb = _res([("a", 0.1), ("cat", 0.2)])
+    ro = _res([("a", 0.1), ("dog", -0.01)])
+    recs = [AlignmentRecord("A", None, "a red cup and red hat", ["red hat"],
+                            token_labels=[("a", 0), ("red", 0), ("cup", 0), ("and", 0), ("red", 1), ("hat", 1)],
+                            misaligned_positions=[4, 5]),
+            AlignmentRecord("B", None, "a cat", ["cat"], token_labels=[("a", 0), ("cat", 1)], misaligned_positions=[1]),
+            AlignmentRecord("O", None, "a dog", [], token_labels=[("a", 0), ("dog", 0)])]
+    m = evaluate_hat([ra, rb, ro], recs, epsilon=0.0)
+    assert m["hat_la"] == 0.5 and m["hat_la_position_exact"] == 0.0 and m["hat_n_misaligned"] == 2
+    # AP on -lowest phrase score: A 0.5, B 0.0, O 0.01 -> ranking A, O, B; positives A, B: AP = (1 + 2/3) / 2
+    assert m["hat_ap"] == pytest.approx((1 + 2 / 3) / 2)
+
+
+def test_richhf_correlations_and_position_tokens():
+    from lib.clip4dm import evaluate_richhf
+    recs = [AlignmentRecord(str(i), None, "a red cup", ["red"] if i else [], misaligned_positions=[1] if i else [],
+                            score=float(i)) for i in range(4)]
+    res = [_res([("a", 0.1), ("red", v), ("cup", 0.1)], sorted_by="threshold", epsilon=-0.05)
+           for v in (0.0, -0.03, -0.2, -0.3)]                                 # "red" at -0.03 is not below epsilon
+    m = evaluate_richhf(res, recs, epsilon=-0.05)
+    assert m["richhf_spearman_neg_attribution"] > 0.9 and m["richhf_pearson_neg_attribution"] > 0.9  # sign: + = expected
+    assert m["richhf_precision"] == 1.0 and m["richhf_recall"] == pytest.approx(2 / 3)
+
+
+def test_seetrue_scores_every_phrase_with_entailment_over_contradiction(tmp_path):
+    """A stub NLI model with fixed logits (entailment 2, neutral 5, contradiction 0): the neutral
+    logit is dropped, so P = e^2 / (e^2 + 1) = 0.8808 per phrase; a caption with no phrase scores 0."""
+    from types import SimpleNamespace
+    from lib.clip4dm import evaluate_seetrue
+
+    class Stub(torch.nn.Module):
+        config = SimpleNamespace(label2id={"ENTAILMENT": 0, "NEUTRAL": 1, "CONTRADICTION": 2})
+        device = torch.device("cpu")
+
+        def forward(self, input_ids=None, **kw):
+            return SimpleNamespace(logits=torch.tensor([[2.0, 5.0, 0.0]]).repeat(len(input_ids), 1))
+
+    tok = lambda a, b, **kw: SimpleNamespace(to=lambda d: {"input_ids": torch.zeros(len(a), 2, dtype=torch.long)})  # noqa: E731
+    recs = [AlignmentRecord("1", None, "a red cup", ["red cup"]), AlignmentRecord("2", None, "a cat", ["cat"])]
+    res = [_res([("a", 0.1), ("red", -0.2), ("cup", -0.1), ("on", 0.3), ("grass", -0.4)]), _res([("a", 0.1), ("cat", 0.2)])]
+    m = evaluate_seetrue(res, recs, 0.0, (Stub(), lambda a, b, **kw: tok(a, b)))
+    p = np.exp(2) / (np.exp(2) + 1)
+    assert m["seetrue_nli"] == pytest.approx((p + 0.0) / 2) and m["seetrue_share_with_phrase"] == 0.5
+    assert evaluate_seetrue(res, recs, 0.0, None)["seetrue_nli"] is None
 
 
 def test_word_spans():
@@ -178,6 +269,6 @@ def test_attribute_pairs_resumes_and_skips_a_torn_line(model, tmp_path):
     assert [w for w, _ in sel["word_attributions"]] == [w for w, _ in direct["word_attributions"]]
     np.testing.assert_allclose([s for _, s in sel["word_attributions"]],
                                [s for _, s in direct["word_attributions"]], atol=1e-6)
-    assert sel["negative_word"] == direct["negative_word"]
+    assert sel["negative_word"] == direct["negative_word"] and sel["word_positions"] == direct["word_positions"]
     lines = cache.read_text().splitlines()
-    assert len(lines) == 3 and all(l.startswith('{"key"') and l.endswith("]]}") for l in lines)
+    assert len(lines) == 3 and all(l.startswith('{"key"') and l.endswith("]}") for l in lines)

@@ -129,3 +129,35 @@ def test_cli_writes_a_world(tmp_path):
                     "--workers", "1"]) == 0
     sheet = json.loads((tmp_path / "cli" / "datasheet.json").read_text())
     assert sheet["n"] == 60 and sheet["seed"] == 1
+
+
+def test_misalignment_views_are_labelled_by_position_with_multiword_edits_and_aligned_captions():
+    from lib.datasets import caption_words, labelled_positions
+    specs = mw.sample_specs(400, seed=3)
+    for s in specs[:100]:
+        assert mw.caption_text(mw.flagged_caption(s.objects)) == mw.scene_caption(s.objects)
+    v = mw.misalignment_views(specs, np.random.default_rng(0), {s.id: f"{s.id}.png" for s in specs})
+    edits = Counter(h["edit"] for h in v["hat"])
+    assert edits[""] == len(specs) and {"colour", "kind", "colour+kind", "symbol", "relation"} <= set(edits)
+    for h in v["hat"]:
+        flags = [m for _, m in h["grounding"]]
+        words = caption_words(h["caption"])
+        pos = labelled_positions(h["caption"], [tuple(g) for g in h["grounding"]])
+        assert len(pos) == sum(flags) == {"": 0, "colour": 1, "kind": 1, "symbol": 1, "colour+kind": 2,
+                                          "relation": 2}[h["edit"]]
+        if h["edit"] == "colour+kind":                                 # an attribute and its object, adjacent
+            assert pos[1] == pos[0] + 1 and words[pos[1]] in mw.BENIGN_OBJECTS
+        if h["edit"] == "relation":
+            assert all(words[p] in mw.POSITIONS for p in pos)
+        if h["edit"] and h["sample_id"].endswith("_mis"):
+            gold = h["references"][0]
+            assert h["caption"] != gold
+            # a word equal to the edited one elsewhere in the caption is not flagged (position, not string)
+            for p in pos:
+                same = [k for k, w in enumerate(words) if w == words[p] and k != p]
+                assert not set(same) & set(pos) or h["edit"] == "relation"
+    scores = [r["misalignment_score"] for r in v["richhf"]]
+    assert min(scores) == 0 and max(scores) >= 3 and len(set(scores)) >= 4      # graded, aligned prompts included
+    for r in v["richhf"]:
+        assert r["prompt_misalignment_label"].split().count("0") == r["misalignment_score"]
+    assert all(len(r["caption_misalignment"].split()) >= 2 for r in v["seetrue"])   # feedback is a phrase

@@ -50,16 +50,28 @@ def test_embedded_models_load_through_their_presets():
 
 def test_clip4dm_headline_numbers():
     m = _metrics("03_clip4dm")
-    for k in ("la", "ap_clipscore", "ap_neg_attribution", "ap_fclipscore", "pairs_per_s_batched", "pairs_per_s_single"):
+    for k in ("la", "la_official_string", "ap_clipscore", "ap_neg_attribution", "ap_fclipscore", "pairs_per_s_batched",
+              "pairs_per_s_single", "epsilon_chosen", "hat_la", "hat_la_position_exact", "richhf_spearman_neg_attribution"):
         assert k in m
     assert m["la"] > 3 * m["la_chance"]                    # clearly above chance
-    # batched attribution is several times faster per pair; measured 4.8x to 6.4x on the same
+    # position-exact LA never credits the unchanged copy of a repeated foil word
+    assert m["n_repeated_foil_word"] > 0 and m["la"] <= m["la_official_string"]
+    assert m["hat_la_position_exact"] <= m["hat_la"] + 1e-9
+    # epsilon is chosen on the validation copy, from the profile's grid
+    from lib.params import load_profile
+    grid = load_profile("embedded")["03_clip4dm"]["epsilon_grid"]
+    assert m["epsilon_chosen"] in grid
+    # RichHF is graded now: more negative attribution goes with more misaligned words
+    assert m["richhf_spearman_neg_attribution"] > 0.05
+    # batched attribution is several times faster per pair; measured 4.8x to 6.9x on the same
     # 2-core machine across runs (the one-at-a-time path's speed varies most), so 4x is asserted
     assert m["pairs_per_s_batched"] >= 4 * m["pairs_per_s_single"]
     assert m["batched_max_abs_diff"] < 1e-5
     assert 0.5 < m["ap_clipscore"] <= 1.0
-    assert (ARTIFACTS_ROOT.parent / "figures" / "embedded" / "clip4dm_word_attributions.png").exists()
-
+    for b in ("foil", "nocaps_foil", "hat", "richhf", "seetrue"):
+        assert (EMB / "03_clip4dm" / f"results_{b}.csv").exists(), b
+    for f in ("clip4dm_word_attributions", "clip4dm_epsilon_sweep", "clip4dm_score_distributions"):
+        assert (ARTIFACTS_ROOT.parent / "figures" / "embedded" / f"{f}.png").exists(), f
 
 def test_captioning_headline_numbers():
     m = _metrics("01_captioning")
