@@ -272,3 +272,34 @@ def test_attribute_pairs_resumes_and_skips_a_torn_line(model, tmp_path):
     assert sel["negative_word"] == direct["negative_word"] and sel["word_positions"] == direct["word_positions"]
     lines = cache.read_text().splitlines()
     assert len(lines) == 3 and all(l.startswith('{"key"') and l.endswith("]}") for l in lines)
+
+
+def test_image_reuse_and_the_eot_row_give_the_same_scores(model, tmp_path):
+    """Scoring captions against precomputed image embeddings (each image embedded once) equals the
+    plain path; the floor and the reuse throughput are measured on the same pairs."""
+    from lib.clip4dm import floor_pairs_per_s, reuse_pairs_per_s
+    imgs = _imgs(2, seed=7)
+    caps = [CAPTIONS[0], CAPTIONS[1], CAPTIONS[3], CAPTIONS[0]]
+    pair_imgs = [imgs[0], imgs[0], imgs[1], imgs[1]]
+    a = model.token_scores(pair_imgs, caps)
+    e = model.image_embeddings(imgs)
+    b = model.token_scores(None, caps, image_embeds=e[[0, 0, 1, 1]])
+    for x, y in zip(a[0], b[0]):
+        np.testing.assert_allclose(x, y, atol=1e-7)
+    np.testing.assert_allclose(a[2], b[2], atol=1e-6)
+    paths = []
+    for i, im in enumerate(imgs):
+        im.save(tmp_path / f"{i}.png")
+        paths.append(str(tmp_path / f"{i}.png"))
+    assert floor_pairs_per_s(model, pair_imgs, caps, batch_size=2, repeats=1) > 0
+    assert reuse_pairs_per_s(model, [paths[0], paths[0], paths[1], paths[1]], caps, batch_size=2, repeats=1) > 0
+
+
+def test_prefetching_batches_gives_the_same_results(model):
+    imgs = _imgs(10, seed=3)
+    caps = [CAPTIONS[i % 4] for i in range(10)]
+    a = model.batch(imgs, caps, batch_size=3)
+    b = model.batch(imgs, caps, batch_size=3, prefetch=True)
+    assert [x["negative_word"] for x in a] == [x["negative_word"] for x in b]
+    np.testing.assert_allclose([x["sum_negative_attribution"] for x in a], [x["sum_negative_attribution"] for x in b],
+                               atol=1e-9)

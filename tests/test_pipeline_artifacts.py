@@ -67,6 +67,8 @@ def test_clip4dm_headline_numbers():
     # 2-core machine across runs (the one-at-a-time path's speed varies most), so 4x is asserted
     assert m["pairs_per_s_batched"] >= 4 * m["pairs_per_s_single"]
     assert m["batched_max_abs_diff"] < 1e-5
+    # the floor (forward + backward on ready inputs) is at least as fast as the full batched path
+    assert m["pairs_per_s_floor"] > 0 and m["floor_ratio"] >= 0.9 and m["pairs_per_s_reuse"] > 0
     assert 0.5 < m["ap_clipscore"] <= 1.0
     for b in ("foil", "nocaps_foil", "hat", "richhf", "seetrue"):
         assert (EMB / "03_clip4dm" / f"results_{b}.csv").exists(), b
