@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from lib.datasets import CAPTION_WORD_RE
+from lib.datasets import normalize_word as _norm
 from lib.encoders import AttentionUnavailable, Encoder, load_encoder
 
 PUNCT = {".", ","}
@@ -76,6 +77,7 @@ class CLIP4DM:
         competes with torch's own threads and the batched path got slower (1,094 -> 669 pairs/s on
         memeworld-clip); on a GPU, where the model does not use the CPU cores, it can pay."""
         from concurrent.futures import ThreadPoolExecutor
+        import torch
         from tqdm.auto import tqdm
         if len(images) != len(captions):
             raise ValueError(f"batch: {len(images)} images but {len(captions)} captions")
@@ -88,7 +90,7 @@ class CLIP4DM:
             texts = [self.template + captions[i] for i in idx]
             tokens, offsets = self._tokenize(texts)
             ims = [images[i] for i in idx]
-            pix = self.encoder.preprocess(ims) if not hasattr(ims[0], "shape") else {"pixel_values": __import__("torch").stack(ims)}
+            pix = {"pixel_values": torch.stack(ims)} if isinstance(ims[0], torch.Tensor) else self.encoder.preprocess(ims)
             return idx, texts, tokens, offsets, pix
 
         out: list[dict[str, Any] | None] = [None] * len(captions)
@@ -257,10 +259,6 @@ def ref_clipscore(model: CLIP4DM, images, captions: Sequence[str], references: S
 
 
 # ----------------------------------------------------------------------------- benchmark metrics
-def _norm(w: str) -> str:
-    return re.sub(r"[^\w\-']", "", w.lower())
-
-
 def _all_words(result: dict[str, Any]) -> tuple[list[tuple[str, float]], list[int]]:
     """Every attributed caption word with its score (punctuation included) and its position."""
     attrs = result.get("all_word_attributions", result["word_attributions"])

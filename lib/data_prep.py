@@ -103,23 +103,16 @@ def load_all(sources: dict[str, dict[str, Any]], strict: bool = True, check_imag
     return out
 
 
-def load_prepared(profile: str, name: str, consumer: str, **kw) -> Dataset:
-    """Load dataset `name` as stage 00 declared it (fails at once, naming NB=00, if absent)."""
+def load_prepared(profile: str, name: str, consumer: str, file: str | None = None, **kw) -> Dataset:
+    """Load dataset `name` as stage 00 declared it (fails at once, naming NB=00, if absent); `file`
+    reads another file of it with the same loader and root (e.g. HAT's validation copy
+    `hat_val.json` beside `hat.json`)."""
     sources = read_json(require(profile, "datasets", consumer))
     if name not in sources:
         raise KeyError(f"{consumer}: dataset '{name}' was not prepared for profile '{profile}' "
                        f"(prepared: {sorted(sources)})")
-    return load_all({name: sources[name]}, **kw)[name]
-
-
-def load_prepared_file(profile: str, name: str, file: str, consumer: str, **kw) -> Dataset:
-    """Another file of a prepared dataset, read by the same loader from the same root (e.g. HAT's
-    validation copy `hat_val.json` beside `hat.json`)."""
-    sources = read_json(require(profile, "datasets", consumer))
-    if name not in sources:
-        raise KeyError(f"{consumer}: dataset '{name}' was not prepared for profile '{profile}' "
-                       f"(prepared: {sorted(sources)})")
-    return load_all({name: {**sources[name], "file": file}}, **kw)[name]
+    src = sources[name] if file is None else {**sources[name], "file": file}
+    return load_all({name: src}, **kw)[name]
 
 
 def counts_table(datasets: dict[str, Dataset]):

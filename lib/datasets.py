@@ -121,7 +121,8 @@ def caption_words(text: str) -> list[str]:
     return CAPTION_WORD_RE.findall(text)
 
 
-def _wnorm(w: str) -> str:
+def normalize_word(w: str) -> str:
+    """A word compared across tokenisations: lower case, punctuation stripped."""
     return re.sub(r"[^\w\-']", "", w.lower())
 
 
@@ -131,15 +132,15 @@ def swap_positions(foil: str, originals: Sequence[str], foil_word: str) -> tuple
     one place, holding the foil word. Without such an original the first occurrence of the foil
     word's string is used (second value False: located by string, not by position)."""
     fw = caption_words(foil)
-    target = _wnorm(foil_word)
+    target = normalize_word(foil_word)
     for o in originals:
         ow = caption_words(o)
         if len(ow) != len(fw):
             continue
-        diff = [k for k, (a, b) in enumerate(zip(fw, ow)) if _wnorm(a) != _wnorm(b)]
-        if len(diff) == 1 and _wnorm(fw[diff[0]]) == target:
+        diff = [k for k, (a, b) in enumerate(zip(fw, ow)) if normalize_word(a) != normalize_word(b)]
+        if len(diff) == 1 and normalize_word(fw[diff[0]]) == target:
             return diff, True
-    hits = [k for k, w in enumerate(fw) if _wnorm(w) == target]
+    hits = [k for k, w in enumerate(fw) if normalize_word(w) == target]
     return hits[:1], False
 
 
@@ -151,12 +152,12 @@ def labelled_positions(caption: str, labels: Sequence[tuple[str, int]]) -> list[
     for tok, m in labels:
         for w in caption_words(tok):
             if w not in (".", ","):
-                flat.append((_wnorm(w), m))
+                flat.append((normalize_word(w), m))
     out, j = [], 0
     for k, w in enumerate(words):
         if w in (".", ","):
             continue
-        if j < len(flat) and flat[j][0] == _wnorm(w):
+        if j < len(flat) and flat[j][0] == normalize_word(w):
             if flat[j][1]:
                 out.append(k)
             j += 1
