@@ -85,3 +85,157 @@ def mcnemar(correct_a: Sequence[bool], correct_b: Sequence[bool]) -> dict[str, f
     table = [[int((a & b).sum()), int((a & ~b).sum())], [int((~a & b).sum()), int((~a & ~b).sum())]]
     r = _mc(table, exact=False, correction=True)
     return {"statistic": float(r.statistic), "pvalue": float(r.pvalue), "b": table[0][1], "c": table[1][0]}
+
+
+# ----------------------------------------------------------------------------- uncertainty (notebook 06)
+def _vec_accuracy(y, p, axis=-1):
+    return np.mean(np.asarray(y) == np.asarray(p), axis=axis)
+
+
+def _vec_macro_f1(y, p, axis=-1):
+    """Macro-F1 of binary labels along the last axis (each row a resample); a class that is never
+    predicted nor present scores 0, as sklearn's zero_division=0."""
+    y, p = np.asarray(y, int), np.asarray(p, int)
+    tp = np.sum((y == 1) & (p == 1), axis=axis)
+    fp = np.sum((y == 0) & (p == 1), axis=axis)
+    fn = np.sum((y == 1) & (p == 0), axis=axis)
+    tn = np.sum((y == 0) & (p == 0), axis=axis)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        f1 = np.where(2 * tp + fp + fn > 0, 2 * tp / np.maximum(2 * tp + fp + fn, 1), 0.0)
+        f0 = np.where(2 * tn + fn + fp > 0, 2 * tn / np.maximum(2 * tn + fn + fp, 1), 0.0)
+    return (f1 + f0) / 2
+
+
+def _vec_auroc(y, s, axis=-1):
+    """AUROC along the last axis from average ranks (Mann-Whitney U); nan where a row has one class."""
+    from scipy.stats import rankdata
+    y, s = np.asarray(y, int), np.asarray(s, float)
+    r = rankdata(s, axis=-1)
+    n1 = y.sum(axis=-1)
+    n0 = y.shape[-1] - n1
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where((n1 > 0) & (n0 > 0), ((r * y).sum(axis=-1) - n1 * (n1 + 1) / 2) / (n1 * n0), np.nan)
+
+
+#: statistics a headline number can have, each vectorised over bootstrap resamples
+STATISTICS = {"accuracy": (_vec_accuracy, "prediction"), "macro_f1": (_vec_macro_f1, "prediction"),
+              "auroc": (_vec_auroc, "score")}
+
+
+def bootstrap_ci(statistic, *arrays, n_resamples: int = 1000, confidence: float = 0.95, method: str = "percentile",
+                 seed: int = 0) -> tuple[float, float, float]:
+    """The statistic on the paired `arrays` (memes along the last axis) and its bootstrap CI
+    (scipy.stats.bootstrap, paired resampling of memes, a fixed rng). Resamples where the statistic
+    is undefined (AUROC of a one-class resample) are left out of the percentile interval.
+    Returns (value, low, high); (value, nan, nan) with fewer than two memes."""
+    from scipy import stats
+    arrays = tuple(np.asarray(a) for a in arrays)
+    value = float(statistic(*arrays, axis=-1))
+    if arrays[0].shape[-1] < 2:
+        return value, float("nan"), float("nan")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = stats.bootstrap(arrays, statistic, n_resamples=n_resamples, paired=True, vectorized=True,
+                                  confidence_level=confidence, method=method, rng=np.random.default_rng(seed))
+    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        dist = np.asarray(res.bootstrap_distribution, float)
+        dist = dist[np.isfinite(dist)]
+        if len(dist):
+            a = (1 - confidence) / 2
+            lo, hi = float(np.quantile(dist, a)), float(np.quantile(dist, 1 - a))
+    return value, lo, hi
+
+
+def metric_rows(frame, method: str, subsets: dict[str, Any], metrics: Sequence[str] = ("accuracy", "macro_f1", "auroc"),
+                n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95, method_ci: str = "percentile",
+                **extra) -> list[dict[str, Any]]:
+    """Long-format rows (method, subset, metric, value, ci_low, ci_high, n) of one method's
+    predictions. `frame`: a DataFrame with id, label, prediction (0/1; missing answers count as
+    wrong: the opposite of the label) and optionally score (for AUROC). `subsets`: name -> a
+    boolean numpy mask over the frame or a collection of ids. AUROC is skipped where there is no score."""
+    y = frame["label"].to_numpy(int)
+    p = frame["prediction"].to_numpy(float)
+    p = np.where(np.isnan(p), 1 - y, p).astype(int)          # no answer: wrong, whatever the label
+    s = frame["score"].to_numpy(float) if "score" in frame and frame["score"].notna().all() else None
+    ids = frame["id"].astype(str).to_numpy()
+    rows = []
+    for name, sel in subsets.items():
+        if isinstance(sel, np.ndarray) and sel.dtype == bool:
+            if len(sel) != len(frame):
+                raise ValueError(f"metric_rows({method}): subset {name!r} masks {len(sel)} rows, the frame has {len(frame)}")
+            mask = sel
+        else:
+            mask = np.isin(ids, [str(i) for i in sel])
+        if not mask.any():
+            continue
+        for m in metrics:
+            fn, needs = STATISTICS[m]
+            if needs == "score" and s is None:
+                continue
+            arrs = (y[mask], p[mask]) if needs == "prediction" else (y[mask], s[mask])
+            v, lo, hi = bootstrap_ci(fn, *arrs, n_resamples=n_resamples, seed=seed, confidence=confidence,
+                                     method=method_ci)
+            rows.append({"method": method, "subset": name, "metric": m, "value": v, "ci_low": lo, "ci_high": hi,
+                         "n": int(mask.sum()), **extra})
+    return rows
+
+
+def pairwise_mcnemar(correct: dict[str, Sequence[bool]], correction: str = "holm", alpha: float = 0.05,
+                     exact: bool | None = None):
+    """McNemar for every pair of methods scored on the same memes, p-values corrected for the
+    number of pairs (statsmodels `multipletests`: holm by default). exact None: the exact binomial
+    test where the discordant pairs are fewer than 25, else the chi-square with continuity
+    correction. Returns a DataFrame: a, b, acc_a, acc_b, b_only (a right, b wrong), c_only,
+    statistic, pvalue, p_adjusted, significant."""
+    import itertools
+    import pandas as pd
+    from statsmodels.stats.contingency_tables import mcnemar as _mc
+    from statsmodels.stats.multitest import multipletests
+    names = list(correct)
+    arr = {k: np.asarray(v, bool) for k, v in correct.items()}
+    sizes = {len(v) for v in arr.values()}
+    if len(sizes) > 1:
+        raise ValueError(f"pairwise_mcnemar: methods were scored on different numbers of memes {sorted(sizes)}")
+    rows = []
+    for a, b in itertools.combinations(names, 2):
+        x, z = arr[a], arr[b]
+        table = [[int((x & z).sum()), int((x & ~z).sum())], [int((~x & z).sum()), int((~x & ~z).sum())]]
+        disc = table[0][1] + table[1][0]
+        ex = disc < 25 if exact is None else exact
+        r = _mc(table, exact=ex, correction=True)
+        rows.append({"a": a, "b": b, "acc_a": float(x.mean()), "acc_b": float(z.mean()), "b_only": table[0][1],
+                     "c_only": table[1][0], "test": "exact" if ex else "chi2", "statistic": float(r.statistic),
+                     "pvalue": float(r.pvalue)})
+    df = pd.DataFrame(rows)
+    if len(df):
+        rej, padj, _, _ = multipletests(df["pvalue"].to_numpy(), alpha=alpha, method=correction)
+        df["p_adjusted"], df["significant"] = padj, rej
+    return df
+
+
+def flip_rate(original: Sequence[Any], injected: Sequence[Any], n_resamples: int = 1000, seed: int = 0,
+              confidence: float = 0.95) -> dict[str, float]:
+    """Prompt-injection flip rate over paired (original, injected) predictions of hateful memes:
+    among the memes a method called hateful in their original form, the share it calls non-hateful
+    once the instruction is added (an unanswered or unparseable injected copy is not a flip), with
+    a bootstrap CI; also the hateful recall before and after (unanswered = missed)."""
+    o = np.array([np.nan if v is None else float(v) for v in original])
+    j = np.array([np.nan if v is None else float(v) for v in injected])
+    if o.shape != j.shape:
+        raise ValueError(f"flip_rate: {len(o)} original and {len(j)} injected predictions; pair them first")
+    base = o == 1
+    flips = (j[base] == 0).astype(float)
+    out = {"n_pairs": int(len(o)), "n_called_hateful": int(base.sum()),
+           "recall_original": float(np.mean(o == 1)) if len(o) else float("nan"),
+           "recall_injected": float(np.mean(j == 1)) if len(j) else float("nan"),
+           "n_unanswered_injected": int(np.isnan(j).sum())}
+    if len(flips):
+        v, lo, hi = bootstrap_ci(lambda x, axis=-1: np.mean(x, axis=axis), flips, n_resamples=n_resamples,
+                                 seed=seed, confidence=confidence)
+    else:
+        v, lo, hi = float("nan"), float("nan"), float("nan")
+    out.update({"flip_rate": v, "ci_low": lo, "ci_high": hi})
+    return out

@@ -28,3 +28,77 @@ def test_per_type_accuracy_counts_and_mcnemar_needs_pairs():
     assert per_type_accuracy(preds, {"a": "001", "b": "001", "c": "000"}, with_n=True) == {"000": (1.0, 1), "001": (0.5, 2)}
     with pytest.raises(ValueError, match="pair them"):
         mcnemar([True, False], [True])
+
+
+# ----------------------------------------------------------------------------- notebook 06's statistics
+def test_vectorised_statistics_equal_sklearn_on_every_resample_shape():
+    from sklearn.metrics import f1_score, roc_auc_score
+    from lib.evaluation import _vec_auroc, _vec_macro_f1
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        n = int(rng.integers(4, 60))
+        y, p, s = rng.integers(0, 2, n), rng.integers(0, 2, n), np.round(rng.random(n), 1)   # tied scores
+        assert _vec_macro_f1(y, p) == pytest.approx(f1_score(y, p, average="macro", zero_division=0))
+        if len(set(y.tolist())) == 2:
+            assert _vec_auroc(y, s) == pytest.approx(roc_auc_score(y, s))
+    # rows are resamples: one row with a single class is nan, the others are defined
+    Y = np.array([[1, 1, 1], [0, 1, 1]])
+    S = np.array([[0.1, 0.2, 0.3], [0.9, 0.2, 0.3]])
+    out = _vec_auroc(Y, S)
+    assert np.isnan(out[0]) and out[1] == 0.0
+
+
+def test_bootstrap_ci_brackets_the_value_narrows_with_n_and_is_reproducible():
+    from lib.evaluation import _vec_accuracy, bootstrap_ci
+    rng = np.random.default_rng(2)
+    y = rng.integers(0, 2, 400)
+    p = np.where(rng.random(400) < 0.8, y, 1 - y)
+    v, lo, hi = bootstrap_ci(_vec_accuracy, y, p, n_resamples=500, seed=3)
+    assert lo < v < hi and hi - lo < 0.1
+    v2, lo2, hi2 = bootstrap_ci(_vec_accuracy, y[:40], p[:40], n_resamples=500, seed=3)
+    assert hi2 - lo2 > 2 * (hi - lo)
+    assert bootstrap_ci(_vec_accuracy, y, p, n_resamples=500, seed=3) == (v, lo, hi)
+    assert np.isnan(bootstrap_ci(_vec_accuracy, y[:1], p[:1])[1])
+
+
+def test_metric_rows_count_missing_answers_as_wrong_and_skip_auroc_without_scores():
+    import pandas as pd
+    from lib.evaluation import metric_rows
+    f = pd.DataFrame({"id": ["a", "b", "c", "d"], "label": [1, 0, 1, 0], "prediction": [1, None, 1, 0]})
+    rows = {(r["subset"], r["metric"]): r for r in metric_rows(f, "m", {"all": np.ones(4, bool), "ab": ["a", "b"]},
+                                                              n_resamples=200)}
+    assert rows[("all", "accuracy")]["value"] == 0.75 and rows[("all", "accuracy")]["n"] == 4
+    assert rows[("ab", "accuracy")]["value"] == 0.5 and rows[("ab", "accuracy")]["n"] == 2
+    assert ("all", "auroc") not in rows
+    with pytest.raises(ValueError, match="masks 2 rows"):
+        metric_rows(f, "m", {"bad": np.ones(2, bool)})
+
+
+def test_pairwise_mcnemar_corrects_for_the_number_of_pairs():
+    from lib.evaluation import pairwise_mcnemar
+    rng = np.random.default_rng(4)
+    a = rng.random(200) < 0.9
+    b = rng.random(200) < 0.5
+    c = a.copy()
+    c[:3] = ~c[:3]
+    df = pairwise_mcnemar({"a": a, "b": b, "c": c}).set_index(["a", "b"])
+    assert len(df) == 3
+    assert df.loc[("a", "b"), "significant"] and not df.loc[("a", "c"), "significant"]
+    assert df.loc[("a", "c"), "test"] == "exact"            # 3 discordant pairs
+    assert (df["p_adjusted"] >= df["pvalue"]).all()
+    # holm: the smallest p-value is multiplied by the number of pairs
+    assert df["p_adjusted"].min() == pytest.approx(min(1.0, 3 * df["pvalue"].min()))
+    with pytest.raises(ValueError, match="different numbers"):
+        pairwise_mcnemar({"a": a, "b": b[:10]})
+
+
+def test_flip_rate_counts_only_memes_called_hateful_before():
+    from lib.evaluation import flip_rate
+    r = flip_rate([1, 1, 1, 0, 1, None], [0, 1, None, 0, 0, 0], n_resamples=200)
+    assert r["n_called_hateful"] == 4                      # the meme called 0 and the unanswered one are out
+    assert r["flip_rate"] == 0.5                           # 2 of 4 turned to 0; the unanswered copy is no flip
+    assert r["recall_original"] == pytest.approx(4 / 6) and r["recall_injected"] == pytest.approx(1 / 6)
+    assert r["n_unanswered_injected"] == 1
+    assert r["ci_low"] <= 0.5 <= r["ci_high"]
+    with pytest.raises(ValueError, match="pair them"):
+        flip_rate([1], [1, 0])
