@@ -551,6 +551,30 @@ def load_fhm(root: Path, ctx: _Ctx, splits=None, require_labels: bool = True) ->
     return out
 
 
+@register("injection", "meme", files=("injection.jsonl",), source="written by `python -m lib.injection` "
+          "(prompt-injection copies of a meme dataset's hateful memes; notebook 06 writes MemeWorld's)")
+def load_injection(root: Path, ctx: _Ctx) -> list[MemeRecord]:
+    from lib.injection import PHRASINGS, WHERE
+    path = root / "injection.jsonl"
+    ctx.read_split("injected", path)
+    out = []
+    for ln, obj in _read_jsonl(path):
+        where = f"{path}: line {ln} (id {obj.get('id')!r})"
+        rid = _id(obj, "id", where)
+        phrasing = _field(obj, "phrasing", where)
+        if phrasing not in PHRASINGS:
+            raise DataError(f"{where}: field 'phrasing' is {phrasing!r}; known: {', '.join(PHRASINGS)}")
+        place = _field(obj, "where", where)
+        if place not in WHERE:
+            raise DataError(f"{where}: field 'where' is {place!r}; expected one of {', '.join(WHERE)}")
+        img = ctx.image(root, _field(obj, "img", where), where)
+        rec = MemeRecord(rid, img, _field(obj, "text", where), _label(obj.get("label"), {0, 1}, where), "injected",
+                         meta={"source_id": str(_id(obj, "source_id", where)), "phrasing": phrasing, "where": place})
+        if ctx.image_ok(img, where):
+            out.append(rec)
+    return out
+
+
 @register("trace", "meme", files=(), source="a TRACE JSON list {img, text, label, <caption columns>, split}, "
           "written by notebook 01 from FHM/MultiOFF")
 def load_trace(root: Path, ctx: _Ctx, file: str = "trace.json", caption_columns: list[str] | None = None,
