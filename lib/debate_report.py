@@ -160,3 +160,14 @@ def results_from_jsonl(path: Path) -> list[SampleResult]:
         d["calls"] = [CallTrace(**c) for c in d["calls"]]
         out.append(SampleResult(**d))
     return out
+
+
+def court_config(section: dict[str, Any], variant: str) -> CourtConfig:
+    """The CourtConfig of one of notebook 05's variants from the profile's `05_debate` section
+    (the base settings, then the variant's overrides; a variant's `samples` is not a court setting)."""
+    if variant not in section["variants"]:
+        raise KeyError(f"no debate variant {variant!r}; the profile's variants: {', '.join(section['variants'])}")
+    base = {k: section[k] for k in ("class_mode", "rounds", "temperatures", "max_new_tokens", "prompt_dir",
+                                    "official_prompts_repo", "workers", "seed")}
+    over = {k: v for k, v in section["variants"][variant].items() if k != "samples"}
+    return CourtConfig(**{**base, **over})

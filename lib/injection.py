@@ -83,8 +83,8 @@ def render_injected(image, instruction: str):
     return out
 
 
-def injected_id(source_id: str, phrasing: str) -> str:
-    return f"{source_id}_inj_{phrasing}"
+def injected_id(source_id: str, phrasing: str, where: str = "both") -> str:
+    return f"{source_id}_inj_{phrasing}" + ("" if where == "both" else f"_{where}")
 
 
 def inject_record(record, phrasing: str, img_dir: Path | str, where: str = "both"):
@@ -97,7 +97,7 @@ def inject_record(record, phrasing: str, img_dir: Path | str, where: str = "both
     if where not in WHERE:
         raise ValueError(f"where={where!r}; expected one of {', '.join(WHERE)}")
     instruction = PHRASINGS[phrasing]
-    new_id = injected_id(str(record.id), phrasing)
+    new_id = injected_id(str(record.id), phrasing, where)
     img_path = Path(record.img_path)
     if where in ("both", "image"):
         img_path = Path(img_dir) / f"{new_id}.png"

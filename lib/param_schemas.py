@@ -274,6 +274,21 @@ POS = Range(1, integer=True)
 NONNEG = Range(0, integer=True)
 
 #: stage -> key -> rule, for the keys whose content lib.params' type check cannot see.
+def _phrasing():
+    from lib.injection import CONTROL_PHRASINGS, PHRASINGS
+    return Choice(*[p for p in PHRASINGS if p not in CONTROL_PHRASINGS])
+
+
+def _control():
+    from lib.injection import CONTROL_PHRASINGS
+    return Choice(*CONTROL_PHRASINGS)
+
+
+def _mitigation():
+    from lib.injection import MITIGATIONS
+    return Choice(*MITIGATIONS)
+
+
 SCHEMAS: dict[str, dict[str, Rule]] = {
     "00_data_prep": {
         "memeworld_n": Range(50, integer=True), "memeworld_n_multioff": NONNEG, "image_size": Range(32, 2048, True),
@@ -337,6 +352,18 @@ SCHEMAS: dict[str, dict[str, Rule]] = {
         "temperatures": Lazy(lambda: MapOf(_debate_stage(), Range(0, 2))),
         "max_new_tokens": Lazy(lambda: MapOf(_debate_stage(), POS)),
         "prompt_dir": Folder(), "official_prompts_repo": Opt(Type(str)), "workers": POS,
+    },
+    "06_evaluation": {
+        "trace_dataset": Choice("fhm", "multioff"), "n_resamples": Range(100, integer=True),
+        "ci_method": Choice("percentile", "BCa", "basic"), "confidence": Range(0.5, 0.999),
+        "alpha": Range(0.0001, 0.5), "correction": Choice("holm", "bonferroni", "fdr_bh", "holm-sidak", "sidak"),
+        "injection": Struct({"n_llm": NONNEG, "n_trace": NONNEG, "phrasings": ListOf(Lazy(_phrasing), 1),
+                             "control": Opt(Lazy(_control)), "llm_per_meme": Choice("one", "all"),
+                             "trace_per_meme": Choice("one", "all"), "where": Choice("both", "image", "text"),
+                             "trace_where": ListOf(Choice("both", "image", "text")),
+                             "seed": NONNEG}, required=("n_llm", "n_trace", "phrasings", "control", "llm_per_meme",
+                                                        "trace_per_meme", "where", "trace_where", "seed")),
+        "mitigation": Lazy(_mitigation), "gallery_n": NONNEG,
     },
 }
 

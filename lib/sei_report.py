@@ -396,3 +396,77 @@ def table2_frame(all_preds_keys: Sequence[tuple[str, str, str]], results: dict[s
         df.index.names = ["model", "retriever", "n"]
         df.columns = pd.MultiIndex.from_tuples(df.columns)
     return df
+
+
+# ----------------------------------------------------------------------------- notebook 06
+class FewShotModerator:
+    """Notebook 04's few-shot moderator rebuilt from the profile's `04_few_shot` section and 04's
+    artifacts (its fine-tuned agents, reused, never retrained), to moderate memes 04 did not
+    evaluate: notebook 06's common memes and their prompt-injected copies. The exemplar pool, the
+    retriever, the silver texts, the prompt, the model and the parser are 04's; every call goes
+    through the response cache.
+
+        fs = FewShotModerator(profile, chat, out_dir)
+        preds = fs.predict(memes, "memeworld-clip/4")          # a setting name from notebook 04
+    """
+
+    def __init__(self, profile: str, chat, out_dir: Path, section: dict[str, Any] | None = None,
+                 progress: bool = False):
+        from lib.agents import build_agent_data, prompt_templates
+        from lib.artifacts import stage_dir
+        from lib.chat import ResponseCache, default_cache_path
+        from lib.data_prep import load_prepared
+        from lib.params import load_profile
+        from lib import sei
+        p = section or load_profile(profile)["04_few_shot"]
+        nb = "notebooks/04_few_shot.ipynb"
+        self.p, self.chat, self.out_dir, self.progress = p, chat, Path(out_dir), progress
+        self.ds = next(iter(p["datasets"]))
+        self.definitions = p["datasets"][self.ds]["definitions"]
+        self.cache = ResponseCache(default_cache_path(profile))
+        recs = {n: load_prepared(profile, n, nb).records for n in ["memecap", "hatred", "memesense", self.ds]}
+        self.types = memeworld_types(Path(recs[self.ds][0].img_path).parent.parent) if recs[self.ds] else {}
+        self.pool = [m for m in to_memes(recs[self.ds], self.types) if m.split == p["train_split"]]
+        self.agent_tpl = prompt_templates(p["agent_prompt_dir"])
+        data = build_agent_data(recs["memecap"], recs["hatred"], recs["memesense"], recs[self.ds])
+        recipe = AgentRecipe(base=p["agent_base"], prompt_dir=p["agent_prompt_dir"], seed=p["seed"], **p["agent_recipe"])
+        self.stage04 = stage_dir(profile, "04_few_shot")
+        self.agents = train_agents(self.stage04 / "agents", recipe, data, self.agent_tpl,
+                                   p["agent_overrides"], progress=progress)
+        self.settings = {s.name: s for s in sei.parse_settings(p["controls"], p["retrievers"], p["shots"])}
+        self.tpl = sei.SeiTemplates.load(p["prompt_dir"])
+
+    def main_setting(self) -> str:
+        """The setting notebook 04 reports as its main row (first retriever, 4 shots or the largest n)."""
+        shots = self.p["shots"]
+        return f"{self.p['retrievers'][0]}/{4 if 4 in shots else shots[-1]}"
+
+    def predict(self, memes: Sequence[Meme], setting: str) -> list[Prediction]:
+        """Few-shot (or zero-shot) predictions for `memes` (sei.Meme; their caption is written here
+        by 04's captioning agent) under one of 04's settings."""
+        from dataclasses import replace
+        from lib import sei
+        if setting not in self.settings:
+            raise KeyError(f"no few-shot setting {setting!r}; notebook 04's settings: {', '.join(self.settings)}")
+        s = self.settings[setting]
+        ranked = {}
+        if s.n and s.retriever:
+            fname = f"embeddings_{s.retriever.replace('/', '_')}.npz"
+            mine, theirs = self.out_dir / fname, self.stage04 / fname
+            if not mine.exists() and theirs.exists():       # start from 04's embeddings: only new memes are embedded
+                from lib.artifacts import write_bytes
+                write_bytes(mine, theirs.read_bytes())
+            emb = sei.embed_images(s.retriever, list(self.pool) + list(memes), mine, progress=self.progress)
+            P = np.stack([emb[m.id] for m in self.pool])
+            Q = np.stack([emb[m.id] for m in memes])
+            ranked[s.retriever] = sei.top_n(Q, P, s.n)[0]
+        plan = sei.plan_exemplars(s, memes, self.pool, ranked, self.p["order"], self.p["seed"])
+        silver = make_silver(self.pool, sei.silver_needs([plan]), self.agents, self.agent_tpl, self.cache,
+                             self.p["agent_max_new_tokens"], progress=self.progress)
+        caps = caption_queries(memes, self.agents, self.agent_tpl, self.cache, self.p["agent_max_new_tokens"],
+                               progress=self.progress)
+        queries = [replace(m, caption=c) for m, c in zip(memes, caps)]
+        preds, _ = sei.run_setting(self.chat, s, queries, self.pool, plan, silver, self.tpl, self.definitions,
+                                   self.p["max_new_tokens"], self.p["temperature"], self.p["images"],
+                                   parser=self.p["parser"], progress=self.progress)
+        return preds

@@ -976,6 +976,34 @@ def run_variant(run_dir, data: MemeBatchData, backbone: str, cfg: TrainConfig, m
     return {**res, "eval": r["eval"], "trained": True, "dir": str(run_dir)}
 
 
+def load_trained(run_dir, data: MemeBatchData, make_encoder) -> tuple["Trainer", float]:
+    """A finished run's model, ready to score other memes: `data` holds them (any memes with the
+    run's candidate columns; notebook 06 scores prompt-injected copies this way). The weights are
+    the restored epoch's (the last epoch's when the run had restore_best off); the threshold is the
+    run's validation threshold. Returns (trainer, threshold): `trainer.predict(rows)`."""
+    import json
+    from dataclasses import replace as _replace
+    from pathlib import Path
+    import torch
+    run_dir = Path(run_dir)
+    for f in ("config.json", "checkpoint.pt", "result.json"):
+        if not (run_dir / f).exists():
+            raise FileNotFoundError(f"{run_dir / f}: missing; the run is not finished (notebook 02 or python -m lib.trace)")
+    cfg = TrainConfig(**json.loads((run_dir / "config.json").read_text())["config"])
+    res = json.loads((run_dir / "result.json").read_text())
+    trained_on = list(next(iter(res["selected_share"].values()), {}))
+    if trained_on and trained_on != list(data.columns):
+        raise ValueError(f"{run_dir}: trained with candidates {trained_on}; these memes have {data.columns}")
+    threshold = float(res["eval"]["threshold"])
+    ck = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    enc = make_encoder()
+    tr = Trainer(enc, data, _replace(cfg, cache_frozen=False), None, progress=False)
+    state = ck["best_state"] if cfg.restore_best and ck.get("best_state") else (ck["model"], ck["trainable"])
+    tr.model.load_state_dict(state[0])
+    tr._load_trainable(state[1])
+    return tr, threshold
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Train one TRACE variant from a profile, single- or multi-process, as a resumable run:
 

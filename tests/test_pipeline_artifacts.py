@@ -248,3 +248,40 @@ def test_few_shot_notebook_outputs():
         pytest.approx(sims[0], abs=1e-5)
     for name in ("few_shot_agents", "few_shot_accuracy", "few_shot_lexical", "few_shot_sentiment"):
         assert (ARTIFACTS_ROOT.parent / "figures" / "embedded" / f"{name}.png").exists()
+
+
+def test_evaluation_notebook_outputs():
+    """Notebook 06: the headline keys, a comparison table whose numbers the saved predictions give
+    back, every pair tested once, and injection rows with their control and channel checks."""
+    import numpy as np
+    import pandas as pd
+    from lib import datasets
+    m = _metrics("06_evaluation")
+    for k in ("n_methods_compared", "n_common_memes", "n_significant_pairs", "n_pairs",
+              "injection_flip_rate_trace_cls_rel", "injection_flip_rate_trace_cls_rel_control"):
+        assert k in m, k
+    out = EMB / "06_evaluation"
+    t = pd.read_csv(out / "comparison.csv", dtype={"subset": str})
+    common = t[(t.memes == "common") & (t.subset == "all") & (t.metric == "accuracy")]
+    assert len(common) == m["n_methods_compared"] and (common.n == m["n_common_memes"]).all()
+    assert ((common.ci_low <= common.value) & (common.value <= common.ci_high)).all()
+    # TRACE's common-set accuracy from its own predictions file
+    ids = json.loads((out / "gallery.json").read_text())            # gallery ids are common memes
+    pred = pd.read_csv(EMB / "02_finetuning" / "runs" / "fhm_memeworld-clip_cls_rel" / "predictions.csv", dtype={"id": str})
+    arc = [json.loads(x)["id"] for x in (EMB / "05_debate" / "results_arcade.jsonl").read_text().splitlines()]
+    p = pred.set_index("id").loc[arc]
+    row = common.set_index("method").loc["TRACE memeworld-clip_cls_rel"]
+    assert np.mean(p.prediction == p.label) == pytest.approx(row.value)
+    assert all(g["id"] in arc for g in ids)
+    mc = pd.read_csv(out / "mcnemar.csv")
+    k = m["n_methods_compared"]
+    assert len(mc) == k * (k - 1) // 2 == m["n_pairs"] and (mc.p_adjusted >= mc.pvalue - 1e-12).all()
+    fl = pd.read_csv(out / "injection.csv")
+    assert {"instruction", "control"} <= set(fl.copies)
+    io = fl[(fl.method == "TRACE memeworld-clip_image_only [OCR text only]") & (fl.copies == "instruction")]
+    assert len(io) == 1 and io.flip_rate.iloc[0] == 0.0
+    back = datasets.load("injection", out / "injection" / "llm").records
+    assert len(back) == m["n_injected_llm"] and all(r.label == 1 for r in back)
+    for name in ("evaluation_accuracy_forest", "evaluation_per_type", "evaluation_mcnemar", "evaluation_injection",
+                 "evaluation_error_gallery"):
+        assert (ARTIFACTS_ROOT.parent / "figures" / "embedded" / f"{name}.png").exists()

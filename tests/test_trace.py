@@ -431,6 +431,16 @@ def test_a_killed_run_resumes_to_the_same_metrics(tiny, tmp_path):
     assert [p["probability"] for p in resumed["eval"]["predictions"]] == [p["probability"] for p in full["eval"]["predictions"]]
     again = run_variant(tmp_path / "killed", data, "tiny", cfg, make, cache, progress=False)
     assert again["trained"] is False and again["eval"]["splits"] == full["eval"]["splits"]
+    # a finished run scores memes it never saw (notebook 06's injected copies) with the restored weights:
+    # on its own test memes it gives back the probabilities it wrote
+    from lib.trace import load_trained
+    trainer, thr = load_trained(tmp_path / "full", data, make)
+    rows = np.array([data.ids.index(p["id"]) for p in full["eval"]["predictions"]])
+    probs, _ = trainer.predict(rows)
+    np.testing.assert_allclose(probs, [p["probability"] for p in full["eval"]["predictions"]], atol=1e-5)
+    assert thr == full["eval"]["threshold"]
+    with pytest.raises(ValueError, match="trained with candidates"):
+        load_trained(tmp_path / "full", MemeBatchData.from_records([], ["other_caption"]), make)
     # another configuration in the same folder: the old run is moved aside, not lost
     other = run_variant(tmp_path / "killed", data, "tiny", TrainConfig(**{**cfg.__dict__, "epochs": 1}), make, cache,
                         progress=False)
