@@ -288,12 +288,9 @@ def train_all(profile: str, params: Config, progress: bool = True) -> dict[str, 
     return metrics
 
 
-def figure(clip_curve, vlm_curve, metrics: dict[str, Any], profile: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
+def curve_figure(clip_curve, vlm_curve, metrics: dict[str, Any], profile: str):
+    """The two models' training loss with their held-out figures (lib.figures redraws it from training.json)."""
     import matplotlib.pyplot as plt
-    from lib.plotting import save_figure, setup
-    setup()
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
     for ax, curve, title, note in (
             (axes[0], clip_curve, "memeworld-clip (contrastive + FOIL negatives)",
@@ -304,6 +301,16 @@ def figure(clip_curve, vlm_curve, metrics: dict[str, Any], profile: str) -> None
         ax.set(title=title, xlabel="epoch", ylabel="training loss")
         ax.text(0.98, 0.95, note, transform=ax.transAxes, ha="right", va="top", fontsize=8)
     fig.suptitle(f"Embedded models trained on MemeWorld (profile {profile}, CPU)", fontsize=10)
+    return fig
+
+
+def figure(clip_curve, vlm_curve, metrics: dict[str, Any], profile: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from lib.plotting import save_figure, setup
+    setup()
+    fig = curve_figure(clip_curve, vlm_curve, metrics, profile)
     save_figure(fig, "models_training_curves", profile)
     plt.close(fig)
 

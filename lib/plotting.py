@@ -23,10 +23,11 @@ def setup() -> None:
     sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")
 
 
-def save_figure(fig, name: str, profile: str) -> list[Path]:
-    """Write figures/<profile>/<name>.png and .pdf atomically; metadata without timestamps."""
+def save_figure(fig, name: str, profile: str, root: Path | None = None) -> list[Path]:
+    """Write figures/<profile>/<name>.png and .pdf atomically (under `root` instead of the
+    compendium's figures/ when given); metadata without timestamps."""
     from lib.artifacts import write_with
-    out_dir = ROOT / "figures" / profile
+    out_dir = Path(root or ROOT / "figures") / profile
     paths = []
     for ext, meta in (("png", {"Software": None}), ("pdf", {"CreationDate": None, "Producer": None})):
         p = out_dir / f"{name}.{ext}"

@@ -186,12 +186,12 @@ def run(profile: str, cfg: Config, progress: bool = True) -> dict[str, Any]:
     return {"metrics": m, "details": details}
 
 
-def figure(profile: str, metrics: dict[str, Any], cfg: Config) -> list[Path]:
+def throughput_figure(metrics: dict[str, Any], served_preset: str = "served model"):
+    """Completion tokens/s per concurrency level, served vs transformers (levels read from the metrics' keys)."""
+    import re
     import matplotlib.pyplot as plt
-    from lib import plotting
-    plotting.setup()
+    levels = sorted({int(m.group(1)) for k in metrics for m in [re.match(r"tokens_per_s_(?:served|hf)_c(\d+)$", k)] if m})
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    levels = sorted(set(cfg.concurrency) | set(cfg.hf_concurrency))
     width = 0.38
     xs = range(len(levels))
     served = [metrics.get(f"tokens_per_s_served_c{c}", 0.0) for c in levels]
@@ -204,9 +204,17 @@ def figure(profile: str, metrics: dict[str, Any], cfg: Config) -> list[Path]:
     ax.set_xticks(list(xs), [str(c) for c in levels])
     ax.set_xlabel("requests in flight (transformers: generate batch)")
     ax.set_ylabel("completion tokens / s")
-    ax.set_title(f"{cfg.served_preset}: throughput on this machine", fontsize=11)
+    ax.set_title(f"{served_preset}: throughput on this machine", fontsize=11)
     ax.legend(loc="upper left", fontsize=8, frameon=True)
-    ax.set_ylim(0, max(served + hf) * 1.3)
+    ax.set_ylim(0, max(served + hf + [1.0]) * 1.3)
+    return fig
+
+
+def figure(profile: str, metrics: dict[str, Any], cfg: Config) -> list[Path]:
+    import matplotlib.pyplot as plt
+    from lib import plotting
+    plotting.setup()
+    fig = throughput_figure(metrics, cfg.served_preset)
     paths = plotting.save_figure(fig, "serving_throughput", profile)
     plt.close(fig)
     return paths
