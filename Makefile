@@ -6,6 +6,7 @@
 #   make reproduce PROFILE=paper    the same notebooks with params/paper.yaml
 #   make reproduce NB=03            one stage (by number prefix or stem)
 #   make test                       pytest + nbval over the notebooks (embedded profile)
+#   make report                     the executed notebooks as a static HTML site (artifacts/<profile>/report/)
 
 PROFILE ?= embedded
 NB ?=
@@ -20,10 +21,10 @@ export TOKENIZERS_PARALLELISM := false
 export PYTHONHASHSEED := 0
 export MPLBACKEND := Agg
 
-.PHONY: disk-check reproduce test test-unit test-notebooks test-gpu data venv lock environment.yml check-params results clean-artifacts help
+.PHONY: disk-check reproduce test test-unit test-notebooks test-gpu data venv lock environment.yml check-params results clean-artifacts help report browser
 
 help:
-	@sed -n '1,12p' Makefile
+	@sed -n '1,13p' Makefile
 
 $(STAMP): pyproject.toml requirements.lock requirements-nodeps.txt
 	@echo ">> bootstrapping $(VENV) (python: $$($(PYTHON) --version))"
@@ -60,8 +61,18 @@ check-params: $(STAMP)
 results: $(STAMP)
 	$(PY) -m lib.results --readme README.md
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m lib.runner test
+
+report: $(STAMP)
+	$(PY) -m lib.report --profile $(PROFILE)
+
+# Headless Chromium (Debian's package) opens the rendered report in a test; installed once per machine.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { echo ">> installing chromium (Debian package) for the report test"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) >/dev/null \
+	    || echo "warning: could not install chromium; the report test fails under CI and is skipped elsewhere" >&2; }
 
 test-unit: $(STAMP)
 	$(PY) -m pytest -q tests -m "not artifacts and not gpu"

@@ -1,0 +1,149 @@
+"""`make report`: the executed notebooks as one static HTML site, a paper to read in a browser.
+
+    python -m lib.report --profile embedded            # -> artifacts/embedded/report/index.html
+
+The front page is the README (its results tables included) followed by a table of contents in
+notebook order; each notebook is one page (nbconvert's HTML exporter: code, outputs and the
+figures embedded in the page itself), with links to the previous and next notebook; the figure
+index (`figures/README.md`) becomes `figures.html` beside a copy of the profile's PNGs. The site
+is plain files: open index.html, or serve the folder with any static server.
+
+Embedded notebooks are read from notebooks/ (they are executed in place); another profile's from
+artifacts/<profile>/notebooks/, where the runner writes them.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import shutil
+from pathlib import Path
+from typing import Sequence
+
+from lib import ROOT
+from lib.artifacts import ARTIFACTS_ROOT, write_text
+
+STYLE = """
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;max-width:1100px;margin:0 auto;padding:1.5rem;
+line-height:1.5;color:#222} table{border-collapse:collapse;font-size:.9rem} td,th{border:1px solid #ccc;padding:.25rem .5rem}
+th{background:#f3f3f3} code{background:#f5f5f5;padding:0 .2rem} nav.site{display:flex;gap:1rem;flex-wrap:wrap;
+padding:.5rem 0;border-bottom:1px solid #ddd;margin-bottom:1rem;font-size:.95rem} ol.toc li{margin:.4rem 0}
+ol.toc .blurb{color:#555;font-size:.9rem} img{max-width:100%}
+"""
+
+
+def notebook_dir(profile: str) -> Path:
+    return ROOT / "notebooks" if profile == "embedded" else ARTIFACTS_ROOT / profile / "notebooks"
+
+
+def notebooks(profile: str) -> list[Path]:
+    """The profile's executed notebooks, in stage order (only those that exist)."""
+    from lib.params import stages
+    d = notebook_dir(profile)
+    return [d / st.notebook.name for st in stages() if st.notebook is not None and (d / st.notebook.name).exists()]
+
+
+def _markdown(text: str) -> str:
+    from markdown_it import MarkdownIt
+    return MarkdownIt("commonmark", {"html": True}).enable("table").render(text)
+
+
+def _markdown_inline(text: str) -> str:
+    from markdown_it import MarkdownIt
+    return MarkdownIt("commonmark").renderInline(text)
+
+
+def _title_and_blurb(nb_path: Path) -> tuple[str, str]:
+    """The notebook's first heading and the first paragraph after it."""
+    nb = json.loads(nb_path.read_text(encoding="utf-8"))
+    for c in nb["cells"]:
+        if c["cell_type"] == "markdown":
+            lines = "".join(c["source"]).strip().splitlines()
+            title = lines[0].lstrip("# ").strip() if lines else nb_path.stem
+            rest, para = lines[1:], []
+            for line in rest:
+                if line.strip() and not line.startswith(("|", "#")):
+                    para.append(line.strip())
+                elif para:
+                    break
+            return title, " ".join(para)
+    return nb_path.stem, ""
+
+
+def _nav(pages: list[tuple[str, str]], i: int | None) -> str:
+    links = ['<a href="index.html">Contents</a>', '<a href="figures.html">Figures</a>']
+    if i is not None:
+        if i > 0:
+            links.insert(1, f'<a href="{pages[i - 1][0]}">&larr; {html.escape(pages[i - 1][1])}</a>')
+        if i + 1 < len(pages):
+            links.append(f'<a href="{pages[i + 1][0]}">{html.escape(pages[i + 1][1])} &rarr;</a>')
+    return '<nav class="site">' + " | ".join(links) + "</nav>"
+
+
+def _page(title: str, body: str, nav: str) -> str:
+    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body>{nav}{body}{nav}</body></html>\n")
+
+
+def build(profile: str = "embedded", out: Path | None = None) -> Path:
+    """Render the site; returns the path of index.html."""
+    from nbconvert import HTMLExporter
+    out = Path(out or ARTIFACTS_ROOT / profile / "report")
+    nbs = notebooks(profile)
+    if not nbs:
+        raise FileNotFoundError(f"no executed notebooks for profile {profile!r} in {notebook_dir(profile)} "
+                                f"(run `make reproduce PROFILE={profile}` first)")
+    pages = [(f"{p.stem}.html", _title_and_blurb(p)[0]) for p in nbs]
+    exporter = HTMLExporter(template_name="lab")
+    exporter.exclude_input_prompt = True
+    exporter.exclude_output_prompt = True
+    for i, p in enumerate(nbs):
+        body, _ = exporter.from_filename(str(p))
+        nav = _nav(pages, i)
+        # the exported page is a full document: put the site's navigation inside its body
+        head, sep, rest = body.partition("<main>") if "<main>" in body else body.partition("<body")
+        if sep == "<main>":
+            body = head + sep + nav + rest.replace("</main>", nav + "</main>", 1)
+        else:
+            k = rest.index(">") + 1
+            body = head + sep + rest[:k] + nav + rest[k:].replace("</body>", nav + "</body>", 1)
+        write_text(out / pages[i][0], body)
+    toc = ['<h2 id="contents">The notebooks</h2><ol class="toc">']
+    for (fname, title), p in zip(pages, nbs):
+        toc.append(f'<li><a href="{fname}">{html.escape(title)}</a><br><span class="blurb">'
+                   f'{_markdown_inline(_title_and_blurb(p)[1])}</span></li>')
+    toc.append("</ol>")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    front = "\n".join(toc) + _markdown(readme)
+    write_text(out / "index.html", _page("Research compendium", front, _nav(pages, None)))
+    # figures: the index and the PNGs it links
+    figs_src = ROOT / "figures" / profile
+    if figs_src.exists():
+        dest = out / profile
+        dest.mkdir(parents=True, exist_ok=True)
+        for png in figs_src.glob("*.png"):
+            shutil.copy2(png, dest / png.name)
+    index_md = ROOT / "figures" / "README.md"
+    fig_body = _markdown(index_md.read_text(encoding="utf-8")) if index_md.exists() else "<p>No figure index yet (make reproduce NB=07).</p>"
+    if figs_src.exists():
+        fig_body += "".join(f'<h3 id="{png.stem}">{png.stem}</h3><img src="{profile}/{png.name}" alt="{png.stem}">'
+                            for png in sorted(figs_src.glob("*.png")))
+    write_text(out / "figures.html", _page("Figures", fig_body, _nav(pages, None)))
+    for f in out.rglob("*"):
+        if f.is_file():
+            f.chmod(0o644)                    # a static server (or another user) reads them
+    return out / "index.html"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lib.report", description=__doc__.split("\n")[0])
+    ap.add_argument("--profile", default="embedded")
+    ap.add_argument("--out", help="output folder (default artifacts/<profile>/report)")
+    a = ap.parse_args(argv)
+    index = build(a.profile, Path(a.out) if a.out else None)
+    print(f"report: {index} ({len(list(index.parent.glob('*.html')))} pages)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
