@@ -60,9 +60,65 @@ def existing_rows(block: str) -> dict[str, list[tuple[str, str, str]]]:
     return out
 
 
+#: the README's results are organised by system: stage -> the system (or shared part) it belongs to
+SYSTEM_OF_STAGE = {"00_data_prep": "Data (MemeWorld)", "models": "Embedded models", "serving": "Served LLM",
+                   "01_captioning": "TRACE", "02_finetuning": "TRACE", "03_clip4dm": "CLIP4DM",
+                   "04_few_shot": "See, Explain, Intervene", "05_debate": "ARCADE on H-VLI",
+                   "06_evaluation": "All four systems on the same memes"}
+SYSTEM_ORDER = ["All four systems on the same memes", "TRACE", "CLIP4DM", "See, Explain, Intervene", "ARCADE on H-VLI",
+                "Data (MemeWorld)", "Embedded models", "Served LLM"]
+
+
+def _fmt(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)      # kept rows are already strings
+
+
+def comparison_tables(profile: str) -> list[str]:
+    """Notebook 06's cross-method table (accuracy with its 95% CI on the common memes, each
+    method's own memes beside it) and the prompt-injection table, from its CSVs."""
+    import csv
+    d = ARTIFACTS_ROOT / profile / "06_evaluation"
+    out = []
+    comp, inj = d / "comparison.csv", d / "injection.csv"
+    if comp.exists():
+        rows = list(csv.DictReader(comp.open(encoding="utf-8")))
+        def cell(method, memes, metric):
+            r = next((r for r in rows if r["method"] == method and r["memes"] == memes and r["subset"] == "all"
+                      and r["metric"] == metric), None)
+            return "—" if r is None else f"{float(r['value']):.3f} [{float(r['ci_low']):.3f}, {float(r['ci_high']):.3f}]"
+        methods = list(dict.fromkeys((r["system"], r["method"]) for r in rows if r["memes"] == "common"))
+        n_common = next((r["n"] for r in rows if r["memes"] == "common" and r["subset"] == "all"), "?")
+        out.append(f"*Every method on the same {n_common} memes (accuracy, macro-F1 and AUROC with 95% bootstrap CIs; "
+                   f"the method's own test memes beside them; notebook 06):*\n")
+        out.append("| system | method | accuracy (common) | macro-F1 (common) | AUROC (common) | accuracy (own memes, n) |")
+        out.append("|---|---|---|---|---|---|")
+        for system, method in methods:
+            own = next((r for r in rows if r["method"] == method and r["memes"] == "own" and r["subset"] == "all"
+                        and r["metric"] == "accuracy"), None)
+            own_s = "—" if own is None else f"{float(own['value']):.3f} ({own['n']})"
+            out.append(f"| {system} | {method} | {cell(method, 'common', 'accuracy')} | {cell(method, 'common', 'macro_f1')} "
+                       f"| {cell(method, 'common', 'auroc')} | {own_s} |")
+        out.append("")
+    if inj.exists():
+        rows = list(csv.DictReader(inj.open(encoding="utf-8")))
+        out.append("*Prompt injection: share of the memes a method called hateful that it calls non-hateful once an "
+                   "instruction (or the neutral control sentence) is added; notebook 06:*\n")
+        out.append("| method | copies | mitigation | flip rate [95% CI] | called hateful before |")
+        out.append("|---|---|---|---|---|")
+        for r in rows:
+            fr = "—" if r["flip_rate"] in ("", "nan") else \
+                f"{float(r['flip_rate']):.3f} [{float(r['ci_low']):.3f}, {float(r['ci_high']):.3f}]" \
+                if r["ci_low"] not in ("", "nan") else f"{float(r['flip_rate']):.3f}"
+            out.append(f"| {r['method']} | {r['copies']} | {r['mitigation']} | {fr} | {r['n_called_hateful']} of {r['n_pairs']} |")
+        out.append("")
+    return out
+
+
 def render(profiles: tuple[str, ...] = ("embedded", "paper"), keep: dict[str, list] | None = None) -> str:
-    """The results block. A stage with no metrics.json here keeps the rows it has in `keep` (the
-    block being replaced), so running one stage does not drop the others' results."""
+    """The results block, per profile and within it per system: notebook 06's cross-method and
+    injection tables first, then every stage's metrics under the system it belongs to. A stage
+    with no metrics.json here keeps the rows it has in `keep` (the block being replaced), so
+    running one stage does not drop the others' results."""
     parts = []
     for prof in profiles:
         rows = collect(prof)
@@ -74,11 +130,23 @@ def render(profiles: tuple[str, ...] = ("embedded", "paper"), keep: dict[str, li
         mfile = ARTIFACTS_ROOT / prof / "machine.json"
         machine = read_json(mfile)["machine"] if mfile.exists() else "unrecorded machine"
         parts.append(f"**Profile `{prof}`**, produced by `make reproduce PROFILE={prof}` on: {machine}.\n")
-        parts.append("| stage | metric | value |\n|---|---|---|")
+        by_system: dict[str, list] = {}
         for stage, k, v in rows:
-            val = f"{v:.4g}" if isinstance(v, float) else str(v)   # kept rows are already strings
-            parts.append(f"| {stage} | `{k}` | {val} |")
-        parts.append("")
+            by_system.setdefault(SYSTEM_OF_STAGE.get(stage, "Other stages"), []).append((stage, k, v))
+        order = SYSTEM_ORDER + sorted(set(by_system) - set(SYSTEM_ORDER))
+        for system in order:
+            if system not in by_system and not (system == SYSTEM_ORDER[0] and comparison_tables(prof)):
+                continue
+            parts.append(f"#### {system} (`{prof}`)\n")
+            if system == SYSTEM_ORDER[0]:
+                parts += comparison_tables(prof)
+            if system in by_system:
+                n = len(by_system[system])
+                parts.append(f"<details><summary>every metric ({n})</summary>\n")
+                parts.append("| stage | metric | value |\n|---|---|---|")
+                for stage, k, v in by_system[system]:
+                    parts.append(f"| {stage} | `{k}` | {_fmt(v)} |")
+                parts.append("\n</details>\n")
     if not parts:
         return "_No metrics yet: run `make reproduce`._\n"
     return "\n".join(parts)
