@@ -461,3 +461,37 @@ def test_quick_look_subsample_keeps_every_split_and_remaps_captions(tmp_path):
         for j in range(sub.cap_index.shape[1]):
             a, b = sub.cap_index[k, j], data.cap_index[row[i], j]
             assert (a < 0) == (b < 0) and (a < 0 or sub.texts[a] == data.texts[b])
+
+
+def test_parallel_runs_match_a_sequential_run_and_are_collected(tiny_clip_dir, tmp_path):
+    """run_variants trains in two single-thread processes; on a short training a run matches the
+    same seed trained in this process (longer ones drift by float rounding: replicates, not copies),
+    and a second call only collects the finished runs."""
+    import json
+    import time
+    from PIL import Image
+    from lib.trace import run_variant, run_variants
+    rng = np.random.default_rng(1)
+    rows = []
+    for i in range(30):
+        p = tmp_path / f"{i}.png"
+        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(p)
+        rows.append({"id": str(i), "img": str(p), "text": f"meme text {i} about zorblins", "label": i % 2,
+                     "split": ["train", "dev_seen", "test_seen"][i % 3], "vlm_caption": f"a red sun number {i % 5}"})
+    src = tmp_path / "trace.json"
+    src.write_text(json.dumps(rows))
+    jobs = [(tmp_path / "runs" / f"s{s}", str(tiny_clip_dir), TrainConfig(hidden=16, epochs=3, batch_size=4, lr=1e-2, seed=s))
+            for s in (1, 2)]
+    par = run_variants(jobs, src, ["vlm_caption"], workers=2, progress=False)
+    assert [r["trained"] for r in par] == [False, False]          # trained by the workers, collected here
+    from lib.trace import load_trace_data
+    data = load_trace_data(src, ["vlm_caption"])
+    make = lambda: load_encoder(tiny_clip_dir, device="cpu")       # noqa: E731
+    cache = lambda e: FeatureCache(e, data, lowest_unfrozen=2, progress=False)   # noqa: E731
+    seq = run_variant(tmp_path / "seq", data, str(tiny_clip_dir), jobs[0][2], make, cache, progress=False)
+    np.testing.assert_allclose([p["probability"] for p in par[0]["eval"]["predictions"]],
+                               [p["probability"] for p in seq["eval"]["predictions"]], atol=1e-5)
+    assert par[0]["eval"]["predictions"] != par[1]["eval"]["predictions"]       # another seed, another run
+    t0 = time.time()
+    again = run_variants(jobs, src, ["vlm_caption"], workers=2, progress=False)
+    assert [r["trained"] for r in again] == [False, False] and time.time() - t0 < 30
