@@ -272,3 +272,17 @@ def plot_flips(flips: pd.DataFrame, title: str = ""):
     ax.set_xlabel("flip rate: hateful before the instruction, non-hateful after (95% CI)")
     ax.set_title(title, fontsize=10)
     return fig
+
+
+def hvli_to_fhm(hvli_records: Sequence[Any], fhm_records: Sequence[Any]) -> dict[str, str]:
+    """H-VLI sample id -> FHM id for the H-VLI samples whose image is an FHM meme (matched by the
+    image file's name, the one thing the two releases share); MemeWorld writes both with one id."""
+    by_name = {Path(r.img_path).name: str(r.id) for r in fhm_records}
+    return {str(h.id): by_name[Path(h.img_path).name] for h in hvli_records if Path(h.img_path).name in by_name}
+
+
+def rekey(method: dict[str, Any], mapping: dict[str, str]) -> dict[str, Any]:
+    """A method whose frame's ids are mapped (ids without a mapping are dropped)."""
+    f = method["frame"]
+    f = f[f["id"].isin(list(mapping))].assign(id=lambda x: x["id"].map(mapping)).reset_index(drop=True)
+    return {**method, "frame": f}

@@ -86,3 +86,15 @@ def test_headline_and_figures_draw_from_the_table(fake_artifacts):
     assert list(h.index.get_level_values("method")) == list(methods)
     for fig in (ce.plot_forest(t, chance=0.5), ce.plot_type_heatmap(t)):
         assert fig.axes
+
+
+def test_hvli_samples_map_to_fhm_memes_by_image_name(tmp_path):
+    from types import SimpleNamespace as R
+    fhm = [R(id="42953", img_path=tmp_path / "img" / "42953.png"), R(id="17", img_path=tmp_path / "img" / "00017.png")]
+    hv = [R(id="h1", img_path=tmp_path / "imgs" / "FHM" / "42953.png"), R(id="h2", img_path=tmp_path / "imgs" / "MMHS" / "9.jpg"),
+          R(id="h3", img_path=tmp_path / "imgs" / "FHM" / "00017.png")]
+    m = ce.hvli_to_fhm(hv, fhm)
+    assert m == {"h1": "42953", "h3": "17"}
+    meth = {"frame": ce._frame([{"id": "h1", "label": 1, "prediction": 1, "score": np.nan},
+                                {"id": "h2", "label": 0, "prediction": 1, "score": np.nan}])}
+    assert list(ce.rekey(meth, m)["frame"]["id"]) == ["42953"]

@@ -282,8 +282,11 @@ def test_evaluation_notebook_outputs():
     assert len(io) == 1 and io.flip_rate.iloc[0] == 0.0
     back = datasets.load("injection", out / "injection" / "llm").records
     assert len(back) == m["n_injected_llm"] and all(r.label == 1 for r in back)
+    seeds = pd.read_csv(out / "seeds.csv")
+    assert (seeds.groupby("variant").seed.nunique() >= 3).all() and m["n_seeds"] >= 3
+    assert seeds.groupby("variant").accuracy.std().max() > 0             # replicates, not copies of one run
     for name in ("evaluation_accuracy_forest", "evaluation_per_type", "evaluation_mcnemar", "evaluation_injection",
-                 "evaluation_error_gallery"):
+                 "evaluation_error_gallery", "evaluation_seeds"):
         assert (ARTIFACTS_ROOT.parent / "figures" / "embedded" / f"{name}.png").exists()
 
 
