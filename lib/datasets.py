@@ -904,6 +904,7 @@ def memeworld_sources(out: Path | str) -> dict[str, dict[str, Any]]:
         "hat": {"root": str(out / "hat"), "img_dir": "../img"},
         "richhf": {"root": str(out / "richhf"), "img_dir": "../img"},
         "seetrue": {"root": str(out / "seetrue"), "img_dir": "../img"},
+        "injection": {"root": str(out / "injection")},
     }
 
 

@@ -894,6 +894,12 @@ def write_memeworld(out: Path | str, n: int = 10000, seed: int = 0, image_size: 
     _write_json(out / "hat" / "hat_val.json", val["hat"])
     _write_jsonl(out / "richhf" / "richhf.jsonl", views["richhf"])
     _write_json(out / "seetrue" / "seetrue_feedback.json", views["seetrue"])
+    # prompt injection: every hateful test meme once with an instruction to the moderator drawn under
+    # the picture and appended to its text (phrasings cycled), once with the neutral control sentence
+    from lib.datasets import MemeRecord
+    from lib.injection import build_injection_set
+    hateful = [MemeRecord(str(s.id), out / img_rel[s.id], s.text, 1, s.split) for s in test_specs if s.final_label]
+    build_injection_set(hateful, out / "injection", control="neutral")
     # scene-caption training pairs (train split only) with one FOIL hard negative each
     pairs = []
     for s in specs:

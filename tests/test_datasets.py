@@ -40,7 +40,10 @@ def test_loader_reads_memeworld(memeworld_small, name):
     rec = ds.records[0]
     assert rec.img_path.is_file()
     img = rec.image()  # decoded lazily, on use
-    assert img.size == (128, 128) and img.mode == "RGB"
+    if name == "injection":     # the instruction is a band under the 128 x 128 meme
+        assert img.size[0] == 128 and img.size[1] > 128 and img.mode == "RGB"
+    else:
+        assert img.size == (128, 128) and img.mode == "RGB"
 
 
 def test_every_dataset_view_is_written(memeworld_small):
@@ -242,7 +245,8 @@ IMAGE_FIELD = {"fhm": ("train.jsonl", "img"), "trace": ("trace/fhm_gold_captions
                "memecap": ("memecap/memes-trainval.json", "img_fname"),
                "memesense": ("memesense/memesense.csv", "image_link"), "foil": ("foil/foil_test.json", "file_name"),
                "nocaps_foil": ("nocaps_foil/nocaps_foil.json", "image_path"), "hat": ("hat/hat.json", "image_path"),
-               "richhf": ("richhf/richhf.jsonl", "filename"), "seetrue": ("seetrue/seetrue_feedback.json", "image_path")}
+               "richhf": ("richhf/richhf.jsonl", "filename"), "seetrue": ("seetrue/seetrue_feedback.json", "image_path"),
+               "injection": ("injection/injection.jsonl", "img")}
 CSV_FILES = {"mami": "\t", "multioff": ",", "memesense": ","}
 LONG_FIELD = {"mami": "Text Transcription", "multioff": "sentence", "memesense": "intervention"}
 
