@@ -83,6 +83,17 @@ def trace_methods(profile: str, dataset: str = "fhm") -> dict[str, dict[str, Any
     return out
 
 
+def fewshot_frame(preds: Sequence[Any]) -> pd.DataFrame:
+    """Frame of few-shot predictions (sei.Prediction or their JSON): no label -> no answer."""
+    rows = []
+    for p in preds:
+        d = p if isinstance(p, dict) else p.__dict__
+        lab = d.get("label")
+        rows.append({"id": d["id"], "label": int(d["gold"]), "prediction": np.nan if lab is None else int(lab),
+                     "score": np.nan})
+    return _frame(rows)
+
+
 def fewshot_methods(profile: str, dataset: str = "fhm") -> dict[str, dict[str, Any]]:
     """Notebook 04's predictions (predictions_<dataset>.jsonl): one method per setting."""
     f = stage_dir(profile, "04_few_shot", create=False) / f"predictions_{dataset}.jsonl"
@@ -91,11 +102,9 @@ def fewshot_methods(profile: str, dataset: str = "fhm") -> dict[str, dict[str, A
     by: dict[str, list[dict[str, Any]]] = {}
     for line in f.read_text(encoding="utf-8").splitlines():
         r = json.loads(line)
-        lab = r.get("label")
-        by.setdefault(r["setting"], []).append({"id": r["id"], "label": int(r["gold"]),
-                                                "prediction": np.nan if lab is None else int(lab), "score": np.nan})
-    return {f"few-shot {s}": {"system": SYSTEMS["fewshot"], "family": "fewshot", "setting": s, "frame": _frame(rows)}
-            for s, rows in by.items()}
+        by.setdefault(r["setting"], []).append(r)
+    return {f"few-shot {s}": {"system": SYSTEMS["fewshot"], "family": "fewshot", "setting": s,
+                              "frame": fewshot_frame(rows)} for s, rows in by.items()}
 
 
 def debate_frame(results: Sequence[Any]) -> pd.DataFrame:
@@ -172,7 +181,8 @@ def headline(table: pd.DataFrame, metric: str = "accuracy", subset: str = "all")
 
 
 # ----------------------------------------------------------------------------- figures (06 and 07 draw them from the CSVs)
-def _short(name: str) -> str:
+def short_name(name: str) -> str:
+    """A method's name as figures and tables label it."""
     return name.replace("TRACE memeworld-clip_", "TRACE ").replace("memeworld-clip", "mwclip")
 
 
@@ -191,7 +201,7 @@ def plot_forest(table: pd.DataFrame, metric: str = "accuracy", chance: float | N
             ax.errorbar([r.value], [y], xerr=[[r.value - r.ci_low], [r.ci_high - r.value]], fmt=marker,
                         color=colors[r.system], mfc=colors[r.system] if memes == "common" else "white", capsize=3, ms=5)
             ax.annotate(f"n={r.n}", (r.ci_high, y), textcoords="offset points", xytext=(4, -3), fontsize=7)
-    ax.set_yticks(range(len(methods)), [_short(m) for m in methods], fontsize=8)
+    ax.set_yticks(range(len(methods)), [short_name(m) for m in methods], fontsize=8)
     ax.invert_yaxis()
     if chance is not None:
         ax.axvline(chance, ls="--", color="grey", lw=1)
@@ -221,7 +231,7 @@ def plot_type_heatmap(table: pd.DataFrame, memes: str = "common", title: str = "
             if v == v:
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7)
     ax.set_xticks(range(piv.shape[1]), [f"{c[5:]}\nn={ns[c]}" for c in piv.columns], fontsize=8)
-    ax.set_yticks(range(piv.shape[0]), [_short(m) for m in piv.index], fontsize=8)
+    ax.set_yticks(range(piv.shape[0]), [short_name(m) for m in piv.index], fontsize=8)
     ax.set_xlabel("interaction type (text, image, final)")
     fig.colorbar(im, ax=ax, fraction=0.03, label="accuracy")
     ax.set_title(title, fontsize=10)
@@ -243,8 +253,8 @@ def plot_mcnemar(pairs: pd.DataFrame, title: str = ""):
         i, j = names.index(r.a), names.index(r.b)
         if r.significant:
             ax.text(min(i, j), max(i, j), "*", ha="center", va="center", color="white", fontsize=12)
-    ax.set_xticks(range(len(names)), [_short(n) for n in names], rotation=60, ha="right", fontsize=7)
-    ax.set_yticks(range(len(names)), [_short(n) for n in names], fontsize=7)
+    ax.set_xticks(range(len(names)), [short_name(n) for n in names], rotation=60, ha="right", fontsize=7)
+    ax.set_yticks(range(len(names)), [short_name(n) for n in names], fontsize=7)
     fig.colorbar(im, ax=ax, fraction=0.03, label="-log10 adjusted p")
     ax.set_title(title, fontsize=10)
     return fig
@@ -264,7 +274,7 @@ def plot_flips(flips: pd.DataFrame, title: str = ""):
                         color=c, capsize=3)
         ax.annotate(f"{r.n_called_hateful} called hateful of {r.n_pairs}", (1.02, k), fontsize=7, va="center",
                     annotation_clip=False)
-    ax.set_yticks(range(len(f)), [f"{_short(m)}" + (f" + {g}" if g != "none" else "") + (" (control)" if c == "control" else "")
+    ax.set_yticks(range(len(f)), [f"{short_name(m)}" + (f" + {g}" if g != "none" else "") + (" (control)" if c == "control" else "")
                                   for m, g, c in zip(f.method, f.get("mitigation", ["none"] * len(f)),
                                                      f.get("copies", ["instruction"] * len(f)))], fontsize=8)
     ax.invert_yaxis()

@@ -93,25 +93,22 @@ def build(profile: str = "embedded", out: Path | None = None) -> Path:
     if not nbs:
         raise FileNotFoundError(f"no executed notebooks for profile {profile!r} in {notebook_dir(profile)} "
                                 f"(run `make reproduce PROFILE={profile}` first)")
-    pages = [(f"{p.stem}.html", _title_and_blurb(p)[0]) for p in nbs]
+    meta = {p: _title_and_blurb(p) for p in nbs}
+    pages = [(f"{p.stem}.html", meta[p][0]) for p in nbs]
     exporter = HTMLExporter(template_name="lab")
     exporter.exclude_input_prompt = True
     exporter.exclude_output_prompt = True
     for i, p in enumerate(nbs):
         body, _ = exporter.from_filename(str(p))
         nav = _nav(pages, i)
-        # the exported page is a full document: put the site's navigation inside its body
-        head, sep, rest = body.partition("<main>") if "<main>" in body else body.partition("<body")
-        if sep == "<main>":
-            body = head + sep + nav + rest.replace("</main>", nav + "</main>", 1)
-        else:
-            k = rest.index(">") + 1
-            body = head + sep + rest[:k] + nav + rest[k:].replace("</body>", nav + "</body>", 1)
-        write_text(out / pages[i][0], body)
+        # the exported page is a full document: the site's navigation goes first and last in its body
+        start = body.index(">", body.index("<body")) + 1
+        end = body.rindex("</body>")
+        write_text(out / pages[i][0], body[:start] + nav + body[start:end] + nav + body[end:])
     toc = ['<h2 id="contents">The notebooks</h2><ol class="toc">']
     for (fname, title), p in zip(pages, nbs):
         toc.append(f'<li><a href="{fname}">{html.escape(title)}</a><br><span class="blurb">'
-                   f'{_markdown_inline(_title_and_blurb(p)[1])}</span></li>')
+                   f'{_markdown_inline(meta[p][1])}</span></li>')
     toc.append("</ol>")
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     front = "\n".join(toc) + _markdown(readme)
