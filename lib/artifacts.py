@@ -46,6 +46,7 @@ ARTIFACTS: dict[str, Artifact] = {
     "memeworld": Artifact("00_data_prep", "memeworld", "make reproduce NB=00"),
     "trace_captions": Artifact("01_captioning", "trace_captions.json", "make reproduce NB=01"),
     "trace_captions_multioff": Artifact("01_captioning", "trace_captions_multioff.json", "make reproduce NB=01"),
+    "trace_seeds": Artifact("02_finetuning", "seeds.csv", "make reproduce NB=02"),
     "memeworld-clip": Artifact("models", "memeworld-clip", "make reproduce NB=models"),
     "memeworld-vlm": Artifact("models", "memeworld-vlm", "make reproduce NB=models"),
     "sei_agents": Artifact("04_few_shot", "agents", "make reproduce NB=04"),

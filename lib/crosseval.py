@@ -66,11 +66,20 @@ def gold_table(profile: str) -> pd.DataFrame:
 
 
 def trace_methods(profile: str, dataset: str = "fhm") -> dict[str, dict[str, Any]]:
-    """Every finished TRACE run of notebook 02 on `dataset` (runs/<dataset>_<backbone>_<variant>):
-    name -> {system, family, frame, run_dir}."""
-    runs = stage_dir(profile, "02_finetuning", create=False) / "runs"
+    """Every finished TRACE variant of notebook 02 on `dataset` (runs/<dataset>_<backbone>_<variant>):
+    name -> {system, family, frame, run_dir}. The variants are those notebook 02 names in
+    `variants.json` when it lists runs of `dataset`; seed replicates (`*_seed<N>`, read through
+    `seeds.csv`) are never methods of their own."""
+    import json
+    import re
+    stage = stage_dir(profile, "02_finetuning", create=False)
+    runs = stage / "runs"
+    named = set(json.loads((stage / "variants.json").read_text()).values()) if (stage / "variants.json").exists() else set()
+    named = {n for n in named if n.startswith(f"{dataset}_")}
     out = {}
     for d in sorted(runs.glob(f"{dataset}_*")) if runs.exists() else []:
+        if (named and d.name not in named) or re.search(r"_seed\d+$", d.name):
+            continue
         pred = d / "predictions.csv"
         if not (pred.exists() and (d / "result.json").exists()):
             continue

@@ -231,6 +231,29 @@ def draw_trace_training_curves(profile: str):
     return fig
 
 
+@figure("trace_seeds", "notebooks/02_finetuning.ipynb", ("02_finetuning/seeds.csv",),
+        "TRACE's default and its loss ablations over seeds: each seed's test_seen accuracy, mean and sd")
+def draw_trace_seeds(profile: str):
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    t = pd.read_csv(_art(profile, "02_finetuning/seeds.csv"))
+    variants = list(dict.fromkeys(t.variant))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
+    for ax, col, label in ((axes[0], "accuracy", "accuracy (test_seen)"), (axes[1], "acc_type_001", "accuracy on type 001")):
+        for k, v in enumerate(variants):
+            g = t[t.variant == v][col]
+            ax.scatter([k] * len(g), g, color=_tab10(k), alpha=0.7, zorder=3)
+            ax.errorbar([k + 0.15], [g.mean()], yerr=[g.std() if len(g) > 1 else 0], fmt="s", color="k", capsize=4)
+            ax.annotate(f"{g.mean():.3f} ± {g.std():.3f}", (k + 0.2, g.mean()), fontsize=7, va="center")
+        ax.set_xticks(range(len(variants)), variants)
+        ax.set_xlim(-0.5, len(variants) - 0.2)
+        ax.set_ylabel(label)
+    n = int(t.groupby("variant").size().min())
+    fig.suptitle(f"TRACE over {n} seeds: dots are seeds, squares mean ± sd", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 # ----------------------------------------------------------------------------- 03 CLIP4DM
 @figure("clip4dm_epsilon_sweep", "notebooks/03_clip4dm.ipynb", ("03_clip4dm/epsilon_sweep.csv",),
         "Choosing CLIP4DM's epsilon on the validation copy of HAT")
@@ -469,29 +492,6 @@ def draw_evaluation_accuracy_forest(profile: str):
     return plot_forest(_comparison(profile), "accuracy", chance=c["majority_acc"],
                        title=f"Accuracy with 95% CIs: {len(c['ids'])} common memes (filled) and each method's own "
                              f"(open); dashed: majority class")
-
-
-@figure("evaluation_seeds", "notebooks/06_evaluation.ipynb", ("06_evaluation/seeds.csv",),
-        "TRACE's default and its loss ablations over seeds: each seed's test_seen accuracy, mean and sd")
-def draw_evaluation_seeds(profile: str):
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    t = pd.read_csv(_art(profile, "06_evaluation/seeds.csv"))
-    variants = list(dict.fromkeys(t.variant))
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
-    for ax, col, label in ((axes[0], "accuracy", "accuracy (test_seen)"), (axes[1], "acc_type_001", "accuracy on type 001")):
-        for k, v in enumerate(variants):
-            g = t[t.variant == v][col]
-            ax.scatter([k] * len(g), g, color=_tab10(k), alpha=0.7, zorder=3)
-            ax.errorbar([k + 0.15], [g.mean()], yerr=[g.std() if len(g) > 1 else 0], fmt="s", color="k", capsize=4)
-            ax.annotate(f"{g.mean():.3f} ± {g.std():.3f}", (k + 0.2, g.mean()), fontsize=7, va="center")
-        ax.set_xticks(range(len(variants)), variants)
-        ax.set_xlim(-0.5, len(variants) - 0.2)
-        ax.set_ylabel(label)
-    n = int(t.groupby("variant").size().min())
-    fig.suptitle(f"TRACE over {n} seeds: dots are seeds, squares mean ± sd", fontsize=10)
-    fig.tight_layout()
-    return fig
 
 
 @figure("evaluation_per_type", "notebooks/06_evaluation.ipynb", ("06_evaluation/comparison.csv",),

@@ -27,6 +27,8 @@ def fake_artifacts(memeworld_small, tmp_path, monkeypatch):
     pd.DataFrame([{"id": str(r["id"]), "split": r["split"], "probability": 0.9 if r["final_label"] else 0.1,
                    "threshold": 0.5, "prediction": r["final_label"], "label": r["final_label"], "selected": "text",
                    "selected_weight": 1.0} for r in test]).to_csv(run / "predictions.csv", index=False)
+    rep = run.parent / "fhm_enc_cls_rel_seed1"              # a seed replicate: read through seeds.csv, not a method
+    shutil.copytree(run, rep)
     few = tmp_path / "p" / "04_few_shot"
     few.mkdir(parents=True)
     few_rows = [{"id": str(r["id"]), "gold": r["final_label"], "setting": "enc/4",

@@ -128,6 +128,13 @@ def test_trace_runs_the_official_defaults_with_honest_baselines():
             assert (runs / name / f).exists(), (name, f)
     share = pd.read_csv(EMB / "02_finetuning" / "selected_share.csv", index_col=[0, 1])
     assert set(share.index.get_level_values(0)) == {"train pick share (last epoch)", "mean inference weight", "argmax share"}
+    # seeds: the default and its loss ablations over at least three seeds; the first is the run above
+    seeds = pd.read_csv(EMB / "02_finetuning" / "seeds.csv")
+    assert (seeds.groupby("variant").seed.nunique() >= 3).all() and m["n_seeds"] >= 3
+    assert seeds.groupby("variant").accuracy.std().max() > 0             # replicates, not copies of one run
+    first = seeds[seeds.seed == json.loads((runs / "fhm_memeworld-clip_cls_rel" / "config.json").read_text())["config"]["seed"]]
+    assert first[first.variant == "cls+rel"].accuracy.iloc[0] == pytest.approx(m["accuracy"])
+    assert m["trace_seeds_cls_rel_accuracy_mean"] > m["trace_seeds_cls_con_accuracy_mean"] + 3 * m["trace_seeds_cls_con_accuracy_sd"]
 
 
 def test_trace_command_line_trains_one_variant(tmp_path):
@@ -282,11 +289,8 @@ def test_evaluation_notebook_outputs():
     assert len(io) == 1 and io.flip_rate.iloc[0] == 0.0
     back = datasets.load("injection", out / "injection" / "llm").records
     assert len(back) == m["n_injected_llm"] and all(r.label == 1 for r in back)
-    seeds = pd.read_csv(out / "seeds.csv")
-    assert (seeds.groupby("variant").seed.nunique() >= 3).all() and m["n_seeds"] >= 3
-    assert seeds.groupby("variant").accuracy.std().max() > 0             # replicates, not copies of one run
     for name in ("evaluation_accuracy_forest", "evaluation_per_type", "evaluation_mcnemar", "evaluation_injection",
-                 "evaluation_error_gallery", "evaluation_seeds"):
+                 "evaluation_error_gallery", "trace_seeds"):
         assert (ARTIFACTS_ROOT.parent / "figures" / "embedded" / f"{name}.png").exists()
 
 
