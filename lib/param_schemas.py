@@ -315,7 +315,7 @@ SCHEMAS: dict[str, dict[str, Rule]] = {
         "method": Lazy(_trace_recipe), "max_memes": NONNEG, "extra_variants": MapOf(Type(str), Lazy(_trace_recipe)),
         "lr": Range(0, 1), "epochs": POS, "batch_size": POS, "grad_accum": POS, "patience": POS,
         "lora_rank": NONNEG, "hidden": POS, "device": Opt(Type(str)), "train_workers": POS,
-        "seeds": ListOf(NONNEG), "seed_variants": ListOf(Choice("cls+rel", "cls+con", "all")), "seed_workers": POS,
+        "seeds": ListOf(NONNEG), "seed_variants": ListOf(Choice("cls+rel", "cls+con", "all")),
     },
     "03_clip4dm": {
         "encoder": ENC, "benchmarks": ListOf(DatasetName("alignment"), 1), "nli_model": Opt(Type(str)),
