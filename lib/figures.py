@@ -263,7 +263,7 @@ def draw_clip4dm_epsilon_sweep(profile: str):
     from lib.params import load_profile
     sweep = pd.read_csv(_art(profile, "03_clip4dm/epsilon_sweep.csv"))
     chosen = float(sweep.loc[sweep["chosen"].astype(bool), "epsilon"].iloc[0])
-    encoder = load_profile(profile).get("03_clip4dm", {}).get("encoder", "encoder")
+    encoder = (load_profile(profile).get("03_clip4dm", {}).get("encoders") or ["encoder"])[0]
     fig, ax = plt.subplots(figsize=(7, 3.2))
     for col in ("word_f1", "word_precision", "word_recall", "hat_la", "share_of_words_kept"):
         ax.plot(-sweep["epsilon"], sweep[col], marker="o", ms=3, label=col)
@@ -271,6 +271,28 @@ def draw_clip4dm_epsilon_sweep(profile: str):
     ax.axvline(5e-5, color="grey", ls=":", lw=0.8, label="paper -5e-5")
     ax.set(xscale="log", xlabel="-epsilon (words scoring below epsilon are flagged)", ylabel="on hat_val (dev memes)",
            ylim=(0, 1.02), title=f"Choosing epsilon on validation ({encoder})")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    return fig
+
+
+@figure("clip4dm_backbones", "notebooks/03_clip4dm.ipynb", ("03_clip4dm/by_encoder.csv",),
+        "CLIP4DM per encoder: FOIL and nocaps-FOIL localisation and detection, the paper's values marked")
+def draw_clip4dm_backbones(profile: str):
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    t = pd.read_csv(_art(profile, "03_clip4dm/by_encoder.csv"))
+    cols = [c for c in ("FOIL LA", "FOIL AP (F-CLIPScore)", "nocaps LA", "nocaps AP (F-CLIPScore)") if c in t.columns]
+    ours, paper = t[t.source == "this run"], t[t.source == "paper"].set_index("encoder")
+    fig, ax = plt.subplots(figsize=(2.2 + 1.6 * len(cols), 3.2))
+    w = 0.8 / max(1, len(ours))
+    for k, (_, r) in enumerate(ours.iterrows()):
+        xs = np.arange(len(cols)) + (k - (len(ours) - 1) / 2) * w
+        ax.bar(xs, [r[c] for c in cols], width=w, color=_tab10(k), label=r["encoder"])
+        if r["encoder"] in paper.index:
+            ax.scatter(xs, [paper.loc[r["encoder"], c] for c in cols], marker="D", color="k", s=18, zorder=3,
+                       label="paper" if k == 0 or "paper" not in ax.get_legend_handles_labels()[1] else None)
+    ax.set_xticks(range(len(cols)), cols, fontsize=8)
+    ax.set(ylim=(0, 1.02), ylabel="share / AP", title=f"CLIP4DM by encoder (profile {profile})")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     return fig
 

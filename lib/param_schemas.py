@@ -318,7 +318,7 @@ SCHEMAS: dict[str, dict[str, Rule]] = {
         "seeds": ListOf(NONNEG), "seed_variants": ListOf(Choice("cls+rel", "cls+con", "all")),
     },
     "03_clip4dm": {
-        "encoder": ENC, "benchmarks": ListOf(DatasetName("alignment"), 1), "nli_model": Opt(Type(str)),
+        "encoders": ListOf(ENC, 1), "benchmarks": ListOf(DatasetName("alignment"), 1), "nli_model": Opt(Type(str)),
         "epsilon_from_validation": Opt(Type(str)), "epsilon_grid": ListOf(Range(None, 0), 1),
         "max_pairs": NONNEG, "batch_size": POS, "speed_pairs": NONNEG, "n_examples": NONNEG, "device": Opt(Type(str)),
     },

@@ -303,3 +303,48 @@ def test_prefetching_batches_gives_the_same_results(model):
     assert [x["negative_word"] for x in a] == [x["negative_word"] for x in b]
     np.testing.assert_allclose([x["sum_negative_attribution"] for x in a], [x["sum_negative_attribution"] for x in b],
                                atol=1e-9)
+
+
+def test_several_encoders_write_their_own_files_and_sit_side_by_side(memeworld_small, tiny_clip_dir, tmp_path):
+    """One run of notebook 03 over two encoders: the first writes the stage's own files, the
+    second its folder; neither overwrites the other, and the side-by-side table and the keyed
+    metrics name each encoder (the paper's row appears under a backbone the paper reports)."""
+    import pandas as pd
+    from transformers import CLIPModel
+    from lib import clip4dm_report as c4r
+    from lib.data_prep import load_all
+    root, _ = memeworld_small
+    data = load_all({b: {"root": str(root / b), "img_dir": "../img"} for b in ("foil", "hat")})
+    for ds in data.values():
+        ds.records[:] = ds.records[:24]
+    val = load_all({"hat": {"root": str(root / "hat"), "img_dir": "../img", "file": "hat_val.json"}})["hat"].records[:16]
+    other = tmp_path / "clip-vit-b32"                      # a second backbone: other weights, a name the paper reports
+    m2 = CLIPModel.from_pretrained(tiny_clip_dir)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in m2.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    m2.save_pretrained(other)
+    for f in tiny_clip_dir.iterdir():
+        if not f.name.startswith(("model", "config")):
+            (other / f.name).write_bytes(f.read_bytes())
+    out = tmp_path / "03"
+    runs = {}
+    for k, enc in enumerate((str(tiny_clip_dir), str(other))):
+        model = CLIP4DM.from_pretrained(enc, device="cpu", epsilon=-5e-5)
+        runs[enc] = c4r.run_encoder(model, enc, data, c4r.encoder_dir(out, enc, first=k == 0), epsilon=-5e-5,
+                                    val_recs=val, epsilon_grid=[-1e-4, -1e-2], batch_size=8)
+    first, second = runs.values()
+    assert first.out_dir == out and second.out_dir == out / "clip-vit-b32"
+    for r in runs.values():
+        for f in ("attributions.jsonl", "results_foil.csv", "results_hat.csv", "ablation.csv", "epsilon_sweep.csv"):
+            assert (r.out_dir / f).exists(), (r.encoder, f)
+        saved = pd.read_csv(r.out_dir / "results_foil.csv")
+        assert np.allclose(saved.clip_score, [x["clip_score"] for x in r.results("foil", "most_negative")])
+    assert first.metrics["ap_clipscore"] != second.metrics["ap_clipscore"]      # the files are each encoder's own
+    tab = c4r.by_encoder_frame({"tiny": first.metrics, "clip-vit-b32": second.metrics})
+    assert list(tab.source) == ["this run", "this run", "paper"] and tab.iloc[2]["FOIL LA"] == 0.73
+    assert tab.iloc[1]["FOIL AP (CLIPScore)"] == pytest.approx(second.metrics["ap_clipscore"])
+    keyed = c4r.keyed_metrics({"tiny": first.metrics, "clip-vit-b32": second.metrics})
+    assert keyed["la@tiny"] == first.metrics["la"] and keyed["la@clip-vit-b32"] == second.metrics["la"]
+    assert c4r.encoder_folder("/models/openai/clip-vit-large-patch14/") == "clip-vit-large-patch14"

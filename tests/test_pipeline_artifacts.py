@@ -72,7 +72,11 @@ def test_clip4dm_headline_numbers():
     assert 0.5 < m["ap_clipscore"] <= 1.0
     for b in ("foil", "nocaps_foil", "hat", "richhf", "seetrue"):
         assert (EMB / "03_clip4dm" / f"results_{b}.csv").exists(), b
-    for f in ("clip4dm_word_attributions", "clip4dm_epsilon_sweep", "clip4dm_score_distributions"):
+    import pandas as pd
+    by_enc = pd.read_csv(EMB / "03_clip4dm" / "by_encoder.csv")
+    assert list(by_enc.encoder) == load_profile("embedded")["03_clip4dm"]["encoders"]
+    assert by_enc["FOIL LA"].iloc[0] == pytest.approx(m["la"])
+    for f in ("clip4dm_word_attributions", "clip4dm_epsilon_sweep", "clip4dm_score_distributions", "clip4dm_backbones"):
         assert (ARTIFACTS_ROOT.parent / "figures" / "embedded" / f"{f}.png").exists(), f
 
 def test_captioning_headline_numbers():

@@ -1,0 +1,237 @@
+"""Notebook 03's evaluation of one encoder on every benchmark, so that one run covers a list of
+backbones (the paper's table has B/32, L/14 and H/14 rows) without one overwriting another.
+
+`run_encoder` attributes every distinct (image file, caption) pair once (resumable
+`attributions.jsonl`), then scores FOIL / nocaps-FOIL (`most_negative`), the F-CLIPScore ablation,
+the epsilon sweep on the validation copy and HAT / RichHF / SeeTRUE (`threshold` at the chosen
+epsilon), writing `results_<benchmark>.csv`, `ablation.csv` and `epsilon_sweep.csv` into the
+encoder's folder: the stage folder itself for the first encoder of the list (the files every later
+notebook reads), `<stage>/<encoder>/` for each other one. `by_encoder_frame` puts the encoders side
+by side with the paper's numbers where the paper reports that backbone.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from lib import clip4dm
+from lib.artifacts import write_text
+
+FOIL_KEYS = ("la", "la_official_string", "n_repeated_foil_word", "la_chance", "ap_clipscore", "ap_neg_attribution",
+             "ap_fclipscore", "ap_chance", "n_pairs")
+
+#: the paper's tables (REFERENCE.md §2): FOIL and nocaps-FOIL LA / AP per backbone preset
+PAPER_ROWS: dict[str, dict[str, float]] = {
+    "clip-vit-b32": {"la": 0.73, "ap_fclipscore": 0.71, "nocaps_la": 0.60, "nocaps_ap_fclipscore": 0.69},
+    "clip-vit-h14": {"la": 0.84, "ap_fclipscore": 0.81, "nocaps_la": 0.72, "nocaps_ap_fclipscore": 0.80},
+}
+
+#: the columns of the side-by-side table (metric key -> column name)
+BY_ENCODER_COLUMNS = {"la": "FOIL LA", "ap_fclipscore": "FOIL AP (F-CLIPScore)", "ap_clipscore": "FOIL AP (CLIPScore)",
+                      "nocaps_la": "nocaps LA", "nocaps_ap_fclipscore": "nocaps AP (F-CLIPScore)",
+                      "epsilon_chosen": "epsilon", "hat_la": "HAT LA", "hat_ap": "HAT AP",
+                      "richhf_spearman_neg_attribution": "RichHF Spearman (neg. attribution)",
+                      "seetrue_share_with_phrase": "SeeTRUE share with a phrase",
+                      "pairs_per_s_batched": "pairs/s (batched)"}
+
+
+def encoder_folder(name: str) -> str:
+    """A folder name for an encoder preset or a local model path."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", os.path.basename(os.path.normpath(name)) if os.sep in name else name)
+
+
+def encoder_dir(stage_out: Path, encoder: str, first: bool) -> Path:
+    """Where an encoder's files go: the stage folder for the first encoder, a subfolder otherwise."""
+    d = Path(stage_out) if first else Path(stage_out) / encoder_folder(encoder)
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def benchmark_pairs(data: dict[str, Any], val_recs: Sequence[Any] = ()) -> dict[str, list[tuple[str, str]]]:
+    """One (real image path, caption) pair per record and benchmark (`hat_val`: the validation copy):
+    every benchmark's view of an image is the same file, so pairs are shared across benchmarks."""
+    pairs = {name: [(os.path.realpath(r.img_path), r.caption) for r in ds.records] for name, ds in data.items()}
+    if val_recs:
+        pairs["hat_val"] = [(os.path.realpath(r.img_path), r.caption) for r in val_recs]
+    return pairs
+
+
+@dataclass
+class EncoderRun:
+    """One encoder's attributions and scores on every benchmark."""
+    encoder: str
+    out_dir: Path
+    pairs: dict[str, list[tuple[str, str]]]
+    raw_by: dict[tuple[str, str], dict[str, Any]]
+    epsilon: float
+    metrics: dict[str, Any] = field(default_factory=dict)
+    foil_table: pd.DataFrame | None = None
+    ablation: pd.DataFrame | None = None
+    sweep: pd.DataFrame | None = None
+    epsilon_chosen: float | None = None
+    threshold_table: pd.DataFrame | None = None
+    seetrue_note: str | None = None
+
+    @property
+    def n_unique(self) -> int:
+        return len(self.raw_by)
+
+    def results(self, name: str, sorted_by: str, eps: float | None = None) -> list[dict[str, Any]]:
+        """The official result dicts for benchmark `name` under one selection rule."""
+        e = self.epsilon if eps is None else eps
+        return [clip4dm.select(self.raw_by[p], sorted_by, e) for p in self.pairs[name]]
+
+
+def _foil_frame(recs, res) -> pd.DataFrame:
+    return pd.DataFrame({"id": [r.id for r in recs], "is_foil": [r.is_foil for r in recs],
+                         "foil_word": [r.misaligned_words[0] if r.is_foil else "" for r in recs],
+                         "foil_position": [r.misaligned_positions[0] if r.misaligned_positions else None for r in recs],
+                         "negative_word": [x["negative_word"] for x in res],
+                         "lowest_word_position": [x["lowest_word_position"] for x in res],
+                         "clip_score": [x["clip_score"] for x in res], "f_clipscore": [clip4dm.f_clipscore(x) for x in res],
+                         "sum_negative_attribution": [x["sum_negative_attribution"] for x in res]})
+
+
+def _threshold_frame(recs, res, eps: float) -> pd.DataFrame:
+    return pd.DataFrame({"id": [r.id for r in recs], "caption": [r.caption for r in recs],
+                         "misaligned": [" ".join(r.misaligned_words) for r in recs],
+                         "misaligned_positions": [r.misaligned_positions for r in recs], "score": [r.score for r in recs],
+                         "negative_word": [x["negative_word"] for x in res],
+                         "predicted_phrase": [clip4dm.predicted_phrase_text(x, eps) for x in res],
+                         "clip_score": [x["clip_score"] for x in res], "f_clipscore": [clip4dm.f_clipscore(x) for x in res]})
+
+
+def score_foil(run: EncoderRun, data: dict[str, Any]) -> None:
+    """FOIL and nocaps-FOIL (most_negative): LA by position and by string, AP by each score; nocaps
+    also per domain. Writes results_<benchmark>.csv and ablation.csv."""
+    rows = []
+    for name in [b for b in ("foil", "nocaps_foil") if b in data]:
+        recs = data[name].records
+        res = run.results(name, "most_negative")
+        m = clip4dm.evaluate_foil(res, recs)
+        rows.append({"benchmark": name, **{k: m[k] for k in FOIL_KEYS}})
+        if name == "nocaps_foil":
+            for dom in sorted({r.group for r in recs}):
+                idx = [i for i, r in enumerate(recs) if r.group == dom]
+                md = clip4dm.evaluate_foil([res[i] for i in idx], [recs[i] for i in idx])
+                rows.append({"benchmark": f"nocaps_foil/{dom}", **{k: md[k] for k in FOIL_KEYS}})
+        run.metrics.update({(k if name == "foil" else f"nocaps_{k}"): m[k] for k in FOIL_KEYS
+                            if k not in ("ap_chance", "n_pairs")})
+        write_text(run.out_dir / f"results_{name}.csv", _foil_frame(recs, res).to_csv(index=False))
+    run.foil_table = pd.DataFrame(rows).round(3)
+    if rows:
+        abl = run.foil_table.set_index("benchmark")[["ap_clipscore", "ap_neg_attribution", "ap_fclipscore"]].T
+        abl.index = ["CLIPScore alone", "sum of negative attributions", "F-CLIPScore"]
+        write_text(run.out_dir / "ablation.csv", abl.to_csv())
+        run.ablation = abl
+
+
+def choose_epsilon(run: EncoderRun, val_recs: Sequence[Any], grid: Sequence[float]) -> float:
+    """The grid value with the best word-level F1 on the validation copy (never on test); the
+    run's configured epsilon when there is no validation copy. Writes epsilon_sweep.csv."""
+    from lib import datasets as dsets
+    if not val_recs:
+        run.epsilon_chosen = run.epsilon
+        run.metrics["epsilon_chosen"] = run.epsilon
+        return run.epsilon
+    as_richhf = [dsets.AlignmentRecord(r.id, r.img_path, r.caption, r.misaligned_words,
+                                       misaligned_positions=r.misaligned_positions, score=float(r.is_foil))
+                 for r in val_recs]
+    sweep = []
+    for eps in grid:
+        rv = run.results("hat_val", "threshold", eps)
+        h = clip4dm.evaluate_hat(rv, val_recs, eps)
+        tok = clip4dm.evaluate_richhf(rv, as_richhf, eps)
+        share = np.mean([len([w for w, s in x["word_attributions"] if s < eps]) / max(1, len(x["word_attributions"]))
+                         for x in rv])
+        sweep.append({"epsilon": eps, "word_f1": tok["richhf_f1"], "word_precision": tok["richhf_precision"],
+                      "word_recall": tok["richhf_recall"], "hat_la": h["hat_la"], "share_of_words_kept": share})
+    sweep = pd.DataFrame(sweep)
+    chosen = float(sweep.loc[sweep["word_f1"].idxmax(), "epsilon"])
+    sweep["chosen"] = sweep["epsilon"] == chosen
+    write_text(run.out_dir / "epsilon_sweep.csv", sweep.to_csv(index=False))
+    run.sweep, run.epsilon_chosen = sweep, chosen
+    run.metrics["epsilon_chosen"] = chosen
+    return chosen
+
+
+def score_threshold_benchmarks(run: EncoderRun, data: dict[str, Any], nli_model=None, device: str | None = None) -> None:
+    """HAT, RichHF and SeeTRUE under `threshold` at the chosen epsilon, as the official main.py
+    scores them; writes results_<benchmark>.csv."""
+    eps = run.epsilon if run.epsilon_chosen is None else run.epsilon_chosen
+    rows, res_by = [], {}
+    if "hat" in data:
+        res_by["hat"] = run.results("hat", "threshold", eps)
+        m = clip4dm.evaluate_hat(res_by["hat"], data["hat"].records, eps)
+        run.metrics.update(m)
+        rows.append({"benchmark": "hat", **m})
+    if "richhf" in data:
+        res_by["richhf"] = run.results("richhf", "threshold", eps)
+        m = clip4dm.evaluate_richhf(res_by["richhf"], data["richhf"].records, eps)
+        run.metrics.update(m)
+        rows.append({"benchmark": "richhf", **m})
+    if "seetrue" in data:
+        res_by["seetrue"] = run.results("seetrue", "threshold", eps)
+        m = clip4dm.evaluate_seetrue(res_by["seetrue"], data["seetrue"].records, eps, nli_model, device)
+        run.seetrue_note = m["seetrue_note"] + ("" if m["seetrue_nli"] is None else f" -> {m['seetrue_nli']:.3f}")
+        run.metrics["seetrue_share_with_phrase"] = m["seetrue_share_with_phrase"]
+        if m["seetrue_nli"] is not None:
+            run.metrics["seetrue_nli"] = m["seetrue_nli"]
+    for name, res in res_by.items():
+        write_text(run.out_dir / f"results_{name}.csv", _threshold_frame(data[name].records, res, eps).to_csv(index=False))
+    run.threshold_table = pd.DataFrame(rows).set_index("benchmark").T if rows else None
+
+
+def run_encoder(model: clip4dm.CLIP4DM, encoder: str, data: dict[str, Any], out_dir, *, epsilon: float,
+                val_recs: Sequence[Any] = (), epsilon_grid: Sequence[float] = (), nli_model=None,
+                device: str | None = None, batch_size: int = 32) -> EncoderRun:
+    """Every benchmark for one encoder: attributions (resumable, shared across benchmarks), FOIL /
+    nocaps, the ablation, epsilon on validation, HAT / RichHF / SeeTRUE."""
+    out_dir = Path(out_dir)
+    pairs = benchmark_pairs(data, val_recs)
+    unique = list(dict.fromkeys(p for ps in pairs.values() for p in ps))
+    raw = clip4dm.attribute_pairs(model, unique, out_dir / "attributions.jsonl", batch_size=batch_size,
+                                  desc=f"attribute ({encoder})")
+    run = EncoderRun(encoder, out_dir, pairs, dict(zip(unique, raw)), epsilon)
+    score_foil(run, data)
+    choose_epsilon(run, val_recs, epsilon_grid)
+    score_threshold_benchmarks(run, data, nli_model, device)
+    return run
+
+
+def speed_metrics(model: clip4dm.CLIP4DM, records: Sequence[Any], n_pairs: int, batch_size: int = 32) -> dict[str, float]:
+    """From one run on the same pairs and batch size: the floor (forward + backward on ready inputs),
+    the batched path, one pair at a time (the official way) and the benchmark path with image reuse."""
+    sp = list(records)[:n_pairs]
+    imgs, caps = [r.image() for r in sp], [r.caption for r in sp]
+    speed = clip4dm.benchmark(model, imgs, caps, batch_size=batch_size)
+    floor = clip4dm.floor_pairs_per_s(model, imgs, caps, batch_size=batch_size)
+    reuse = clip4dm.reuse_pairs_per_s(model, [os.path.realpath(r.img_path) for r in sp], caps, batch_size=batch_size)
+    return {"pairs": speed.pairs, "batch_size": speed.batch_size, "pairs_per_s_batched": speed.pairs_per_s_batched,
+            "pairs_per_s_single": speed.pairs_per_s_single, "batched_speedup": speed.speedup,
+            "batched_max_abs_diff": speed.max_abs_diff, "pairs_per_s_floor": floor,
+            "floor_ratio": floor / speed.pairs_per_s_batched, "pairs_per_s_reuse": reuse}
+
+
+def by_encoder_frame(metrics_by_encoder: dict[str, dict[str, Any]]) -> pd.DataFrame:
+    """One row per encoder (the headline columns) and, under it, the paper's row for that backbone
+    where the paper reports one (`source` says which is which)."""
+    rows = []
+    for enc, m in metrics_by_encoder.items():
+        rows.append({"encoder": enc, "source": "this run", **{c: m.get(k, np.nan) for k, c in BY_ENCODER_COLUMNS.items()}})
+        if enc in PAPER_ROWS:
+            rows.append({"encoder": enc, "source": "paper", **{c: PAPER_ROWS[enc].get(k, np.nan)
+                                                                for k, c in BY_ENCODER_COLUMNS.items()}})
+    return pd.DataFrame(rows)
+
+
+def keyed_metrics(metrics_by_encoder: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """`<metric>@<encoder>` for every encoder's metrics (written beside the first encoder's plain keys
+    when a run covers several encoders)."""
+    return {f"{k}@{enc}": v for enc, m in metrics_by_encoder.items() for k, v in m.items() if v is not None}
