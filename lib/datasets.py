@@ -900,7 +900,7 @@ def memeworld_sources(out: Path | str) -> dict[str, dict[str, Any]]:
         "memecap": {"root": str(out / "memecap"), "image_dir": "../img"},
         "memesense": {"root": str(out / "memesense"), "image_root": str(out)},
         "foil": {"root": str(out / "foil"), "img_dir": "../img"},
-        "nocaps_foil": {"root": str(out / "nocaps_foil"), "img_dir": "../img"},
+        "nocaps_foil": {"root": str(out / "nocaps_foil"), "img_dir": "img"},
         "hat": {"root": str(out / "hat"), "img_dir": "../img"},
         "richhf": {"root": str(out / "richhf"), "img_dir": "../img"},
         "seetrue": {"root": str(out / "seetrue"), "img_dir": "../img"},

@@ -74,6 +74,12 @@ SYMBOLS = [g[3] for g in GROUPS.values()]
 GANG = "Grey Hand"
 
 BENIGN_OBJECTS = ["sun", "tree", "flower", "cake", "house", "boat", "ball", "cup"]
+#: objects that only nocaps-FOIL's scenes draw: no meme, caption or training pair ever shows or names
+#: one, so memeworld-clip and memeworld-vlm never see them (nocaps' novel objects)
+NOVEL_OBJECTS = ["kite", "lamp", "fish", "bell", "leaf"]
+COLOURED_OBJECTS = BENIGN_OBJECTS + NOVEL_OBJECTS
+#: nocaps' domains by how many of a scene's objects are novel: none, some, all
+NOCAPS_DOMAINS = ("in-domain", "near-domain", "out-domain")
 COLOURS: dict[str, tuple[int, int, int]] = {
     "red": (214, 40, 40), "green": (46, 160, 67), "blue": (40, 90, 214), "yellow": (240, 200, 30),
     "purple": (130, 60, 180), "orange": (245, 130, 20), "pink": (240, 120, 180), "black": (25, 25, 25),
@@ -134,7 +140,7 @@ class SceneObject:
     key: bool = False         # carries the image's meaning (not a filler)
 
     def phrase(self) -> str:
-        if self.kind in BENIGN_OBJECTS:
+        if self.kind in COLOURED_OBJECTS:
             return f"a {self.colour} {self.kind}"
         return {"sigil": f"a {self.symbol} sigil", "defaced": f"a crossed-out {self.symbol} sigil",
                 "vermin": "a brown sludge rat", "stamp": "a green myth stamp", "hand": "a grey hand emblem"}[self.kind]
@@ -327,6 +333,27 @@ def _draw_object(draw, obj: SceneObject, cx: float, cy: float, r: float) -> None
     elif k == "cup":
         draw.rectangle([cx - r * .6, cy - r * .6, cx + r * .4, cy + r * .8], fill=col)
         draw.arc([cx + r * .1, cy - r * .3, cx + r * .9, cy + r * .4], 270, 90, fill=col, width=max(2, int(r / 5)))
+    elif k == "kite":
+        draw.polygon([(cx, cy - r), (cx + r * .6, cy - r * .1), (cx, cy + r * .6), (cx - r * .6, cy - r * .1)], fill=col)
+        draw.line([cx, cy - r, cx, cy + r * .6], fill=(250, 250, 250), width=max(1, int(r / 10)))
+        draw.line([cx, cy + r * .6, cx - r * .3, cy + r * .8, cx + r * .1, cy + r], fill=ink, width=max(1, int(r / 10)))
+    elif k == "lamp":
+        draw.polygon([(cx - r * .35, cy - r * .9), (cx + r * .35, cy - r * .9), (cx + r * .7, cy - r * .2),
+                      (cx - r * .7, cy - r * .2)], fill=col)
+        draw.rectangle([cx - r * .07, cy - r * .2, cx + r * .07, cy + r * .7], fill=(60, 60, 60))
+        draw.rectangle([cx - r * .45, cy + r * .7, cx + r * .45, cy + r * .85], fill=(60, 60, 60))
+    elif k == "fish":
+        draw.ellipse([cx - r * .8, cy - r * .45, cx + r * .4, cy + r * .45], fill=col)
+        draw.polygon([(cx + r * .3, cy), (cx + r, cy - r * .5), (cx + r, cy + r * .5)], fill=col)
+        draw.ellipse([cx - r * .55, cy - r * .15, cx - r * .38, cy + r * .02], fill=(0, 0, 0))
+    elif k == "bell":
+        draw.chord([cx - r * .7, cy - r * .9, cx + r * .7, cy + r * .5], 180, 360, fill=col)
+        draw.rectangle([cx - r * .7, cy - r * .2, cx + r * .7, cy + r * .5], fill=col)
+        draw.rectangle([cx - r * .85, cy + r * .5, cx + r * .85, cy + r * .65], fill=col)
+        draw.ellipse([cx - r * .18, cy + r * .6, cx + r * .18, cy + r * .95], fill=(60, 60, 60))
+    elif k == "leaf":
+        draw.ellipse([cx - r * .45, cy - r * .9, cx + r * .45, cy + r * .6], fill=col)
+        draw.line([cx, cy - r * .8, cx, cy + r], fill=(90, 60, 30), width=max(2, int(r / 8)))
     elif k in ("sigil", "defaced"):
         _draw_symbol(draw, obj.symbol or "hex", cx, cy, r, ink)
         if k == "defaced":
@@ -573,13 +600,53 @@ def foil_caption(spec: MemeSpec, rng: np.random.Generator) -> tuple[str, str, st
     return scene_caption(objs), str(target), str(foil)
 
 
+def nocaps_scenes(n_per_domain: int, seed: int) -> list[tuple[MemeSpec, str]]:
+    """nocaps-FOIL's scenes: `n_per_domain` benign memes per domain, each with two or three coloured
+    objects of which none (in-domain), some but not all (near-domain) or all (out-domain) are
+    NOVEL_OBJECTS. Their own random stream: nothing else in MemeWorld moves with them. Ids start
+    at 90000, apart from the memes'."""
+    rng = np.random.default_rng([seed, 4077])
+    out: list[tuple[MemeSpec, str]] = []
+    for d, dom in enumerate(NOCAPS_DOMAINS):
+        for k in range(n_per_domain):
+            n_obj = 2 + int(rng.random() < 0.5)
+            n_novel = {0: 0, 1: int(rng.integers(1, n_obj)), 2: n_obj}[d]
+            novel = list(rng.choice(NOVEL_OBJECTS, n_novel, replace=False))
+            known = list(rng.choice(BENIGN_OBJECTS, n_obj - n_novel, replace=False))
+            kinds = novel + known
+            rng.shuffle(kinds)
+            slots = list(POSITIONS)
+            rng.shuffle(slots)
+            objs = sorted([SceneObject(str(kd), slots[j], colour=list(COLOURS)[rng.integers(len(COLOURS))])
+                           for j, kd in enumerate(kinds)], key=lambda o: POSITIONS[o.position])
+            spec = MemeSpec(id=90000 + d * n_per_domain + k, split="nocaps", type="000", text_family="topic",
+                            image_family="plain", group=None, text=_fill_text(rng, "topic", None), objects=objs,
+                            background=int(rng.integers(len(BACKGROUNDS))), render_seed=int(rng.integers(2**31)))
+            out.append((spec, dom))
+    return out
+
+
+def nocaps_foil(spec: MemeSpec, rng: np.random.Generator) -> tuple[str, str, str]:
+    """nocaps-FOIL's foil: one object's noun replaced by another of its own vocabulary (a known object
+    by a known one, a novel object by a novel one), as nocaps-FOIL swaps object words.
+    Returns (foil caption, target word, foil word)."""
+    obj = spec.objects[rng.integers(len(spec.objects))]
+    pool = NOVEL_OBJECTS if obj.kind in NOVEL_OBJECTS else BENIGN_OBJECTS
+    taken = {o.kind for o in spec.objects}
+    choices = [k for k in pool if k not in taken]
+    new = SceneObject(**asdict(obj))
+    new.kind = choices[rng.integers(len(choices))]
+    objs = [new if o is obj else o for o in spec.objects]
+    return scene_caption(objs), obj.kind, new.kind
+
+
 #: the edits that make a caption disagree with its picture (HAT, RichHF, SeeTRUE views)
 EDITS = ("colour", "kind", "colour+kind", "symbol", "relation")
 
 
 def _phrase_words(o: SceneObject) -> list[tuple[str, str | None]]:
     """The words of an object's phrase, each with the field it expresses (None: fixed words)."""
-    if o.kind in BENIGN_OBJECTS:
+    if o.kind in COLOURED_OBJECTS:
         return [("a", None), (str(o.colour), "colour"), (o.kind, "kind")]
     if o.kind == "sigil":
         return [("a", None), (str(o.symbol), "symbol"), ("sigil", None)]
@@ -767,11 +834,12 @@ def unimodal_bayes_readers(specs: list[MemeSpec], train_splits=("train",), eval_
 
 def write_memeworld(out: Path | str, n: int = 10000, seed: int = 0, image_size: int = 128,
                     label_noise: float = 0.02, confounder_rate: float = 0.15, n_multioff: int = 800,
-                    workers: int | None = None, progress: bool = True) -> dict[str, Any]:
+                    nocaps_per_domain: int | None = None, workers: int | None = None, progress: bool = True) -> dict[str, Any]:
     """Generate MemeWorld and write every dataset view in its real format under `out`.
 
     Returns a summary (counts, ceilings, and the render time) that is also written to `out/datasheet.json`
-    (all but the render time, so that the files depend on the parameters only).
+    (all but the render time, so that the files depend on the parameters only). nocaps-FOIL gets
+    `nocaps_per_domain` scenes per domain (default 6% of `n`: 600 for the 10,000-meme world).
     """
     from tqdm.auto import tqdm
     t0 = time.time()
@@ -783,6 +851,12 @@ def write_memeworld(out: Path | str, n: int = 10000, seed: int = 0, image_size: 
     jobs = [(asdict(s), str(out / "img" / f"{s.id:05d}.png"), image_size, "fhm") for s in specs]
     jobs += [(asdict(s), str(out / "multioff" / "Labelled Images" / f"mo_{s.id:05d}.png"), image_size, "multioff")
              for s in mo_specs]
+    if nocaps_per_domain is None:
+        nocaps_per_domain = max(1, round(0.06 * n))
+    nc_specs = nocaps_scenes(nocaps_per_domain, seed) if nocaps_per_domain else []
+    (out / "nocaps_foil" / "img").mkdir(parents=True, exist_ok=True)
+    jobs += [(asdict(s), str(out / "nocaps_foil" / "img" / f"nc_{s.id:05d}.png"), image_size, "fhm")
+             for s, _ in nc_specs]
     workers = workers or min(4, os.cpu_count() or 1)
     if workers > 1:
         with ProcessPoolExecutor(workers) as ex:
@@ -867,11 +941,12 @@ def write_memeworld(out: Path | str, n: int = 10000, seed: int = 0, image_size: 
         _write_csv(out / "multioff" / "Split Dataset" / f"{part}_meme_dataset.csv", ["image_name", "sentence", "label"],
                    [[f"mo_{s.id:05d}.png", s.text, "offensive" if s.final_label else "Non-offensiv"]
                     for s in mo_specs if mo_split[s.split] == part])
-    # misalignment benchmarks from the test memes: FOIL and nocaps-FOIL (one swapped word), then
-    # HAT, RichHF and SeeTRUE-Feedback (position-exact labels, multi-word edits, aligned captions)
-    # from their own generator, so the FOIL draws (and the training pairs after them) stay put
+    # misalignment benchmarks from the test memes: FOIL (one swapped word), then HAT, RichHF and
+    # SeeTRUE-Feedback (position-exact labels, multi-word edits, aligned captions) from their own
+    # generator, so the FOIL draws (and the training pairs after them) stay put; nocaps-FOIL from
+    # scenes of its own, with objects no meme has (in- / near- / out-of-domain by how many)
     test_specs = [s for s in specs if s.split in ("test_seen", "test_unseen")]
-    images, anns, nocaps = [], [], []
+    images, anns = [], []
     for s in test_specs:
         gold = scene_caption(s.objects)
         foil, target, foil_word = foil_caption(s, rng)
@@ -880,9 +955,13 @@ def write_memeworld(out: Path | str, n: int = 10000, seed: int = 0, image_size: 
                      "foil_word": "ORIG"})
         anns.append({"id": 2 * s.id + 1, "image_id": s.id, "caption": foil, "foil": True, "target_word": target,
                      "foil_word": foil_word})
-        domain = "in-domain" if s.split == "test_seen" else "out-domain"
+    nrng = np.random.default_rng([seed, 4078])
+    nocaps = []
+    for s, dom in nc_specs:
+        gold = scene_caption(s.objects)
+        foil, target, foil_word = nocaps_foil(s, nrng)
         nocaps.append({"foil": foil, "baseline": gold, "replacement": [target, foil_word], "references": [gold],
-                       "image_path": f"{s.id:05d}.png", "domain": domain})
+                       "image_path": f"nc_{s.id:05d}.png", "domain": dom})
     mrng = np.random.default_rng([seed, 20261122])
     names = {s.id: f"{s.id:05d}.png" for s in specs}
     views = misalignment_views(test_specs, mrng, names)
@@ -913,6 +992,7 @@ def write_memeworld(out: Path | str, n: int = 10000, seed: int = 0, image_size: 
     counts = {split: dict(sorted(Counter(s.type for s in specs if s.split == split).items())) for split in SPLIT_SHARES}
     sheet = {
         "generator": "MemeWorld", "seed": seed, "n": len(specs), "n_multioff": len(mo_specs),
+        "n_nocaps": len(nc_specs), "nocaps_novel_objects": list(NOVEL_OBJECTS),
         "image_size": image_size, "label_noise": label_noise, "confounder_rate": confounder_rate,
         "counts_by_split_and_type": counts,
         "hateful_share": float(np.mean([s.final_label for s in specs])),

@@ -161,3 +161,28 @@ def test_misalignment_views_are_labelled_by_position_with_multiword_edits_and_al
     for r in v["richhf"]:
         assert r["prompt_misalignment_label"].split().count("0") == r["misalignment_score"]
     assert all(len(r["caption_misalignment"].split()) >= 2 for r in v["seetrue"])   # feedback is a phrase
+
+
+def test_nocaps_foil_draws_novel_objects_no_training_caption_names(memeworld_small):
+    """nocaps-FOIL measures novel objects: its scenes have their own images, in-domain scenes only
+    known objects, near-domain both, out-of-domain only novel ones, and no caption a model trains
+    on (scene captions, gold captions, FOIL) ever names a novel object."""
+    out, sheet = memeworld_small
+    items = json.loads((out / "nocaps_foil" / "nocaps_foil.json").read_text())
+    novel = set(mw.NOVEL_OBJECTS)
+    assert sheet["n_nocaps"] == len(items) and {i["domain"] for i in items} == set(mw.NOCAPS_DOMAINS)
+    foil_images = {im["file_name"] for im in json.loads((out / "foil" / "foil_test.json").read_text())["images"]}
+    for it in items:
+        assert (out / "nocaps_foil" / "img" / it["image_path"]).exists() and it["image_path"] not in foil_images
+        words = set(it["baseline"].replace(",", "").split())
+        n_novel, n_obj = len(words & novel), len(words & set(mw.COLOURED_OBJECTS))
+        assert {"in-domain": n_novel == 0, "near-domain": 0 < n_novel < n_obj,
+                "out-domain": n_novel == n_obj}[it["domain"]], it
+        target, new = it["replacement"]
+        # one object noun swapped, within its own vocabulary
+        g, f = it["baseline"].replace(",", "").split(), it["foil"].replace(",", "").split()
+        assert [(a, b) for a, b in zip(g, f) if a != b] == [(target, new)]
+        assert (target in novel) == (new in novel)
+    trained_on = (out / "captions" / "scene_captions.jsonl").read_text() + (out / "memeworld.jsonl").read_text() \
+        + (out / "foil" / "foil_test.json").read_text()
+    assert not any(re.search(rf"\b{w}\b", trained_on) for w in novel)
