@@ -8,6 +8,13 @@ per image as a hard negative (as NegCLIP does), and is evaluated on held-out tes
 memes: FOIL pair accuracy (true caption scored above its one-word foil) and
 image-to-text retrieval R@1.
 
+MemeWorld's scenes are few enough that a training meme can share its caption with a test
+meme, and the FOIL generator that makes the hard negatives also makes the test foils: 23% of
+the training pairs carry a caption or foil that is a caption of a test benchmark. The main
+model keeps them (every later stage is built on it); the two models of the hard-negative
+ablation (`ClipConfig.leak_free`) drop every such pair, one with and one without the hard
+negatives, so that notebook 03's F-CLIPScore ablation is measured on captions neither saw.
+
 The saved folder loads with `transformers.CLIPModel.from_pretrained` and
 `AutoTokenizer.from_pretrained` / `CLIPImageProcessor.from_pretrained`, exactly as a hub
 checkpoint does.
@@ -43,6 +50,7 @@ class ClipConfig:
     lr: float = 2e-3              # peak of a one-cycle schedule
     weight_decay: float = 0.1
     hard_negatives: bool = True   # one FOIL caption per image in every batch
+    leak_free: bool = False       # drop training pairs whose caption or foil is a test benchmark's caption
     seed: int = 0
     threads: int = 2
     eval_pairs: int = 2000        # held-out test memes for FOIL accuracy and R@1
@@ -121,8 +129,15 @@ def train_memeworld_clip(memeworld: Path | str, out_dir: Path | str, cfg: ClipCo
     tok = build_clip_tokenizer()
     rows = [json.loads(l) for l in (memeworld / "captions" / "scene_captions.jsonl").read_text().splitlines()]
     rows = [r for r in rows if r["split"] == "train"]
+    test = test_captions(memeworld)
+    n_all = len(rows)
+    if cfg.leak_free:
+        rows = [r for r in rows if r["caption"] not in test and r["foil"] not in test]
+    leaking = sum(r["caption"] in test or (cfg.hard_negatives and r["foil"] in test) for r in rows)
     X = _load_images(memeworld, [r["img"] for r in rows], cfg.image_size)
     caps, foils = [r["caption"] for r in rows], [r["foil"] for r in rows]
+    # tokenised once, padded per batch: the same tensors as tokenising each batch with padding
+    cap_ids, foil_ids = tok(caps)["input_ids"], tok(foils)["input_ids"]
     model = CLIPModel(clip_config(cfg, len(tok)))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = len(rows) // cfg.batch_size
@@ -136,10 +151,9 @@ def train_memeworld_clip(memeworld: Path | str, out_dir: Path | str, cfg: ClipCo
         losses = []
         for s in range(steps_per_epoch):
             idx = perm[s * cfg.batch_size:(s + 1) * cfg.batch_size].tolist()
-            texts = [caps[j] for j in idx] + ([foils[j] for j in idx] if cfg.hard_negatives else [])
-            enc = tok(texts, padding=True, return_tensors="pt")
-            out = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
-                        pixel_values=_normalise(X[idx]))
+            seqs = [cap_ids[j] for j in idx] + ([foil_ids[j] for j in idx] if cfg.hard_negatives else [])
+            input_ids, attention_mask = pad_batch(seqs, tok.pad_token_id)
+            out = model(input_ids=input_ids, attention_mask=attention_mask, pixel_values=_normalise(X[idx]))
             target = torch.arange(len(idx))
             # image -> text over true captions and foils; text -> image over true captions only
             loss = 0.5 * (F.cross_entropy(out.logits_per_image, target)
@@ -156,7 +170,8 @@ def train_memeworld_clip(memeworld: Path | str, out_dir: Path | str, cfg: ClipCo
     train_s = time.time() - t0
     model.eval()
     metrics = evaluate_clip(model, tok, memeworld, cfg)
-    metrics["clip_train_s"] = train_s
+    metrics.update({"clip_train_s": train_s, "clip_train_pairs": len(rows), "clip_train_pairs_dropped": n_all - len(rows),
+                    "clip_train_pairs_with_test_caption": leaking})
     out_dir.mkdir(parents=True, exist_ok=True)
     write_with(out_dir / "model.safetensors", lambda p: _save_weights(model, p))
     model.config.save_pretrained(out_dir)
@@ -164,6 +179,33 @@ def train_memeworld_clip(memeworld: Path | str, out_dir: Path | str, cfg: ClipCo
     image_processor(cfg).save_pretrained(out_dir)
     write_json(out_dir / "training.json", {"config": asdict(cfg), "curve": curve, "metrics": metrics})
     return {"metrics": metrics, "curve": curve}
+
+
+def pad_batch(seqs: list[list[int]], pad_id: int):
+    """Token id lists -> (input_ids, attention_mask) padded on the right to the longest, as the
+    tokenizer's `padding=True` does."""
+    import torch
+    n = max(len(q) for q in seqs)
+    ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), n), dtype=torch.long)
+    for i, q in enumerate(seqs):
+        ids[i, :len(q)] = torch.tensor(q)
+        mask[i, :len(q)] = 1
+    return ids, mask
+
+
+def test_captions(memeworld: Path | str) -> set[str]:
+    """Every caption a misalignment benchmark scores (FOIL, nocaps-FOIL, HAT, RichHF, SeeTRUE):
+    what a leak-free model must never train on, as a caption or as a hard negative."""
+    memeworld = Path(memeworld)
+    foil = json.loads((memeworld / "foil" / "foil_test.json").read_text())
+    caps = {a["caption"] for a in foil["annotations"]}
+    for it in json.loads((memeworld / "nocaps_foil" / "nocaps_foil.json").read_text()):
+        caps |= {it["foil"], it["baseline"]}
+    caps |= {r["caption"] for r in json.loads((memeworld / "hat" / "hat.json").read_text())}
+    caps |= {json.loads(l)["prompt"] for l in (memeworld / "richhf" / "richhf.jsonl").read_text().splitlines() if l}
+    caps |= {r["image_caption"] for r in json.loads((memeworld / "seetrue" / "seetrue_feedback.json").read_text())}
+    return caps
 
 
 def _save_weights(model, path: Path) -> None:
@@ -209,16 +251,22 @@ class Config:
     clip_epochs: int = 12
     vlm_epochs: int = 3
     vlm_eval_n: int = 300         # held-out memes captioned for ROUGE-L
+    ablation_epochs: int = 12     # the hard-negative ablation's two leak-free CLIPs (0: not trained)
+    nli_epochs: int = 1           # memeworld-nli, SeeTRUE's NLI scorer (0: not trained)
     seed: int = 0
 
 
 STAGE = "models"
 
 
-def _code_digest() -> str:
+#: the source files each kind of model depends on (a change to one retrains that kind)
+CODE_OF = {"clip": ("embedded_models.py",), "vlm": ("embedded_models.py", "memeworld_vlm.py"), "nli": ("nli.py",)}
+
+
+def _code_digest(kind: str) -> str:
     import hashlib
     h = hashlib.sha256()
-    for mod in ("embedded_models.py", "memeworld_vlm.py"):
+    for mod in CODE_OF[kind]:
         h.update((Path(__file__).parent / mod).read_bytes())
     return h.hexdigest()[:16]
 
@@ -227,7 +275,7 @@ def _cache_key(kind: str, cfg: Any, memeworld: Path, extra: str = "") -> str:
     """What a trained model depends on: its config, the code, MemeWorld's generator parameters."""
     import hashlib
     from lib.artifacts import file_digest
-    blob = json.dumps({"kind": kind, "config": asdict(cfg), "code": _code_digest(),
+    blob = json.dumps({"kind": kind, "config": asdict(cfg), "code": _code_digest(kind),
                        "memeworld": file_digest(memeworld / "params.json"), "extra": extra}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -271,21 +319,88 @@ def train_all(profile: str, params: Config, progress: bool = True) -> dict[str, 
         vlm = _stamp(vlm_dir, vkey)
     else:
         print(f"memeworld-vlm: cached (key {vkey})")
+    side = train_side_models(memeworld, out, params, progress=progress)
+    ablation = {k: v for k, v in side.items() if k in ABLATION_MODELS}
     cm, vm = clip["metrics"], vlm["metrics"]
     metrics = {k: cm[k] for k in ("clip_foil_pair_acc", "clip_retrieval_r1", "clip_retrieval_chance",
-                                  "clip_eval_pairs", "clip_train_s")}
+                                  "clip_eval_pairs", "clip_train_s", "clip_train_pairs",
+                                  "clip_train_pairs_with_test_caption")}
     metrics.update({k: vm[k] for k in ("vlm_rouge_l", "vlm_rouge_l_baseline", "vlm_exact_match", "vlm_eval_n",
                                        "vlm_train_s")})
+    for name, saved in ablation.items():
+        tag = ABLATION_TAGS[name]
+        metrics.update({f"{k}_{tag}": saved["metrics"][k] for k in
+                        ("clip_foil_pair_acc", "clip_retrieval_r1", "clip_train_s", "clip_train_pairs",
+                         "clip_train_pairs_with_test_caption")})
+    if NLI_MODEL in side:
+        metrics.update({k: side[NLI_MODEL]["metrics"][k] for k in ("nli_heldout_acc", "nli_heldout_majority",
+                                                                  "nli_heldout_pairs", "nli_train_s")})
     write_metrics(profile, STAGE, metrics)
-    write_json(out / "models.json", {
+    models = {
         "memeworld-clip": {"path": "memeworld-clip", "preset": "memeworld-clip", "cache_key": ckey,
                            "config": clip["config"]},
         "memeworld-vlm": {"path": "memeworld-vlm", "preset": "memeworld-vlm", "cache_key": vkey,
-                          "config": vlm["config"], "examples": vm.get("vlm_examples", [])}})
+                          "config": vlm["config"], "examples": vm.get("vlm_examples", [])}}
+    models.update({name: {"path": name, "preset": name if name in ABLATION_MODELS else None,
+                          "cache_key": saved["cache_key"], "config": saved["config"]} for name, saved in side.items()})
+    write_json(out / "models.json", models)
     figure(clip["curve"], vlm["curve"], metrics, profile)
-    write_manifest(out, asdict(params), outputs=["memeworld-clip", "memeworld-vlm", "metrics.json", "models.json"],
+    write_manifest(out, asdict(params), outputs=["memeworld-clip", "memeworld-vlm", *side, "metrics.json",
+                                                 "models.json"],
                    inputs={"memeworld": "00_data_prep/memeworld"})
     return metrics
+
+
+#: the hard-negative ablation's models (notebook 03): both leak-free, one trained with FOIL hard
+#: negatives and one without; metric suffixes in models/metrics.json
+ABLATION_MODELS = {"memeworld-clip-leakfree": True, "memeworld-clip-leakfree-nohn": False}
+ABLATION_TAGS = {"memeworld-clip-leakfree": "leak_free", "memeworld-clip-leakfree-nohn": "leak_free_no_hard_negatives"}
+
+
+NLI_MODEL = "memeworld-nli"
+
+
+def _train_one(args: tuple[str, str, str, dict[str, Any]]) -> str:
+    kind, memeworld, out_dir, cfg = args
+    if kind == "nli":
+        from lib.nli import NliConfig, train_memeworld_nli
+        train_memeworld_nli(memeworld, out_dir, NliConfig(**cfg), progress=False)
+    else:
+        train_memeworld_clip(memeworld, out_dir, ClipConfig(**cfg), progress=False)
+    return out_dir
+
+
+def train_side_models(memeworld: Path, out: Path, params: Config, progress: bool = True) -> dict[str, dict[str, Any]]:
+    """The models notebook 03 needs beside memeworld-clip: the hard-negative ablation's two
+    leak-free CLIPs and memeworld-nli (SeeTRUE's NLI scorer), trained (or reused) two at a time in
+    single-thread processes (on 2 cores, faster than one after the other with two threads each)."""
+    from concurrent.futures import ProcessPoolExecutor
+    import multiprocessing as mp
+    from tqdm.auto import tqdm
+    from lib.nli import NliConfig
+    wanted: list[tuple[str, str, Any]] = []
+    if params.ablation_epochs:
+        wanted += [("clip", name, ClipConfig(epochs=params.ablation_epochs, seed=params.seed, hard_negatives=hard,
+                                             leak_free=True, threads=1)) for name, hard in ABLATION_MODELS.items()]
+    if params.nli_epochs:
+        wanted.append(("nli", NLI_MODEL, NliConfig(epochs=params.nli_epochs, seed=params.seed, threads=1)))
+    todo, saved = [], {}
+    for kind, name, cfg in wanted:
+        key = _cache_key(kind, cfg, memeworld)
+        hit = _cached(out / name, key)
+        if hit is None:
+            todo.append((kind, name, cfg, key))
+        else:
+            print(f"{name}: cached (key {key})")
+            saved[name] = hit
+    if todo:
+        jobs = [(kind, str(memeworld), str(out / name), asdict(cfg)) for kind, name, cfg, _ in todo]
+        with ProcessPoolExecutor(min(2, len(jobs)), mp_context=mp.get_context("spawn")) as ex:
+            list(tqdm(ex.map(_train_one, jobs), total=len(jobs), desc="ablation CLIPs and memeworld-nli",
+                      disable=not progress))
+        for _, name, _, key in todo:
+            saved[name] = _stamp(out / name, key)
+    return {name: saved[name] for _, name, _ in wanted}
 
 
 def curve_figure(clip_curve, vlm_curve, metrics: dict[str, Any], profile: str):

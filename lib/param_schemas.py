@@ -295,7 +295,7 @@ SCHEMAS: dict[str, dict[str, Rule]] = {
         "label_noise": Range(0, 0.5), "confounder_rate": PROB, "datasets": DatasetSources(),
         "check_images": Choice("none", "exists", "decode"), "gallery_per_type": NONNEG,
     },
-    "models": {"clip_epochs": POS, "vlm_epochs": POS, "vlm_eval_n": POS},
+    "models": {"clip_epochs": POS, "vlm_epochs": POS, "vlm_eval_n": POS, "ablation_epochs": NONNEG, "nli_epochs": NONNEG},
     "01_captioning": {
         "datasets_to_caption": MapOf(DatasetName("meme"), Type(str)),
         "tagger_encoder": ENC, "tag_vocabulary_file": Opt(Type(str)), "tag_top_k": POS, "tag_min_prob": PROB,
@@ -319,6 +319,7 @@ SCHEMAS: dict[str, dict[str, Rule]] = {
     },
     "03_clip4dm": {
         "encoders": ListOf(ENC, 1), "benchmarks": ListOf(DatasetName("alignment"), 1), "nli_model": Opt(Type(str)),
+        "hard_negative_ablation": Opt(MapOf(Choice("leak_free", "no_hard_negatives"), ENC)),
         "epsilon_from_validation": Opt(Type(str)), "epsilon_grid": ListOf(Range(None, 0), 1),
         "max_pairs": NONNEG, "batch_size": POS, "speed_pairs": NONNEG, "n_examples": NONNEG, "device": Opt(Type(str)),
     },

@@ -43,3 +43,38 @@ def test_tiny_clip_trains_and_round_trips_in_hf_format(memeworld_small, tmp_path
     assert logits.shape == (1, 2) and torch.isfinite(logits).all()
     saved = json.loads((tmp_path / "clip" / "training.json").read_text())
     assert saved["config"]["width"] == 32 and saved["metrics"]["clip_train_s"] > 0
+
+
+def test_leak_free_training_never_sees_a_test_caption(memeworld_small, tmp_path):
+    """The hard-negative ablation's models drop every pair whose caption or foil some benchmark
+    scores; the main model keeps them and says how many it trained on."""
+    from lib.embedded_models import test_captions
+    out, _ = memeworld_small
+    test = test_captions(out)
+    foil = json.loads((out / "foil" / "foil_test.json").read_text())
+    nocaps = json.loads((out / "nocaps_foil" / "nocaps_foil.json").read_text())
+    assert {a["caption"] for a in foil["annotations"]} <= test and {n["foil"] for n in nocaps} <= test
+    rows = [json.loads(l) for l in (out / "captions" / "scene_captions.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["split"] == "train"]
+    overlap = sum(r["caption"] in test or r["foil"] in test for r in train)
+    assert overlap > 0                       # the small world has the leak this guards against
+    tiny = dict(width=32, layers=1, heads=2, projection_dim=16, epochs=1, batch_size=32, eval_pairs=20)
+    m = {}
+    for name, cfg in (("main", ClipConfig(**tiny)), ("free", ClipConfig(**tiny, leak_free=True)),
+                      ("free_nohn", ClipConfig(**tiny, leak_free=True, hard_negatives=False))):
+        m[name] = train_memeworld_clip(out, tmp_path / name, cfg, progress=False)["metrics"]
+    assert m["main"]["clip_train_pairs"] == len(train) and m["main"]["clip_train_pairs_with_test_caption"] == overlap
+    for name in ("free", "free_nohn"):
+        assert m[name]["clip_train_pairs"] == len(train) - overlap == len(train) - m[name]["clip_train_pairs_dropped"]
+        assert m[name]["clip_train_pairs_with_test_caption"] == 0
+
+
+@pytest.mark.parametrize("texts", [["a red sun on the left", "a blue tree in the middle and a black cup on the right",
+                                    "a crossed-out zigzag sigil"]])
+def test_pretokenised_batches_equal_the_tokenizer_padding(texts):
+    """Training tokenises every caption once and pads per batch: the same tensors as `padding=True`."""
+    from lib.embedded_models import pad_batch
+    tok = build_clip_tokenizer()
+    ids, mask = pad_batch(tok(texts)["input_ids"], tok.pad_token_id)
+    ref = tok(texts, padding=True, return_tensors="pt")
+    assert torch.equal(ids, ref["input_ids"]) and torch.equal(mask, ref["attention_mask"])
