@@ -62,22 +62,16 @@ class VlmConfig:
 
 
 def memeworld_texts(memeworld: Path) -> list[str]:
-    """All text MemeWorld holds (meme text, captions, reasons) plus the prompts agents use."""
+    """The text the tokenizer learns from, read from two named files only (a new view of MemeWorld
+    must never change the model): every meme's text, gold caption and reasons (memeworld.jsonl),
+    the training pairs' FOIL captions (captions/scene_captions.jsonl), and the captioning prompt."""
     out = [CAPTION_PROMPT]
     for line in (memeworld / "memeworld.jsonl").read_text(encoding="utf-8").splitlines():
         r = json.loads(line)
         out += [r["text"], r["gold_caption"], r.get("text_reason") or "", r.get("image_reason") or "",
                 r.get("final_reason") or ""]
-    for p in sorted((memeworld).rglob("*.jsonl")):
-        if p.name in ("memeworld.jsonl",) or p.stat().st_size > 20_000_000:
-            continue
-        for line in p.read_text(encoding="utf-8").splitlines()[:20000]:
-            try:
-                r = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(r, dict):
-                out += [v for v in r.values() if isinstance(v, str) and " " in v]
+    for line in (memeworld / "captions" / "scene_captions.jsonl").read_text(encoding="utf-8").splitlines():
+        out.append(json.loads(line)["foil"])
     return [t for t in out if t]
 
 

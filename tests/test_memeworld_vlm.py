@@ -105,3 +105,20 @@ def test_zero_shot_tagger_and_caption_columns(tiny_vlm, tmp_path):
     assert rows[1]["tag_caption"] == "objects: sun" and "tag_caption" not in rows[0]
     assert all(r["vlm_caption"] == c.text for r, c in zip(rows, caps) if c.text)
 
+
+
+def test_the_tokenizer_text_ignores_other_views_of_the_world(memeworld_small, tmp_path):
+    """A new view written beside the world (a jsonl of its own) must not change memeworld-vlm: its
+    tokenizer reads named files only."""
+    import shutil
+    from lib.memeworld_vlm import memeworld_texts
+    out, _ = memeworld_small
+    world = tmp_path / "w"
+    (world / "captions").mkdir(parents=True)
+    for rel in ("memeworld.jsonl", "captions/scene_captions.jsonl"):
+        shutil.copy(out / rel, world / rel)
+    before = memeworld_texts(world)
+    (world / "extra").mkdir()
+    (world / "extra" / "view.jsonl").write_text('{"text": "an entirely new sentence here"}\n')
+    assert memeworld_texts(world) == before and "an entirely new sentence here" not in before
+    assert any("sun" in t for t in before)
