@@ -409,8 +409,10 @@ def nli_entailment(premises: Sequence[str], hypotheses: Sequence[str], nli_model
     if isinstance(nli_model, (tuple, list)):
         model, tok = nli_model
     else:
-        tok = AutoTokenizer.from_pretrained(nli_model)
-        model = AutoModelForSequenceClassification.from_pretrained(nli_model)
+        from lib.presets import resolve_model_path
+        path = resolve_model_path(str(nli_model))          # `{artifacts}/...` for the model trained here
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForSequenceClassification.from_pretrained(path)
     model = model.eval()
     if device:
         model.to(device)

@@ -37,7 +37,7 @@ BY_ENCODER_COLUMNS = {"la": "FOIL LA", "ap_fclipscore": "FOIL AP (F-CLIPScore)",
                       "nocaps_la": "nocaps LA", "nocaps_ap_fclipscore": "nocaps AP (F-CLIPScore)",
                       "epsilon_chosen": "epsilon", "hat_la": "HAT LA", "hat_ap": "HAT AP",
                       "richhf_spearman_neg_attribution": "RichHF Spearman (neg. attribution)",
-                      "seetrue_share_with_phrase": "SeeTRUE share with a phrase",
+                      "seetrue_share_with_phrase": "SeeTRUE share with a phrase", "seetrue_nli_score": "SeeTRUE NLI",
                       "pairs_per_s_batched": "pairs/s (batched)"}
 
 
@@ -88,8 +88,16 @@ class EncoderRun:
         return [clip4dm.select(self.raw_by[p], sorted_by, e) for p in self.pairs[name]]
 
 
+#: nocaps' domains (the release's names) and their metric suffixes
+NOCAPS_DOMAIN_KEYS = {"in-domain": "in", "near-domain": "near", "out-domain": "out"}
+
+
+def _domain_order(dom: str) -> tuple[int, str]:
+    return (list(NOCAPS_DOMAIN_KEYS).index(dom) if dom in NOCAPS_DOMAIN_KEYS else len(NOCAPS_DOMAIN_KEYS), dom)
+
+
 def _foil_frame(recs, res) -> pd.DataFrame:
-    return pd.DataFrame({"id": [r.id for r in recs], "is_foil": [r.is_foil for r in recs],
+    return pd.DataFrame({"id": [r.id for r in recs], "domain": [r.group for r in recs], "is_foil": [r.is_foil for r in recs],
                          "foil_word": [r.misaligned_words[0] if r.is_foil else "" for r in recs],
                          "foil_position": [r.misaligned_positions[0] if r.misaligned_positions else None for r in recs],
                          "negative_word": [x["negative_word"] for x in res],
@@ -117,14 +125,20 @@ def score_foil(run: EncoderRun, data: dict[str, Any]) -> None:
         m = clip4dm.evaluate_foil(res, recs)
         rows.append({"benchmark": name, **{k: m[k] for k in FOIL_KEYS}})
         if name == "nocaps_foil":
-            for dom in sorted({r.group for r in recs}):
+            for dom in sorted({r.group for r in recs}, key=_domain_order):
                 idx = [i for i, r in enumerate(recs) if r.group == dom]
                 md = clip4dm.evaluate_foil([res[i] for i in idx], [recs[i] for i in idx])
                 rows.append({"benchmark": f"nocaps_foil/{dom}", **{k: md[k] for k in FOIL_KEYS}})
+                short = NOCAPS_DOMAIN_KEYS.get(dom)
+                if short:
+                    run.metrics.update({f"nocaps_la_{short}": md["la"], f"nocaps_ap_fclipscore_{short}": md["ap_fclipscore"],
+                                        f"nocaps_ap_clipscore_{short}": md["ap_clipscore"]})
         run.metrics.update({(k if name == "foil" else f"nocaps_{k}"): m[k] for k in FOIL_KEYS
                             if k not in ("ap_chance", "n_pairs")})
         write_text(run.out_dir / f"results_{name}.csv", _foil_frame(recs, res).to_csv(index=False))
     run.foil_table = pd.DataFrame(rows).round(3)
+    if rows:
+        write_text(run.out_dir / "foil_table.csv", run.foil_table.to_csv(index=False))
     if rows:
         abl = run.foil_table.set_index("benchmark")[["ap_clipscore", "ap_neg_attribution", "ap_fclipscore"]].T
         abl.index = ["CLIPScore alone", "sum of negative attributions", "F-CLIPScore"]
@@ -182,10 +196,47 @@ def score_threshold_benchmarks(run: EncoderRun, data: dict[str, Any], nli_model=
         run.seetrue_note = m["seetrue_note"] + ("" if m["seetrue_nli"] is None else f" -> {m['seetrue_nli']:.3f}")
         run.metrics["seetrue_share_with_phrase"] = m["seetrue_share_with_phrase"]
         if m["seetrue_nli"] is not None:
-            run.metrics["seetrue_nli"] = m["seetrue_nli"]
+            run.metrics["seetrue_nli_score"] = m["seetrue_nli"]
+            run.metrics.update(seetrue_controls(data["seetrue"].records, nli_model, device))
+            held = nli_heldout_accuracy(nli_model)
+            if held is not None:
+                run.metrics["nli_heldout_acc"] = held
     for name, res in res_by.items():
         write_text(run.out_dir / f"results_{name}.csv", _threshold_frame(data[name].records, res, eps).to_csv(index=False))
     run.threshold_table = pd.DataFrame(rows).set_index("benchmark").T if rows else None
+
+
+CAPTION_FUNCTION_WORDS = {"a", "an", "and", "on", "the", "in", "of", ",", "."}
+
+
+def seetrue_controls(records: Sequence[Any], nli_model, device: str | None = None, seed: int = 0) -> dict[str, float]:
+    """Where SeeTRUE's NLI score can lie with this NLI model: the annotation scored against itself
+    (`seetrue_nli_oracle`, a perfect localiser) and one random content word of the caption per
+    record (`seetrue_nli_random_word`, a localiser that guesses)."""
+    recs = [r for r in records if r.misaligned_words]
+    if not recs:
+        return {}
+    rng = np.random.default_rng(seed)
+    guess = []
+    for r in recs:
+        words = [w.strip(",.") for w in r.caption.split() if w.strip(",.").lower() not in CAPTION_FUNCTION_WORDS]
+        guess.append(words[rng.integers(len(words))] if words else "")
+    prem = [r.misaligned_words[0] for r in recs]
+    return {"seetrue_nli_oracle": float(np.mean(clip4dm.nli_entailment(prem, prem, nli_model, device))),
+            "seetrue_nli_random_word": float(np.mean(clip4dm.nli_entailment(prem, guess, nli_model, device)))}
+
+
+def nli_heldout_accuracy(nli_model) -> float | None:
+    """The held-out accuracy an NLI model trained here recorded (memeworld-nli's training.json); None
+    for a model from elsewhere (bart-large-mnli reports its own MNLI accuracy)."""
+    import json
+    if not isinstance(nli_model, str):
+        return None
+    from lib.presets import resolve_model_path
+    p = Path(resolve_model_path(nli_model)) / "training.json"
+    if not p.exists():
+        return None
+    return json.loads(p.read_text()).get("metrics", {}).get("nli_heldout_acc")
 
 
 def run_encoder(model: clip4dm.CLIP4DM, encoder: str, data: dict[str, Any], out_dir, *, epsilon: float,
@@ -235,3 +286,49 @@ def keyed_metrics(metrics_by_encoder: dict[str, dict[str, Any]]) -> dict[str, An
     """`<metric>@<encoder>` for every encoder's metrics (written beside the first encoder's plain keys
     when a run covers several encoders)."""
     return {f"{k}@{enc}": v for enc, m in metrics_by_encoder.items() for k, v in m.items() if v is not None}
+
+
+#: the hard-negative ablation's rows: metric suffix -> what the model is
+HARD_NEGATIVE_ROLES = {"leak_free": "leak-free, FOIL hard negatives",
+                       "no_hard_negatives": "leak-free, no hard negatives"}
+ABLATION_SCORES = {"ap_clipscore": "CLIPScore alone", "ap_neg_attribution": "sum of negative attributions",
+                   "ap_fclipscore": "F-CLIPScore"}
+
+
+def hard_negative_ablation(models: dict[str, str], data: dict[str, Any], stage_out, main_run: EncoderRun, *,
+                           template: str, start_layer_text: int, epsilon: float, device: str | None = None,
+                           batch_size: int = 32) -> tuple[pd.DataFrame, dict[str, float]]:
+    """The F-CLIPScore ablation (CLIPScore alone, negative attributions, F-CLIPScore) on FOIL and
+    nocaps-FOIL for the main encoder and for the models named in `models` (role -> encoder preset;
+    roles `leak_free` and `no_hard_negatives`), each scored into `<stage>/<encoder>/` like a further
+    encoder. Returns the long table (`hard_negatives.csv`) and the metrics `<score>_<role>` (FOIL)
+    and `nocaps_<score>_<role>`."""
+    bench = {k: v for k, v in data.items() if k in ("foil", "nocaps_foil")}
+    rows, metrics = [], {}
+
+    def add(role_label: str, encoder: str, run: EncoderRun) -> None:
+        for name in bench:
+            prefix = "" if name == "foil" else "nocaps_"
+            for key in ("la", *ABLATION_SCORES):
+                rows.append({"model": role_label, "encoder": encoder, "benchmark": name,
+                             "metric": "LA" if key == "la" else ABLATION_SCORES[key],
+                             "value": run.metrics.get(f"{prefix}{key}", np.nan)})
+
+    add("main (trained on every training pair)", main_run.encoder, main_run)
+    for role, encoder in models.items():
+        if role not in HARD_NEGATIVE_ROLES:
+            raise ValueError(f"hard_negative_ablation: unknown role {role!r}; expected {', '.join(HARD_NEGATIVE_ROLES)}")
+        model = clip4dm.CLIP4DM.from_pretrained(encoder, device=device, template=template,
+                                                start_layer_text=start_layer_text, sorted_by="most_negative",
+                                                epsilon=epsilon)
+        run = run_encoder(model, encoder, bench, encoder_dir(stage_out, encoder, first=False), epsilon=epsilon,
+                          batch_size=batch_size)
+        add(HARD_NEGATIVE_ROLES[role], encoder, run)
+        for name in bench:
+            prefix = "" if name == "foil" else "nocaps_"
+            for key in ("la", *ABLATION_SCORES):
+                metrics[f"{prefix}{key}_{role}"] = run.metrics.get(f"{prefix}{key}")
+        del model
+    table = pd.DataFrame(rows)
+    write_text(Path(stage_out) / "hard_negatives.csv", table.to_csv(index=False))
+    return table, metrics

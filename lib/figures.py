@@ -297,6 +297,58 @@ def draw_clip4dm_backbones(profile: str):
     return fig
 
 
+@figure("clip4dm_nocaps_domains", "notebooks/03_clip4dm.ipynb", ("03_clip4dm/foil_table.csv",),
+        "FOIL and nocaps-FOIL by domain: localisation (chance marked) and detection AP by two scores")
+def draw_clip4dm_nocaps_domains(profile: str):
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    t = pd.read_csv(_art(profile, "03_clip4dm/foil_table.csv"))
+    t = t[(t.benchmark == "foil") | t.benchmark.str.startswith("nocaps_foil/")]
+    labels = ["FOIL" if b == "foil" else b.replace("nocaps_foil/", "nocaps-FOIL\n") for b in t.benchmark]
+    cols = {"la": "LA", "ap_clipscore": "AP (CLIPScore)", "ap_fclipscore": "AP (F-CLIPScore)"}
+    fig, ax = plt.subplots(figsize=(7.5, 3.3))
+    w = 0.8 / len(cols)
+    for k, (c, name) in enumerate(cols.items()):
+        xs = np.arange(len(t)) + (k - (len(cols) - 1) / 2) * w
+        ax.bar(xs, t[c], width=w, color=_tab10(k), label=name)
+        if c == "la":
+            ax.scatter(xs, t["la_chance"], marker="_", s=120, color="k", zorder=3, label="LA chance")
+    ax.axhline(0.5, color="grey", ls=":", lw=0.8, label="AP chance")
+    ax.set_xticks(range(len(t)), labels, fontsize=8)
+    ax.set(ylim=(0, 1.02), ylabel="share / AP",
+           title="nocaps-FOIL: in-domain (known objects), near (some novel), out (all novel)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    return fig
+
+
+@figure("clip4dm_hard_negatives", "notebooks/03_clip4dm.ipynb", ("03_clip4dm/hard_negatives.csv",),
+        "The F-CLIPScore ablation for the main model and two leak-free models, with and without hard negatives",
+        optional=True)
+def draw_clip4dm_hard_negatives(profile: str):
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    t = pd.read_csv(_art(profile, "03_clip4dm/hard_negatives.csv"))
+    t = t[t.metric != "LA"]
+    benches = list(dict.fromkeys(t.benchmark))
+    models, scores = list(dict.fromkeys(t.model)), list(dict.fromkeys(t.metric))
+    fig, axes = plt.subplots(1, len(benches), figsize=(5.2 * len(benches), 3.4), sharey=True, squeeze=False)
+    w = 0.8 / len(scores)
+    for ax, b in zip(axes[0], benches):
+        sub = t[t.benchmark == b].set_index(["model", "metric"])["value"]
+        for k, sc in enumerate(scores):
+            xs = np.arange(len(models)) + (k - (len(scores) - 1) / 2) * w
+            ax.bar(xs, [sub.get((m, sc), np.nan) for m in models], width=w, color=_tab10(k),
+                   label=sc if ax is axes[0][0] else None)
+        ax.axhline(0.5, color="grey", ls=":", lw=0.8)
+        ax.set_xticks(range(len(models)), [m.replace(", ", ",\n").replace(" (", "\n(") for m in models], fontsize=7)
+        ax.set(title={"foil": "FOIL", "nocaps_foil": "nocaps-FOIL"}.get(b, b), ylim=(0, 1.02))
+    axes[0][0].set_ylabel("AP, originals vs foils")
+    fig.legend(loc="upper left", bbox_to_anchor=(1.0, 0.9), fontsize=8)
+    fig.suptitle("Which score separates originals from foils, by how the model was trained", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 @figure("clip4dm_word_attributions", "notebooks/03_clip4dm.ipynb", ("03_clip4dm/examples.json",),
         "CLIP4DM word attributions of original and foil captions, the swapped word outlined")
 def draw_clip4dm_word_attributions(profile: str):

@@ -348,3 +348,56 @@ def test_several_encoders_write_their_own_files_and_sit_side_by_side(memeworld_s
     keyed = c4r.keyed_metrics({"tiny": first.metrics, "clip-vit-b32": second.metrics})
     assert keyed["la@tiny"] == first.metrics["la"] and keyed["la@clip-vit-b32"] == second.metrics["la"]
     assert c4r.encoder_folder("/models/openai/clip-vit-large-patch14/") == "clip-vit-large-patch14"
+
+
+def test_nocaps_domains_and_the_hard_negative_ablation(memeworld_small, tiny_clip_dir, tmp_path):
+    """nocaps-FOIL is scored per domain (metrics nocaps_la_in / near / out equal an evaluation of that
+    domain's pairs alone), and the hard-negative ablation scores each named model on FOIL and nocaps
+    into its own folder, the main model's rows beside them."""
+    import pandas as pd
+    from transformers import CLIPModel
+    from lib import clip4dm_report as c4r
+    from lib.data_prep import load_all
+    root, _ = memeworld_small
+    data = load_all({"foil": {"root": str(root / "foil"), "img_dir": "../img"},
+                     "nocaps_foil": {"root": str(root / "nocaps_foil"), "img_dir": "img"}})
+    from lib import clip4dm
+    data["foil"].records[:] = data["foil"].records[:16]
+    assert {r.group for r in data["nocaps_foil"].records} == {"in-domain", "near-domain", "out-domain"}
+    by_dom = {}
+    for r in data["nocaps_foil"].records:          # foil / original pairs, in order: 3 items per domain
+        by_dom.setdefault(r.group, []).append(r)
+    data["nocaps_foil"].records[:] = [r for rs in by_dom.values() for r in rs[:6]]
+    out = tmp_path / "03"
+    model = CLIP4DM.from_pretrained(str(tiny_clip_dir), device="cpu", epsilon=-5e-5)
+    main = c4r.run_encoder(model, "tiny", data, c4r.encoder_dir(out, "tiny", first=True), epsilon=-5e-5, batch_size=8)
+    recs = data["nocaps_foil"].records
+    res = main.results("nocaps_foil", "most_negative")
+    near = [i for i, r in enumerate(recs) if r.group == "near-domain"]
+    alone = clip4dm.evaluate_foil([res[i] for i in near], [recs[i] for i in near])
+    assert main.metrics["nocaps_la_near"] == alone["la"] and main.metrics["nocaps_ap_fclipscore_near"] == alone["ap_fclipscore"]
+    table = pd.read_csv(out / "foil_table.csv")
+    assert list(table.benchmark) == ["foil", "nocaps_foil", "nocaps_foil/in-domain", "nocaps_foil/near-domain",
+                                     "nocaps_foil/out-domain"]
+    other = tmp_path / "other-clip"
+    m2 = CLIPModel.from_pretrained(tiny_clip_dir)
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for p in m2.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    m2.save_pretrained(other)
+    for f in tiny_clip_dir.iterdir():
+        if not f.name.startswith(("model", "config")):
+            (other / f.name).write_bytes(f.read_bytes())
+    hn, m = c4r.hard_negative_ablation({"no_hard_negatives": str(other)}, data, out, main, template="A photo depicts ",
+                                       start_layer_text=-1, epsilon=-5e-5, device="cpu", batch_size=8)
+    assert (out / "other-clip" / "results_nocaps_foil.csv").exists() and (out / "hard_negatives.csv").exists()
+    assert set(hn.model) == {"main (trained on every training pair)", "leak-free, no hard negatives"}
+    main_rows = hn[(hn.model.str.startswith("main")) & (hn.benchmark == "foil") & (hn.metric == "F-CLIPScore")]
+    assert main_rows.value.iloc[0] == main.metrics["ap_fclipscore"]
+    assert m["ap_fclipscore_no_hard_negatives"] != main.metrics["ap_fclipscore"]
+    assert set(m) >= {"ap_clipscore_no_hard_negatives", "ap_neg_attribution_no_hard_negatives",
+                      "nocaps_ap_fclipscore_no_hard_negatives", "la_no_hard_negatives"}
+    with pytest.raises(ValueError, match="unknown role"):
+        c4r.hard_negative_ablation({"oops": str(other)}, data, out, main, template="A photo depicts ",
+                                   start_layer_text=-1, epsilon=-5e-5)

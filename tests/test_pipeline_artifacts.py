@@ -27,6 +27,15 @@ def test_models_meet_their_held_out_figures():
     assert m["vlm_rouge_l"] >= 0.6 and m["vlm_rouge_l"] > m["vlm_rouge_l_baseline"] + 0.2
     assert m["vlm_train_s"] > 0
     assert (ARTIFACTS_ROOT.parent / "figures" / "embedded" / "models_training_curves.png").exists()
+    # the main CLIP trains on pairs that carry test captions (and says how many); the ablation's
+    # two never do, and both learn well above chance
+    assert m["clip_train_pairs_with_test_caption"] > 0
+    for tag in ("leak_free", "leak_free_no_hard_negatives"):
+        assert m[f"clip_train_pairs_with_test_caption_{tag}"] == 0
+        assert m[f"clip_train_pairs_{tag}"] < m["clip_train_pairs"]
+        assert m[f"clip_retrieval_r1_{tag}"] > 50 * m["clip_retrieval_chance"]
+    # SeeTRUE's NLI scorer: well above the majority class on dev-meme pairs
+    assert m["nli_heldout_acc"] > m["nli_heldout_majority"] + 0.3
 
 
 def test_embedded_models_load_through_their_presets():
@@ -76,8 +85,22 @@ def test_clip4dm_headline_numbers():
     by_enc = pd.read_csv(EMB / "03_clip4dm" / "by_encoder.csv")
     assert list(by_enc.encoder) == load_profile("embedded")["03_clip4dm"]["encoders"]
     assert by_enc["FOIL LA"].iloc[0] == pytest.approx(m["la"])
-    for f in ("clip4dm_word_attributions", "clip4dm_epsilon_sweep", "clip4dm_score_distributions", "clip4dm_backbones"):
+    for f in ("clip4dm_word_attributions", "clip4dm_epsilon_sweep", "clip4dm_score_distributions", "clip4dm_backbones",
+              "clip4dm_nocaps_domains", "clip4dm_hard_negatives"):
         assert (ARTIFACTS_ROOT.parent / "figures" / "embedded" / f"{f}.png").exists(), f
+    # nocaps-FOIL is its own benchmark now (novel objects), reported per domain, and differs from FOIL
+    for d in ("in", "near", "out"):
+        assert 0 <= m[f"nocaps_la_{d}"] <= 1
+    assert m["nocaps_la"] != m["la"] and m["nocaps_ap_fclipscore"] != m["ap_fclipscore"]
+    # the hard-negative ablation ran on leak-free models, with and without hard negatives
+    for score in ("clipscore", "neg_attribution", "fclipscore"):
+        for tag in ("leak_free", "no_hard_negatives"):
+            assert 0.4 < m[f"ap_{score}_{tag}"] <= 1 and 0.4 < m[f"nocaps_ap_{score}_{tag}"] <= 1
+    hn = pd.read_csv(EMB / "03_clip4dm" / "hard_negatives.csv")
+    assert hn.model.nunique() == 3 and set(hn.benchmark) == {"foil", "nocaps_foil"}
+    # SeeTRUE's NLI score lies between its controls' ends and is reported with the NLI model's accuracy
+    assert 0 <= m["seetrue_nli_score"] <= 1 and m["nli_heldout_acc"] > 0.8
+    assert m["seetrue_nli_oracle"] > m["seetrue_nli_random_word"]
 
 def test_captioning_headline_numbers():
     m = _metrics("01_captioning")
