@@ -174,7 +174,7 @@ def train_memeworld_clip(memeworld: Path | str, out_dir: Path | str, cfg: ClipCo
     metrics.update({"clip_train_s": train_s, "clip_train_pairs": len(rows), "clip_train_pairs_dropped": n_all - len(rows),
                     "clip_train_pairs_with_test_caption": leaking})
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_with(out_dir / "model.safetensors", lambda p: _save_weights(model, p))
+    write_with(out_dir / "model.safetensors", lambda p: save_weights(model, p))
     model.config.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     image_processor(cfg).save_pretrained(out_dir)
@@ -209,7 +209,7 @@ def test_captions(memeworld: Path | str) -> set[str]:
     return caps
 
 
-def _save_weights(model, path: Path) -> None:
+def save_weights(model, path: Path) -> None:
     from safetensors.torch import save_file
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(path), metadata={"format": "pt"})

@@ -65,10 +65,8 @@ def _content_spans(words: list[tuple[str, str | None]]) -> list[tuple[int, int]]
 
 
 def _changed(word: str, fieldname: str, rng: np.random.Generator) -> str:
-    from lib.memeworld import COLOURS, POSITIONS, SYMBOLS, BENIGN_OBJECTS
+    from lib.memeworld import BENIGN_OBJECTS, COLOURS, POSITIONS, SYMBOLS
     pool = {"colour": list(COLOURS), "kind": BENIGN_OBJECTS, "symbol": SYMBOLS, "position": list(POSITIONS)}[fieldname]
-    if fieldname == "position":
-        pool = ["left", "middle", "right"]
     choices = [w for w in pool if w != word]
     return choices[rng.integers(len(choices))]
 
@@ -122,6 +120,7 @@ def train_memeworld_nli(memeworld: Path | str, out_dir: Path | str, cfg: NliConf
     from tqdm.auto import tqdm
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from lib.artifacts import write_with
+    from lib.embedded_models import save_weights
     from lib.textmetrics import resolve_text_model
     memeworld, out_dir = Path(memeworld), Path(out_dir)
     torch.manual_seed(cfg.seed)
@@ -168,17 +167,12 @@ def train_memeworld_nli(memeworld: Path | str, out_dir: Path | str, cfg: NliConf
                "nli_heldout_majority": float(max(np.mean([y for *_, y in held]), 1 - np.mean([y for *_, y in held]))),
                "nli_train_pairs": len(train), "nli_train_s": train_s}
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_with(out_dir / "model.safetensors", lambda p: _save_weights(model, p))
+    write_with(out_dir / "model.safetensors", lambda p: save_weights(model, p))
     model.config.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     write_json(out_dir / "training.json", {"config": asdict(cfg), "curve": curve, "metrics": metrics,
                                            "heldout_examples": [list(x) for x in held[:12]]})
     return {"metrics": metrics, "curve": curve}
-
-
-def _save_weights(model, path: Path) -> None:
-    from safetensors.torch import save_file
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path), metadata={"format": "pt"})
 
 
 def heldout_accuracy(nli_model, pairs: Sequence[tuple[str, str, int]]) -> float:

@@ -305,12 +305,26 @@ def test_prefetching_batches_gives_the_same_results(model):
                                atol=1e-9)
 
 
+def _perturbed_copy(src, dest, seed: int):
+    """The tiny CLIP folder with every weight moved by noise: a second encoder with its own scores."""
+    from transformers import CLIPModel
+    m = CLIPModel.from_pretrained(src)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    m.save_pretrained(dest)
+    for f in src.iterdir():
+        if not f.name.startswith(("model", "config")):
+            (dest / f.name).write_bytes(f.read_bytes())
+    return dest
+
+
 def test_several_encoders_write_their_own_files_and_sit_side_by_side(memeworld_small, tiny_clip_dir, tmp_path):
     """One run of notebook 03 over two encoders: the first writes the stage's own files, the
     second its folder; neither overwrites the other, and the side-by-side table and the keyed
     metrics name each encoder (the paper's row appears under a backbone the paper reports)."""
     import pandas as pd
-    from transformers import CLIPModel
     from lib import clip4dm_report as c4r
     from lib.data_prep import load_all
     root, _ = memeworld_small
@@ -318,16 +332,7 @@ def test_several_encoders_write_their_own_files_and_sit_side_by_side(memeworld_s
     for ds in data.values():
         ds.records[:] = ds.records[:24]
     val = load_all({"hat": {"root": str(root / "hat"), "img_dir": "../img", "file": "hat_val.json"}})["hat"].records[:16]
-    other = tmp_path / "clip-vit-b32"                      # a second backbone: other weights, a name the paper reports
-    m2 = CLIPModel.from_pretrained(tiny_clip_dir)
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in m2.parameters():
-            p.add_(0.5 * torch.randn_like(p))
-    m2.save_pretrained(other)
-    for f in tiny_clip_dir.iterdir():
-        if not f.name.startswith(("model", "config")):
-            (other / f.name).write_bytes(f.read_bytes())
+    other = _perturbed_copy(tiny_clip_dir, tmp_path / "clip-vit-b32", seed=1)   # other weights, a name the paper reports
     out = tmp_path / "03"
     runs = {}
     for k, enc in enumerate((str(tiny_clip_dir), str(other))):
@@ -355,7 +360,6 @@ def test_nocaps_domains_and_the_hard_negative_ablation(memeworld_small, tiny_cli
     domain's pairs alone), and the hard-negative ablation scores each named model on FOIL and nocaps
     into its own folder, the main model's rows beside them."""
     import pandas as pd
-    from transformers import CLIPModel
     from lib import clip4dm_report as c4r
     from lib.data_prep import load_all
     root, _ = memeworld_small
@@ -379,16 +383,7 @@ def test_nocaps_domains_and_the_hard_negative_ablation(memeworld_small, tiny_cli
     table = pd.read_csv(out / "foil_table.csv")
     assert list(table.benchmark) == ["foil", "nocaps_foil", "nocaps_foil/in-domain", "nocaps_foil/near-domain",
                                      "nocaps_foil/out-domain"]
-    other = tmp_path / "other-clip"
-    m2 = CLIPModel.from_pretrained(tiny_clip_dir)
-    torch.manual_seed(2)
-    with torch.no_grad():
-        for p in m2.parameters():
-            p.add_(0.5 * torch.randn_like(p))
-    m2.save_pretrained(other)
-    for f in tiny_clip_dir.iterdir():
-        if not f.name.startswith(("model", "config")):
-            (other / f.name).write_bytes(f.read_bytes())
+    other = _perturbed_copy(tiny_clip_dir, tmp_path / "other-clip", seed=2)
     hn, m = c4r.hard_negative_ablation({"no_hard_negatives": str(other)}, data, out, main, template="A photo depicts ",
                                        start_layer_text=-1, epsilon=-5e-5, device="cpu", batch_size=8)
     assert (out / "other-clip" / "results_nocaps_foil.csv").exists() and (out / "hard_negatives.csv").exists()
