@@ -44,6 +44,13 @@ def words_with_spans(text: str) -> list[tuple[str, int, int]]:
     return [(m.group(), m.start(), m.end()) for m in WORD_RE.finditer(text)]
 
 
+def length_batches(captions: Sequence[str], batch_size: int) -> list[list[int]]:
+    """Indices of `captions` in batches of `batch_size`, similar lengths together (less padding):
+    the batches `CLIP4DM.batch` runs, and the ones its floor is timed on."""
+    order = sorted(range(len(captions)), key=lambda i: len(captions[i]))
+    return [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
+
+
 class CLIP4DM:
     def __init__(self, encoder: Encoder, template: str = "A photo depicts ", start_layer_text: int = -3,
                  sorted_by: str = "threshold", epsilon: float = -5e-5, batch_size: int = 32):
@@ -69,36 +76,59 @@ class CLIP4DM:
     def __call__(self, image, caption: str) -> dict[str, Any]:
         return self._attribute([image], [caption])[0]
 
+    #: batches whose captions are tokenised in one call (the tokenizer's per-call cost is paid once)
+    tokenize_window = 64
+
     def batch(self, images: Sequence, captions: Sequence[str], batch_size: int | None = None,
               progress: bool = False, desc: str = "CLIP4DM", prefetch: bool = False) -> list[dict[str, Any]]:
-        """The same dicts as __call__, for many pairs, `batch_size` pairs per pass. With `prefetch`,
-        the next batch's images are preprocessed and its texts tokenised on a helper thread while
-        the current batch runs (same results). Off by default: on 2 CPU cores the helper thread
-        competes with torch's own threads and the batched path got slower (1,094 -> 669 pairs/s on
-        memeworld-clip); on a GPU, where the model does not use the CPU cores, it can pay."""
+        """The same dicts as __call__, for many pairs, `batch_size` pairs per pass. `images` may be
+        PIL images or ready pixel tensors [3, H, W] (then no preprocessing runs here). Captions of
+        similar length share a pass; the captions of `tokenize_window` passes are tokenised in one
+        call and each pass takes its rows, cut to its own longest caption (the same tokens as
+        tokenising the pass alone). With `prefetch`, the next pass's inputs are prepared on a
+        helper thread while the current one runs (same results). Off by default: on 2 CPU cores
+        the helper thread competes with torch's own threads and the batched path got slower
+        (1,631 -> 1,078 pairs/s from PIL images on memeworld-clip); on a GPU, where the model
+        does not use the CPU cores, it can pay."""
         from concurrent.futures import ThreadPoolExecutor
         import torch
         from tqdm.auto import tqdm
         if len(images) != len(captions):
             raise ValueError(f"batch: {len(images)} images but {len(captions)} captions")
-        bs = batch_size or self.batch_size
-        # similar lengths share a batch (less padding); results come back in input order
-        order = sorted(range(len(captions)), key=lambda i: len(captions[i]))
-        chunks = [order[k:k + bs] for k in range(0, len(order), bs)]
+        chunks = length_batches(captions, batch_size or self.batch_size)
+        trim = bool(getattr(self.encoder, "trims_padding", False))
+        window: dict[int, tuple] = {}
 
-        def prep(idx):
+        def tokens_of(j):
+            g = j // self.tokenize_window
+            if g not in window:
+                window.clear()
+                idx = [i for c in chunks[g * self.tokenize_window:(g + 1) * self.tokenize_window] for i in c]
+                toks, offs = self._tokenize([self.template + captions[i] for i in idx])
+                window[g] = ({k: v for k, v in toks.items() if hasattr(v, "shape")}, offs,
+                             {i: r for r, i in enumerate(idx)})
+            toks, offs, row = window[g]
+            rows = torch.as_tensor([row[i] for i in chunks[j]])
+            tokens, offsets = {k: v[rows] for k, v in toks.items()}, offs[rows]
+            if trim and "attention_mask" in tokens:
+                n = int(tokens["attention_mask"].sum(1).max())
+                tokens, offsets = {k: v[:, :n] for k, v in tokens.items()}, offsets[:, :n]
+            return tokens, offsets
+
+        def prep(j):
+            idx = chunks[j]
             texts = [self.template + captions[i] for i in idx]
-            tokens, offsets = self._tokenize(texts)
+            tokens, offsets = tokens_of(j)
             ims = [images[i] for i in idx]
             pix = {"pixel_values": torch.stack(ims)} if isinstance(ims[0], torch.Tensor) else self.encoder.preprocess(ims)
             return idx, texts, tokens, offsets, pix
 
         out: list[dict[str, Any] | None] = [None] * len(captions)
         with ThreadPoolExecutor(1) as pool:
-            fut = pool.submit(prep, chunks[0]) if prefetch and chunks else None
+            fut = pool.submit(prep, 0) if prefetch and chunks else None
             for j in tqdm(range(len(chunks)), desc=desc, disable=not progress):
-                idx, texts, tokens, offsets, pix = fut.result() if fut is not None else prep(chunks[j])
-                fut = pool.submit(prep, chunks[j + 1]) if prefetch and j + 1 < len(chunks) else None
+                idx, texts, tokens, offsets, pix = fut.result() if fut is not None else prep(j)
+                fut = pool.submit(prep, j + 1) if prefetch and j + 1 < len(chunks) else None
                 img = self.image_embeddings(pix)
                 scores, offs, sims, texts = self._scores(texts, tokens, offsets, img)
                 for i, t, sc, of, c in zip(idx, texts, scores, offs, sims):
@@ -107,9 +137,7 @@ class CLIP4DM:
 
     # ------------------------------------------------------------------ internals
     def _tokenize(self, texts: list[str]):
-        enc = self.encoder.tokenize(texts, return_offsets_mapping=True)
-        offsets = enc.pop("offset_mapping")
-        return enc, offsets
+        return self.encoder.tokenize_with_offsets(texts)
 
     def image_embeddings(self, images) -> Any:
         """Normalised image embeddings (no gradient): compute once per image and pass them to
@@ -135,26 +163,26 @@ class CLIP4DM:
         import torch
         import torch.nn.functional as F
         img = img.to(self.encoder.device).float()
+        k = -self.start_layer_text
         with torch.enable_grad():
-            emb, atts, pool = self.encoder.text_forward_with_attentions(tokens)
+            emb, layers, pool = self.encoder.text_forward_attributed(tokens, k)
             txt = F.normalize(emb.float(), dim=-1)
             sims = (img * txt).sum(-1)
-            k = -self.start_layer_text
-            if k > len(atts):
-                raise ValueError(f"start_layer_text={self.start_layer_text} but the text encoder has {len(atts)} layers")
-            layers = atts[-k:]
             grads = torch.autograd.grad(sims.sum(), layers)
         ar = torch.arange(len(texts), device=pool.device)
-        R = torch.stack([(g[ar, :, pool] * a[ar, :, pool]).float().mean(1) for g, a in zip(grads, layers)]).mean(0)
-        R = R.detach().cpu()                                              # [B, N]: the EOT row per pair
-        pool = pool.cpu()
+
+        def eot(t):                                   # the pooled row of a map, [B, H, T]
+            return t[:, :, 0] if t.shape[2] == 1 else t[ar, :, pool]
+        R = torch.stack([(eot(g) * eot(a)).float().mean(1) for g, a in zip(grads, layers)]).mean(0)
+        R = R.detach().cpu().double().numpy()                             # [B, T]: the EOT row per pair
+        offs = np.asarray(offsets.cpu() if hasattr(offsets, "cpu") else offsets, dtype=np.int64)   # [B, T, 2]
+        # content tokens before the pooled one (special tokens and padding have empty spans)
+        keep = (offs[..., 1] > offs[..., 0]) & (np.arange(offs.shape[1])[None, :] < pool.cpu().numpy()[:, None])
         out_scores, out_offsets = [], []
         for b in range(len(texts)):
-            e = int(pool[b])
-            offs = [tuple(int(x) for x in o) for o in offsets[b].tolist()]
-            idx = [j for j in range(e) if offs[j][1] > offs[j][0]]      # content tokens before the pooled one
-            out_scores.append(R[b, idx].double().tolist())
-            out_offsets.append([offs[j] for j in idx])
+            idx = np.flatnonzero(keep[b])
+            out_scores.append(R[b, idx].tolist())
+            out_offsets.append([tuple(o) for o in offs[b, idx].tolist()])
         return out_scores, out_offsets, sims.detach().cpu().numpy().astype(np.float64), texts
 
     def _attribute(self, images, captions) -> list[dict[str, Any]]:
@@ -472,24 +500,30 @@ class SpeedResult:
         return self.pairs_per_s_batched / self.pairs_per_s_single
 
 
-def floor_pairs_per_s(model: CLIP4DM, images, captions, batch_size: int = 32, repeats: int = 3) -> float:
-    """The floor of the batched path: pairs per second of a plain forward (image and text, eager
-    attention) plus one backward of the cosine to the attributed attention maps, at the same batch
-    size, on inputs already preprocessed and tokenised (the best of `repeats`)."""
-    import time
+def ready_pixels(model: CLIP4DM, images) -> list | None:
+    """The images as the per-image pixel tensors `CLIP4DM.batch` accepts (preprocessing done
+    once, off the timed path), or None where the processor needs more than pixel values (e.g.
+    SigLIP2's patch masks and shapes)."""
+    pix = model.encoder.preprocess(list(images))
+    return list(pix["pixel_values"]) if set(pix.keys()) == {"pixel_values"} else None
+
+
+def _floor_pass(model: CLIP4DM, images, captions, batch_size: int):
+    """A callable running the floor once: for each batch of the batched path (the same
+    length-sorted indices), a plain forward of image and text (eager attention) and one backward
+    of the cosine to the attributed attention maps, on inputs prepared here beforehand."""
     import torch
     import torch.nn.functional as F
     enc = model.encoder
-    texts = [model.template + c for c in captions]
-    chunks = []
-    for s in range(0, len(texts), batch_size):
-        tok = enc.tokenize(texts[s:s + batch_size])
-        pix = enc.preprocess(list(images[s:s + batch_size]))
-        chunks.append((tok, pix))
     k = -model.start_layer_text
-    best = float("inf")
-    for rep in range(repeats + 1):                                   # the first pass warms up
-        t0 = time.perf_counter()
+    chunks = []
+    for idx in length_batches(captions, batch_size):
+        tok = enc.tokenize([model.template + captions[i] for i in idx])
+        ims = [images[i] for i in idx]
+        pix = {"pixel_values": torch.stack(ims)} if isinstance(ims[0], torch.Tensor) else enc.preprocess(ims)
+        chunks.append((tok, pix))
+
+    def run():
         for tok, pix in chunks:
             with torch.no_grad():
                 img = F.normalize(enc.encode_images(pix, normalize=False).float(), dim=-1)
@@ -497,9 +531,53 @@ def floor_pairs_per_s(model: CLIP4DM, images, captions, batch_size: int = 32, re
                 emb, atts, _ = enc.text_forward_with_attentions(tok)
                 sims = (img * F.normalize(emb.float(), dim=-1)).sum(-1)
                 torch.autograd.grad(sims.sum(), atts[-k:])
-        if rep:
-            best = min(best, time.perf_counter() - t0)
-    return len(texts) / best
+    return run
+
+
+def _best_of(fns, repeats: int) -> list[float]:
+    """Seconds per call of each function, best of `repeats` rounds after one warm-up round; each
+    round calls them in turn, so a change in the machine's load reaches all of them. The garbage
+    collector is off while a call is timed, as in timeit."""
+    import gc
+    import time
+    best = [float("inf")] * len(fns)
+    for rep in range(repeats + 1):
+        for j, f in enumerate(fns):
+            gc.collect()
+            was = gc.isenabled()
+            gc.disable()
+            try:
+                t0 = time.perf_counter()
+                f()
+                dt = time.perf_counter() - t0
+            finally:
+                if was:
+                    gc.enable()
+            if rep:
+                best[j] = min(best[j], dt)
+    return best
+
+
+def floor_pairs_per_s(model: CLIP4DM, images, captions, batch_size: int = 32, repeats: int = 3) -> float:
+    """The floor of the batched path: pairs per second of a plain forward (image and text, eager
+    attention) plus one backward of the cosine to the attributed attention maps, on the batched
+    path's batches, with inputs already preprocessed and tokenised (the best of `repeats`)."""
+    return len(captions) / _best_of([_floor_pass(model, images, captions, batch_size)], repeats)[0]
+
+
+def floor_and_batched(model: CLIP4DM, images, captions, batch_size: int = 32, repeats: int = 5
+                      ) -> tuple[float, float, bool]:
+    """Pairs per second of the floor and of the batched path on the same inputs, timed in
+    alternation. The batched path gets the images as ready pixel tensors (preprocessed once,
+    outside the timing, like the floor's inputs) and the captions as text: it tokenises,
+    attributes and assembles words inside the timing. Returns (floor, batched, pixels_ready);
+    pixels_ready is False where the processor's output is not plain pixel values, and then both
+    take the images as given."""
+    pix = ready_pixels(model, images)
+    inputs = pix if pix is not None else list(images)
+    floor, batched = _best_of([_floor_pass(model, inputs, captions, batch_size),
+                               lambda: model.batch(inputs, captions, batch_size=batch_size)], repeats)
+    return len(captions) / floor, len(captions) / batched, pix is not None
 
 
 def reuse_pairs_per_s(model: CLIP4DM, image_paths: Sequence[str], captions: Sequence[str], batch_size: int = 32,

@@ -14,7 +14,10 @@ branch on the model family:
 - `text_forward_with_attentions(tokens)`: projected text embeddings, the post-softmax
   attention maps of every text layer (in the autograd graph), and the pooled position of
   each sequence (CLIP4DM's gradient x attention). Backends whose attention cannot be
-  reached raise `AttentionUnavailable` saying so.
+  reached raise `AttentionUnavailable` saying so. `text_forward_attributed(tokens, n)`: the
+  same for the last `n` layers only, computed for attribution at the pooled position (the
+  Hugging Face CLIP backend skips gradients below those layers and runs the last one at its
+  pooled query alone; other backends return the full forward's maps).
 
 Backends: `hf_clip` (Hugging Face CLIPModel), `hf_siglip` (SigLIP and SigLIP2), `hf_blip`
 (BlipModel), `open_clip` (including CLIP-XLM-RoBERTa and CLIP-RoBERTa).
@@ -68,6 +71,13 @@ class Encoder:
     def tokenize(self, texts: Sequence[str], **kw) -> dict[str, Any]:
         """Token ids and mask; extra keywords go to the tokenizer (e.g. return_offsets_mapping)."""
         raise NotImplementedError
+
+    def tokenize_with_offsets(self, texts: Sequence[str]) -> tuple[dict[str, Any], Any]:
+        """`tokenize(texts)` and each token's character span [B, T, 2] (empty for special tokens
+        and padding), as the tokenizer's `return_offsets_mapping` gives them."""
+        enc = self.tokenize(texts, return_offsets_mapping=True)
+        offsets = enc.pop("offset_mapping")
+        return enc, offsets
 
     def preprocess(self, images) -> dict[str, Any]:
         raise NotImplementedError
@@ -229,6 +239,14 @@ class Encoder:
     def text_forward_with_attentions(self, tokens):
         raise AttentionUnavailable(f"{type(self).__name__}: text attention maps are not reachable for this backend")
 
+    def text_forward_attributed(self, tokens, n_layers: int):
+        """Projected text embeddings, the attention maps of the last `n_layers` text layers and the
+        pooled positions (see HFClipEncoder's faster version): here the full forward's maps."""
+        emb, atts, pool = self.text_forward_with_attentions(tokens)
+        if not 1 <= n_layers <= len(atts):
+            raise ValueError(f"n_layers={n_layers}, but the text encoder has {len(atts)} layers")
+        return emb, tuple(atts[-n_layers:]), pool
+
     @property
     def text_dim(self) -> int:
         return self.model.config.text_config.hidden_size
@@ -242,9 +260,10 @@ class Encoder:
         return f"<{type(self).__name__} {name} on {self.device}>"
 
 
-def _clip_layer_at(blk, h, pos, attention_mask):
+def _clip_layer_at(blk, h, pos, attention_mask, return_weights: bool = False):
     """One CLIP encoder layer evaluated only at position `pos[b]` of each sequence (causal attention
-    over positions <= pos, padding masked): the layer's output rows [B, D] at those positions."""
+    over positions <= pos, padding masked): the layer's output rows [B, D] at those positions, and
+    with `return_weights` also the attention row there, [B, H, 1, T]."""
     import torch
     B, T, D = h.shape
     a = blk.self_attn
@@ -262,7 +281,8 @@ def _clip_layer_at(blk, h, pos, attention_mask):
     w = torch.nn.functional.dropout(w, p=a.dropout if a.training else 0.0, training=a.training)
     o = a.out_proj(torch.matmul(w, v).reshape(B, D))
     r = h[ar, pos] + o
-    return r + blk.mlp(blk.layer_norm2(r))
+    out = r + blk.mlp(blk.layer_norm2(r))
+    return (out, w) if return_weights else out
 
 
 def torch_arange(n, device):
@@ -288,6 +308,34 @@ class HFClipEncoder(Encoder):
         return self.tokenizer(list(texts), padding=True, truncation=True,
                               max_length=self.model.config.text_config.max_position_embeddings,
                               return_tensors="pt", **kw)
+
+    def tokenize_with_offsets(self, texts):
+        """The same ids, mask and offsets as `tokenize(texts, return_offsets_mapping=True)`, read
+        straight from the Rust tokenizer (a private copy with this method's truncation and
+        padding): the Python wrapper costs about as much again as the encoding on short
+        captions. Tested equal to the wrapper; other tokenizer types take the wrapper."""
+        import numpy as np
+        import torch
+        bt = getattr(self, "_offsets_tokenizer", None)
+        if bt is None:
+            src = getattr(self.tokenizer, "backend_tokenizer", None)
+            if (src is None or self.tokenizer.pad_token_id is None or self.tokenizer.padding_side != "right"
+                    or getattr(self.tokenizer, "truncation_side", "right") != "right"):
+                return super().tokenize_with_offsets(texts)
+            import copy
+            bt = copy.deepcopy(src)
+            bt.enable_truncation(self.model.config.text_config.max_position_embeddings)
+            bt.no_padding()
+            self._offsets_tokenizer = bt
+        es = bt.encode_batch(list(texts))
+        n = max((len(e.ids) for e in es), default=0)
+        ids = np.full((len(es), n), self.tokenizer.pad_token_id, dtype=np.int64)
+        mask = np.zeros((len(es), n), dtype=np.int64)
+        offsets = np.zeros((len(es), n, 2), dtype=np.int64)
+        for i, e in enumerate(es):
+            k = len(e.ids)
+            ids[i, :k], mask[i, :k], offsets[i, :k] = e.ids, 1, e.offsets
+        return {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(mask)}, torch.from_numpy(offsets)
 
     def preprocess(self, images):
         return self.processor(images=images, return_tensors="pt")
@@ -358,6 +406,39 @@ class HFClipEncoder(Encoder):
         if eos == 2:
             return input_ids.int().argmax(-1)
         return (input_ids == eos).int().argmax(-1)
+
+    def text_forward_attributed(self, tokens, n_layers: int):
+        """What attribution at the pooled (EOT) position needs, computed for it alone: the projected
+        text embeddings, the attention maps of the last `n_layers` text layers (differentiable)
+        and the pooled positions. Layers below those run without gradients; the last layer runs
+        only at its pooled query (keys and values over all positions), because its other rows
+        never reach the output and their gradients are zero, so its map comes back as the pooled
+        row, [B, H, 1, T]. Values and gradients equal `text_forward_with_attentions` (tested)."""
+        import torch
+        _require_eager(self.model, "hf_clip")
+        inp = self._text_inputs(tokens)
+        tm = self.model.text_model
+        layers = tm.encoder.layers
+        n = len(layers)
+        if not 1 <= n_layers <= n:
+            raise ValueError(f"n_layers={n_layers}, but the text encoder has {n} layers")
+        pool = self.pool_index(inp["input_ids"])
+        with torch.no_grad():
+            h = tm.embeddings(input_ids=inp["input_ids"])
+            mask = self._causal_mask(h, inp.get("attention_mask"))
+            for blk in layers[:n - n_layers]:
+                h = blk(h, mask)
+        h = h.detach().requires_grad_(True)        # a graph to the maps even if the weights are frozen
+        maps = []
+        for blk in layers[n - n_layers:n - 1]:
+            a, w = blk.self_attn(hidden_states=blk.layer_norm1(h), attention_mask=mask)
+            h = h + a
+            h = h + blk.mlp(blk.layer_norm2(h))
+            maps.append(w)
+        h, w = _clip_layer_at(layers[-1], h, pool, inp.get("attention_mask"), return_weights=True)
+        maps.append(w)
+        emb = self.model.text_projection(tm.final_layer_norm(h))
+        return emb, tuple(maps), pool
 
     def text_forward_with_attentions(self, tokens):
         _require_eager(self.model, "hf_clip")

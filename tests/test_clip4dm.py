@@ -82,11 +82,16 @@ def test_punctuation_is_its_own_word(model):
     assert all(not n.split("_", 1)[1] in {",", "."} for n in r["negative_word"].split())
 
 
-def test_attribution_matches_an_independent_computation(model):
-    """grad x attention at the EOT row, mean over heads and the last 3 layers, via retain_grad."""
+@pytest.mark.parametrize("layers", [3, 2, 1])
+def test_attribution_matches_an_independent_computation(model, layers):
+    """grad x attention at the EOT row, mean over heads and the last `layers` layers, via
+    retain_grad on the plain full forward; one caption alone and the same caption padded in a
+    batch beside a longer one (the fast path skips gradients below the attributed layers and
+    runs the last layer at the EOT query only)."""
     enc = model.encoder
+    m = CLIP4DM(enc, start_layer_text=-layers, epsilon=0.0)
     img, cap = _imgs(1)[0], "a green tree in the middle"
-    text = model.template + cap
+    text = m.template + cap
     tok = enc.tokenizer([text], return_tensors="pt")
     with torch.no_grad():
         ie = enc.model.get_image_features(**enc.processor(images=[img], return_tensors="pt")).pooler_output
@@ -97,13 +102,16 @@ def test_attribution_matches_an_independent_computation(model):
     te = enc.model.text_projection(out.pooler_output)
     torch.nn.functional.cosine_similarity(ie, te).sum().backward()
     eot = int(tok["input_ids"][0].argmax())
-    R = torch.stack([(a.grad * a).mean(1)[0] for a in atts[-3:]]).mean(0)
+    R = torch.stack([(a.grad * a).mean(1)[0] for a in atts[-layers:]]).mean(0)
     ref = R[eot, 1:eot].detach().numpy()
-    scores, _, sims, _ = model.token_scores([img], [cap])
+    scores, _, sims, _ = m.token_scores([img], [cap])
     np.testing.assert_allclose(scores[0], ref, rtol=1e-5, atol=1e-7)
     assert sims[0] == pytest.approx(float(torch.nn.functional.cosine_similarity(ie, te).detach()), abs=1e-6)
+    padded, _, psims, _ = m.token_scores([img, img], [cap, cap + " and a blue house on the right, again"])
+    np.testing.assert_allclose(padded[0], ref, rtol=1e-5, atol=1e-7)
+    assert psims[0] == pytest.approx(sims[0], abs=1e-6)
     # the template's 3 words take the first tokens; a word's score is the mean of its tokens
-    r = model(img, cap)
+    r = m(img, cap)
     n_tpl = len(enc.tokenizer("A photo depicts", add_special_tokens=False)["input_ids"])
     assert r["word_attributions"][0][1] == pytest.approx(float(ref[n_tpl]), abs=1e-7)
 
@@ -295,6 +303,25 @@ def test_image_reuse_and_the_eot_row_give_the_same_scores(model, tmp_path):
     assert reuse_pairs_per_s(model, [paths[0], paths[0], paths[1], paths[1]], caps, batch_size=2, repeats=1) > 0
 
 
+def test_ready_pixels_give_the_same_results_and_the_floor_is_timed_beside_them(model):
+    """The speed benchmark's batched path takes ready pixel tensors: same outputs as from the
+    images; the floor runs on the batched path's own length-sorted batches."""
+    from lib.clip4dm import floor_and_batched, length_batches, ready_pixels
+    imgs = _imgs(7, seed=5)
+    caps = [CAPTIONS[i % 4] + " x" * i for i in range(7)]
+    pix = ready_pixels(model, imgs)
+    assert pix is not None and len(pix) == 7 and pix[0].ndim == 3
+    a, b = model.batch(imgs, caps, batch_size=3), model.batch(pix, caps, batch_size=3)
+    assert [r["word_attributions"] for r in a] == [r["word_attributions"] for r in b]
+    assert [r["clip_score"] for r in a] == [r["clip_score"] for r in b]
+    batches = length_batches(caps, 3)
+    assert sorted(i for bt in batches for i in bt) == list(range(7)) and [len(bt) for bt in batches] == [3, 3, 1]
+    lens = [len(caps[i]) for bt in batches for i in bt]
+    assert lens == sorted(lens)
+    floor, batched, ready = floor_and_batched(model, imgs, caps, batch_size=3, repeats=1)
+    assert floor > 0 and batched > 0 and ready is True
+
+
 def test_prefetching_batches_gives_the_same_results(model):
     imgs = _imgs(10, seed=3)
     caps = [CAPTIONS[i % 4] for i in range(10)]
@@ -396,3 +423,21 @@ def test_nocaps_domains_and_the_hard_negative_ablation(memeworld_small, tiny_cli
     with pytest.raises(ValueError, match="unknown role"):
         c4r.hard_negative_ablation({"oops": str(other)}, data, out, main, template="A photo depicts ",
                                    start_layer_text=-1, epsilon=-5e-5)
+
+
+def test_tokenising_several_passes_at_once_changes_nothing(tiny_clip_dir):
+    """Captions are tokenised a window of passes at a time and each pass cut to its own longest
+    caption: the results equal tokenising pass by pass, whatever the window."""
+    m = CLIP4DM.from_pretrained(tiny_clip_dir, device="cpu", epsilon=0.0)
+    imgs = _imgs(11, seed=9)
+    caps = [CAPTIONS[i % 4] + " and more" * (i % 5) for i in range(11)]
+    runs = []
+    for w in (1, 2, 64):
+        m.tokenize_window = w
+        runs.append(m.batch(imgs, caps, batch_size=3))
+    assert runs[0] == runs[1] == runs[2]
+    one = [m(im, c) for im, c in zip(imgs[:3], caps[:3])]
+    for a, b in zip(one, runs[2][:3]):
+        assert a["negative_word"] == b["negative_word"]
+        np.testing.assert_allclose([s for _, s in a["word_attributions"]], [s for _, s in b["word_attributions"]],
+                                   atol=1e-6)

@@ -263,3 +263,51 @@ def test_hf_clip_pooled_only_last_layer_is_exact(clip_tok):
         c = enc.text_features(toks)
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_layers", [1, 2])
+@pytest.mark.parametrize("frozen", [False, True])
+def test_hf_clip_attributed_forward_equals_the_full_one(clip_tok, n_layers, frozen):
+    """The attribution forward (no gradients below the attributed layers, the last layer at its
+    pooled query only) gives the full forward's embeddings, the pooled rows of its attention maps
+    and their gradients, on a padded batch and with the weights frozen or not."""
+    enc, _ = _hf_clip(clip_tok)
+    enc.model.requires_grad_(not frozen)
+    tokens = enc.tokenize(TEXTS)
+    ar = torch.arange(len(TEXTS))
+    emb, atts, pool = enc.text_forward_with_attentions(tokens)
+    fast_emb, fast, fast_pool = enc.text_forward_attributed(tokens, n_layers)
+    assert torch.equal(pool, fast_pool) and len(fast) == n_layers
+    assert fast[-1].shape[2] == 1                                    # the last layer: the pooled row only
+    torch.testing.assert_close(fast_emb, emb, rtol=1e-5, atol=1e-6)
+    w = torch.linspace(-1, 1, emb.shape[-1])
+    full_maps = atts[-n_layers:]
+    g_fast = torch.autograd.grad((fast_emb * w).sum(), fast)        # frozen weights: no graph to the
+    g_full = None if frozen else torch.autograd.grad((emb * w).sum(), full_maps)   # full forward's maps
+    for i, (a, b) in enumerate(zip(full_maps, fast)):
+        row_b = b[:, :, 0] if b.shape[2] == 1 else b[ar, :, pool]
+        torch.testing.assert_close(row_b, a[ar, :, pool], rtol=1e-5, atol=1e-6)
+        if g_full is not None:
+            gb = g_fast[i][:, :, 0] if b.shape[2] == 1 else g_fast[i][ar, :, pool]
+            torch.testing.assert_close(gb, g_full[i][ar, :, pool], rtol=1e-4, atol=1e-7)
+    assert all(torch.isfinite(g).all() for g in g_fast) and g_fast[-1].abs().sum() > 0
+    with pytest.raises(ValueError, match="n_layers=3"):
+        enc.text_forward_attributed(tokens, 3)
+
+
+def test_hf_clip_offsets_read_from_the_rust_tokenizer_equal_the_wrapper(clip_tok):
+    """CLIP4DM's tokenisation skips the Python wrapper; ids, mask and offsets stay the wrapper's,
+    on padded batches, odd spacing and case, punctuation, non-ASCII text and texts past the
+    77-token limit."""
+    enc, _ = _hf_clip(clip_tok)
+    batches = [TEXTS, ["A photo depicts a cup of coke."], ["  Two  spaces,and CAPS!  ", "café naïve – “quoted” ok", ""],
+               ["word " * 120, "a red sun, " * 40 + "end", "short"]]
+    for texts in batches:
+        ref = enc.tokenize(texts, return_offsets_mapping=True)
+        ref_off = ref.pop("offset_mapping")
+        tok, off = enc.tokenize_with_offsets(texts)
+        assert set(tok) == set(ref), texts
+        for k in ref:
+            assert torch.equal(tok[k], ref[k]), (k, texts)
+        assert torch.equal(off, ref_off), texts
+    assert tok["input_ids"].shape[1] == 77                            # truncated like the wrapper

@@ -72,12 +72,16 @@ def test_clip4dm_headline_numbers():
     assert m["epsilon_chosen"] in grid
     # RichHF is graded now: more negative attribution goes with more misaligned words
     assert m["richhf_spearman_neg_attribution"] > 0.05
-    # batched attribution is several times faster per pair; measured 4.8x to 6.9x on the same
-    # 2-core machine across runs (the one-at-a-time path's speed varies most), so 4x is asserted
-    assert m["pairs_per_s_batched"] >= 4 * m["pairs_per_s_single"]
+    # batched attribution is several times faster per pair, both from PIL images; measured 4.8x
+    # to 6.9x on the same 2-core machine across runs (the one-at-a-time path's speed varies most),
+    # so 4x is asserted
+    assert m["pairs_per_s_batched_from_images"] >= 4 * m["pairs_per_s_single"]
     assert m["batched_max_abs_diff"] < 1e-5
-    # the floor (forward + backward on ready inputs) is at least as fast as the full batched path
-    assert m["pairs_per_s_floor"] > 0 and m["floor_ratio"] >= 0.9 and m["pairs_per_s_reuse"] > 0
+    # within 1.2x of the floor (forward + backward on ready inputs; measured 1.02-1.07 on 2 cores):
+    # the batched path on ready pixels tokenises, attributes and assembles words inside the timing
+    assert m["pixels_ready"] and m["pairs_per_s_floor"] > 0 and m["pairs_per_s_reuse"] > 0
+    assert 0.5 < m["floor_ratio"] <= 1.2, m["floor_ratio"]
+    assert m["pairs_per_s_batched"] >= m["pairs_per_s_batched_from_images"] * 0.9
     assert 0.5 < m["ap_clipscore"] <= 1.0
     for b in ("foil", "nocaps_foil", "hat", "richhf", "seetrue"):
         assert (EMB / "03_clip4dm" / f"results_{b}.csv").exists(), b
