@@ -665,27 +665,43 @@ def load_multioff(root: Path, ctx: _Ctx, splits=None) -> list[MemeRecord]:
 def load_hvli(root: Path, ctx: _Ctx, splits=None, image_root: str | None = None) -> list[MemeRecord]:
     base = Path(image_root) if image_root else root
     out = []
+    first_seen: dict[str, Path] = {}      # the released splits are disjoint: an id in two is a leak
     for split in _splits(splits, ("train", "test"), "hvli"):
         path = root / f"{split}_set.json"
         data = _read_json(path, dict)
         ctx.read_split(split, path)
         for sid, obj in data.items():
             where = f"{path}: sample {sid!r}"
+            if sid in first_seen:
+                raise DataError(f"{where}: the id is also in {first_seen[sid]}; H-VLI's train and test splits "
+                                f"are disjoint, so a shared id would leak a test post into training")
+            first_seen[sid] = path
             if not isinstance(obj, dict):
                 raise DataError(f"{where}: a JSON {type(obj).__name__}, expected an object")
-            labels = {k: _label(_field(obj, k, where, (int, str)), set(HVLI_LABELS), where, k)
+            if obj.get("final_label") is None:
+                raise DataError(f"{where}: field 'final_label' is {obj.get('final_label')!r}: the post has no "
+                                f"ground truth and cannot be evaluated (remove it or give its label 0-5)")
+            # the first release has null text or image labels on a few posts: kept (the official code reads
+            # them), with the type the labels cannot give shown as 'unknown', never silently dropped
+            labels = {k: None if k != "final_label" and obj.get(k, 0) is None and k in obj else
+                      _label(_field(obj, k, where, (int, str)), set(HVLI_LABELS), where, k)
                       for k in ("text_label", "image_label", "final_label")}
             # the official files' first release has no type / difficulty, and later ones store difficulty
-            # in lower case: derive both as the official evaluator does; a stored value must agree
-            expect = "".join("1" if labels[k] > 0 else "0" for k in ("text_label", "image_label", "final_label"))
-            typ = obj.get("type", expect)
-            if typ not in HVLI_TYPES or typ != expect:
-                raise DataError(f"{where}: field 'type' is {typ!r} but the labels give {expect!r}")
-            diff = HVLI_DIFFICULTY[typ]
+            # in lower case: derive both from the labels; a stored value must agree with the labels it has
+            digits = ["?" if labels[k] is None else "1" if labels[k] > 0 else "0"
+                      for k in ("text_label", "image_label", "final_label")]
+            stored_type = obj.get("type")
+            if stored_type is not None and (stored_type not in HVLI_TYPES or any(
+                    d != "?" and d != c for d, c in zip(digits, stored_type))):
+                raise DataError(f"{where}: field 'type' is {stored_type!r} but the labels give {''.join(digits)!r}")
+            typ = stored_type if stored_type is not None else ("unknown" if "?" in digits else "".join(digits))
+            diff = HVLI_DIFFICULTY.get(typ, "Unknown")
             stored = obj.get("difficulty")
-            if stored is not None and (not isinstance(stored, str) or stored.lower() != diff.lower()):
+            if stored is not None and typ in HVLI_TYPES and (not isinstance(stored, str) or stored.lower() != diff.lower()):
                 raise DataError(f"{where}: field 'difficulty' is {stored!r}; type {typ} is {diff!r}")
-            meta = {**labels, "type": typ, "difficulty": diff, "final_label_multiclass": labels["final_label"]}
+            # sample_type: what the official sampler groups by (the stored type, 'unknown' when absent)
+            meta = {**labels, "type": typ, "difficulty": diff, "final_label_multiclass": labels["final_label"],
+                    "sample_type": str(stored_type) if stored_type is not None else "unknown"}
             rec = MemeRecord(str(sid), ctx.image(base, _field(obj, "image_path", where), where, "image_path"),
                              _field(obj, "tweet_text", where),
                              int(labels["final_label"] > 0), split, meta=meta)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -63,6 +64,10 @@ DEFAULT_MAX_TOKENS = {"rapid_scan": 320, "prosecutor": 400, "defender": 360, "ju
                       "defender_round2": 300, "judge_indirect": 160, "baseline": 120}
 
 
+#: The text part sent in place of a post's image when its file is absent (the official code's behaviour).
+MISSING_IMAGE = "[Image missing]"
+
+
 class CourtError(ValueError):
     """A bad court configuration or prompt set; the message names the setting or file."""
 
@@ -75,6 +80,11 @@ class CourtConfig:
     rounds: int = 3                           # K, Track II debate rounds
     debate_visibility: str = "transcript"     # transcript (each side sees the debate so far) | official (blind)
     parse: str = "structured"                 # structured (JSON schema) | official (json-repair on free text)
+    debater_failure: str = "stop"             # a refused, blocked, failed or unreadable prosecutor / defender:
+                                              #   stop (the compendium's: the trial ends, the post is refused
+                                              #   and reported by cause; an unreadable answer counts as no cues)
+                                              #   | pass_on (the official code: the failure is passed to the
+                                              #   other side and the judge, who still rules)
     gate: bool = True                         # False: no rapid scan, every sample through Track II (ablation)
     repair_fallback: bool = True              # structured: an answer that fails its schema is read with
                                               #   json-repair and kept if the repaired value fits the schema
@@ -90,7 +100,8 @@ class CourtConfig:
         for name, value, allowed in (("class_mode", self.class_mode, ("multiclass", "binary")),
                                      ("run_mode", self.run_mode, ("arcade", "none")),
                                      ("debate_visibility", self.debate_visibility, ("transcript", "official")),
-                                     ("parse", self.parse, ("structured", "official"))):
+                                     ("parse", self.parse, ("structured", "official")),
+                                     ("debater_failure", self.debater_failure, ("stop", "pass_on"))):
             if value not in allowed:
                 raise CourtError(f"court setting {name}={value!r}; expected one of {', '.join(allowed)}")
         if self.rounds < 1:
@@ -100,6 +111,12 @@ class CourtConfig:
             if unknown:
                 raise CourtError(f"court setting {name} names unknown stage(s) {', '.join(sorted(unknown))} "
                                  f"(stages: {', '.join(STAGES)})")
+
+    @classmethod
+    def official(cls, **over: Any) -> "CourtConfig":
+        """Every setting at the official code's behaviour (blind Track II debaters, free text read with
+        json-repair, a failed debater passed on); `over` changes any of them."""
+        return cls(**{"debate_visibility": "official", "parse": "official", "debater_failure": "pass_on", **over})
 
     def temperature(self, stage: str) -> float:
         return float(self.temperatures.get(stage, DEFAULT_TEMPERATURES[stage]))
@@ -185,24 +202,58 @@ def read_official_prompts(repo: str | Path, class_mode: str) -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------- parsing
-def official_parse(raw: str) -> Any:
-    """The official code's lenient reading: the last ```json fenced block if any, else the whole
-    text, through json-repair. A string result becomes an error dict (the text is lost), None a
-    refusal dict, exactly as the official client returns them."""
-    import re
+#: The official code's fence reader: the last fenced block whose tag is `json` in any letter case or
+#: absent (a bare fence); a block with another tag is read with its tag line, as the official regex does.
+_FENCE = re.compile(r"```(?:json)?\s*([\s\S]*?)\s*```", re.IGNORECASE)
+#: What the official client returns for a value that is neither an object, a list nor a string.
+EMPTY_RESPONSE = {"error": "Empty Response", "refusal": True}
 
+
+def official_parse(raw: str | None) -> Any:
+    """The official code's lenient reading of a free-text answer (`clean_json_like` and `call_llm`).
+
+    The last fenced block (tag `json` in any case, or none) if there is one, else the whole stripped
+    text, goes through json-repair. An object or a list is the answer; a string becomes an error
+    dict (`Output format is not JSON`, not a refusal; the text is lost); anything else (null, a bare
+    number such as `0` or `4`, a boolean) becomes `EMPTY_RESPONSE`, a refusal: a judge answering
+    `4` is refused, and a rapid scan answering `1` fails the gate.
+    """
     import json_repair
-    blocks = re.findall(r"```json\s*(.*?)```", raw or "", flags=re.S)
-    src = blocks[-1] if blocks else (raw or "")
+    if raw is None:
+        return dict(EMPTY_RESPONSE)
+    src = str(raw).strip()
+    blocks = _FENCE.findall(src)
+    src = blocks[-1] if blocks else src
     try:
         value = json_repair.repair_json(src, return_objects=True)
     except Exception:  # noqa: BLE001 - the official fallback chain ends in an error dict too
         value = ""
-    if value is None:
-        return {"error": "Empty Response", "refusal": True}
+    if isinstance(value, (dict, list)):
+        return value
     if isinstance(value, str):
         return {"content": value, "error": "Output format is not JSON", "refusal": False}
-    return value
+    return dict(EMPTY_RESPONSE)
+
+
+def official_label(value: Any) -> int:
+    """The official evaluator's reading of a verdict's label: `int(label)`, -1 when it is missing or
+    `int()` fails. It coerces (`1.9` -> 1, `true` -> 1, `"1"` -> 1) and keeps out-of-range integers
+    (7 stays 7): only the official view uses it; the corrected view reads labels with `strict_label`."""
+    if value is None:
+        return -1
+    try:
+        return int(value)
+    except Exception:  # noqa: BLE001 - the official `except:` (ValueError, TypeError, OverflowError)
+        return -1
+
+
+def strict_label(value: Any, class_mode: str) -> int | None:
+    """A verdict's label as the corrected view reads it: an integer (not a boolean, not a float, not
+    a string) among the class mode's labels; anything else is None (unparseable), never coerced."""
+    allowed = (0, 1) if class_mode == "binary" else tuple(LABELS)
+    if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
+        return None
+    return int(value)
 
 
 def _fits(value: Any, schema: dict[str, Any] | None) -> bool:
@@ -247,12 +298,15 @@ class SampleResult:
     type: str
     difficulty: str
     route: str                     # track1 | track2 | dismissal | baseline | error
-    label: int = -1                # the verdict (-1: none usable)
+    label: int = -1                # the verdict as the corrected view reads it (-1: none usable)
     label_str: str = ""
     reason: str = ""
     status: str = "ok"             # ok | unparseable | refused | blocked | failed
     cause: str | None = None       # the stage whose answer ended the trial when status is not ok
     official_refusal: bool = False  # the official evaluator would exclude this sample
+    official_label: int | None = None  # the verdict as the official evaluator reads it (int(), -1 if that fails)
+    label_raw: Any = None          # the verdict's label exactly as the judge gave it
+    passed_on: list[str] = field(default_factory=list)  # debater stages whose failure went on to the judge
     calls: list[CallTrace] = field(default_factory=list)
     transcript: list[dict[str, Any]] = field(default_factory=list)
 
@@ -278,7 +332,8 @@ class Court:
     # -- one call
     def _messages(self, stage: str, sample, user_text: str) -> list[dict[str, Any]]:
         post = text(self.prompts.post.text.format(text=sample.text))
-        img = [image(sample.img_path)] if Path(sample.img_path).exists() else []
+        # an absent image file: the official code's text part in its place, in every call
+        img = [image(sample.img_path)] if Path(sample.img_path).is_file() else [text(MISSING_IMAGE)]
         tail = [text("\n" + user_text)] if user_text else []
         if stage == "baseline":
             # the baseline's layout: an empty system turn, the instructions as the first user part
@@ -286,46 +341,67 @@ class Court:
                                                              *img, *tail]}]
         return [system(self.prompts.system(stage).text), {"role": "user", "content": [post, *img, *tail]}]
 
-    def _call(self, stage: str, sample, round_: int, result: SampleResult, **fields: Any) -> Any:
+    def _call(self, stage: str, sample, round_: int, result: SampleResult, **fields: Any) -> tuple[str, Any]:
+        """One stage's call, traced: (status, value). With status `ok` the value is the answer the court
+        uses; otherwise it is what the official code would carry on with (its failure dict, or the
+        parsed value that was not an answer)."""
         cfg = self.cfg
         user_text = self.prompts.user(stage).text.format(**fields)
         params = GenParams(temperature=cfg.temperature(stage), max_new_tokens=cfg.tokens(stage), seed=cfg.seed,
                            json_schema=self.prompts.schema(stage) if cfg.parse == "structured" else None)
         r: ChatResult = self.chat.generate(self._messages(stage, sample, user_text), params)
         status, value, repaired_flag = r.status, None, False
-        if status == "ok" and cfg.parse == "structured":
+        if status in ("refused", "blocked", "failed"):
+            # what the official client hands on for a refused, rejected or failed request
+            value = {"refusal": True, "error": r.error or status}
+        elif status == "ok" and cfg.parse == "structured":
             value = _unwrap(r.parsed)
         elif status == "ok":
             value = official_parse(r.text)
             if _is_failure(value):
-                status = "unparseable" if value.get("refusal") is not True else "refused"
-        elif status == "unparseable" and cfg.parse == "structured" and cfg.repair_fallback:
-            # the fallback: the official lenient reader, kept only when what it recovers fits the schema
-            # (a cue list cut off by max_new_tokens, JSON wrapped in prose)
-            repaired = official_parse(r.text)
-            if not _is_failure(repaired) and _fits(repaired, params.json_schema):
-                status, value, repaired_flag = "ok", _unwrap(repaired), True
+                # an answer that is itself a refusal object is a refusal; a string or a bare value is unreadable
+                status = "refused" if value.get("refusal") is True and value != EMPTY_RESPONSE else "unparseable"
+        elif status == "unparseable":
+            value = {"error": "Output does not fit the schema", "refusal": False}
+            if cfg.parse == "structured" and cfg.repair_fallback:
+                # the fallback: the official lenient reader, kept only when what it recovers fits the schema
+                # (a cue list cut off by max_new_tokens, JSON wrapped in prose)
+                repaired = official_parse(r.text)
+                if not _is_failure(repaired) and _fits(repaired, params.json_schema):
+                    status, value, repaired_flag = "ok", _unwrap(repaired), True
         trace = CallTrace(stage, ROLE[stage], round_, params.temperature, self.prompts.system(stage).id, status,
                           r.usage.get("prompt_tokens", 0), r.usage.get("completion_tokens", 0),
                           r.usage.get("cached_tokens", 0), round(r.latency_s, 4), r.from_cache, value, r.text,
                           r.error, repaired_flag)
         result.calls.append(trace)
+        return status, value
+
+    def _debater(self, stage: str, sample, round_: int, res: SampleResult, **fields: Any) -> tuple[bool, Any]:
+        """A prosecutor's or defender's answer: (answered, value). A failure either goes on to the
+        other side and the judge as the official code passes it (`debater_failure: pass_on`), or ends
+        the trial when the call was refused, blocked or failed and counts as no cues otherwise (`stop`)."""
+        status, value = self._call(stage, sample, round_, res, **fields)
+        if status == "ok":
+            return True, value
+        if self.cfg.debater_failure == "pass_on":
+            res.passed_on.append(stage)
+            return False, value
         if status in ("refused", "blocked", "failed"):
             raise _Stop(status, stage)
-        return value if status == "ok" else _UNPARSEABLE
+        return False, []
 
     # -- one sample
     def run(self, sample) -> SampleResult:
-        typ = sample.meta.get("type", "")
+        typ = sample.meta.get("type") or "unknown"        # unknown: a post whose labels do not give its type
         res = SampleResult(str(sample.id), int(sample.meta.get("final_label_multiclass", sample.label or 0)), typ,
                            DIFFICULTY.get(typ, "Unknown"), route="baseline" if self.cfg.run_mode == "none" else "error")
         try:
             if self.cfg.run_mode == "none":
-                self._verdict(res, self._call("baseline", sample, 0, res))
+                self._verdict(res, "baseline", sample, 0)
             else:
                 self._arcade(sample, res)
         except _Stop as stop:
-            res.status, res.cause, res.label = stop.status, stop.stage, -1
+            res.status, res.cause, res.label, res.official_label = stop.status, stop.stage, -1, -1
             # the official code turns refusals, blocks and transient failures alike into refusals
             res.official_refusal = True
         return res
@@ -333,19 +409,19 @@ class Court:
     def _arcade(self, sample, res: SampleResult) -> None:
         if not self.cfg.gate:
             return self._track2(sample, res)
-        scan = self._call("rapid_scan", sample, 0, res)
-        if scan is _UNPARSEABLE or _is_failure(scan):
+        status, scan = self._call("rapid_scan", sample, 0, res)
+        if status != "ok" or _is_failure(scan):
             # the official gate: a failed rapid scan ends the trial as a refusal ("Stage A Failed")
-            res.route, res.status, res.cause, res.official_refusal = "error", "unparseable", "rapid_scan", True
+            res.route, res.cause, res.official_refusal = "error", "rapid_scan", True
+            res.status = "unparseable" if status == "ok" else status
+            res.label, res.official_label = -1, -1
             return
         if isinstance(scan, list) and scan:
             res.route = "track1"
-            p = self._call("prosecutor", sample, 1, res)
-            p = [] if p is _UNPARSEABLE else p
-            d = self._call("defender", sample, 1, res, accusations=_dumps(p))
-            d = [] if d is _UNPARSEABLE else d
+            _, p = self._debater("prosecutor", sample, 1, res)
+            _, d = self._debater("defender", sample, 1, res, accusations=self._dumps(p))
             res.transcript = [{"round": 1, "prosecutor": p, "defense": d}]
-            self._verdict(res, self._call("judge", sample, 1, res, accusations=_dumps(p), rebuttals=_dumps(d)))
+            self._verdict(res, "judge", sample, 1, accusations=self._dumps(p), rebuttals=self._dumps(d))
             return
         self._track2(sample, res)
 
@@ -355,36 +431,48 @@ class Court:
         blind = self.cfg.debate_visibility == "official"
         for rnd in range(1, self.cfg.rounds + 1):
             if rnd == 1:
-                p = self._call("prosecutor_indirect", sample, rnd, res)
-                if isinstance(p, list) and not p:
+                answered, p = self._debater("prosecutor_indirect", sample, rnd, res)
+                if answered and isinstance(p, list) and not p:
                     res.route, res.label, res.label_str, res.reason = "dismissal", 0, LABELS[0], "No cues found."
+                    res.official_label = res.label_raw = 0
                     return
             else:
-                p = self._call("prosecutor_round2", sample, rnd, res,
-                               transcript_block="" if blind else self._block(history))
-            p = [] if p is _UNPARSEABLE else p
+                _, p = self._debater("prosecutor_round2", sample, rnd, res,
+                                     transcript_block="" if blind else self._block(history))
             current = history + [{"round": rnd, "prosecutor": p}]
             d_stage = "defender_indirect" if rnd == 1 else "defender_round2"
-            d = self._call(d_stage, sample, rnd, res, transcript_block="" if blind else self._block(current))
-            d = [] if d is _UNPARSEABLE else d
+            _, d = self._debater(d_stage, sample, rnd, res, transcript_block="" if blind else self._block(current))
             history.append({"round": rnd, "prosecutor": p, "defense": d})
         res.transcript = history
-        self._verdict(res, self._call("judge_indirect", sample, self.cfg.rounds + 1, res, transcript=_dumps(history)))
+        self._verdict(res, "judge_indirect", sample, self.cfg.rounds + 1, transcript=self._dumps(history))
+
+    def _dumps(self, v: Any) -> str:
+        # the official code writes debate JSON with json.dumps' defaults (non-ASCII escaped)
+        return json.dumps(v) if self.cfg.debate_visibility == "official" else _dumps(v)
 
     def _block(self, history: list[dict[str, Any]]) -> str:
-        return self.prompts.transcript_block.text.format(transcript=_dumps(history)) + "\n" if history else ""
+        return self.prompts.transcript_block.text.format(transcript=self._dumps(history)) + "\n" if history else ""
 
-    def _verdict(self, res: SampleResult, v: Any) -> None:
-        if v is _UNPARSEABLE or not isinstance(v, dict):
-            res.status, res.cause, res.label = "unparseable", res.calls[-1].stage, -1
-            return
-        try:
-            res.label = int(v.get("label"))
-        except (TypeError, ValueError):
-            res.label = -1          # the official evaluator: a label that is not an integer is -1 (wrong)
-            res.status, res.cause = "unparseable", res.calls[-1].stage
-        res.label_str = str(v.get("label_str", ""))
-        res.reason = str(v.get("reason", ""))
+    def _verdict(self, res: SampleResult, stage: str, sample, round_: int, **fields: Any) -> None:
+        """The judge's (or the direct baseline's) call and the verdict read from it in both views.
+        Official: a refusal object (a refused call, a refusal the model wrote, a bare number or null)
+        excludes the post; any other value is scored with `int(label)`, -1 when that fails. Corrected:
+        only an answer whose label is one of the class mode's labels counts; anything else is
+        unparseable (-1), never coerced."""
+        status, v = self._call(stage, sample, round_, res, **fields)
+        if status in ("refused", "blocked", "failed"):
+            raise _Stop(status, stage)
+        verdict = v if isinstance(v, dict) else {}
+        res.official_refusal = verdict.get("refusal") is True
+        res.label_raw = verdict.get("label")
+        res.official_label = -1 if res.official_refusal else official_label(res.label_raw)
+        res.label_str = str(verdict.get("label_str", ""))
+        res.reason = str(verdict.get("reason", ""))
+        strict = strict_label(res.label_raw, self.cfg.class_mode) if status == "ok" else None
+        if strict is None:
+            res.status, res.cause, res.label = "unparseable", stage, -1
+        else:
+            res.label = strict
 
     # -- many samples
     def run_many(self, samples: Sequence[Any], progress: bool = True, desc: str | None = None) -> list[SampleResult]:
@@ -405,14 +493,6 @@ class Court:
         return [r for r in out if r is not None]
 
 
-class _Unparseable:
-    def __repr__(self) -> str:
-        return "<unparseable>"
-
-
-_UNPARSEABLE = _Unparseable()
-
-
 def _unwrap(parsed: Any) -> Any:
     """Structured answers come as objects ({"cues": [...]}, {"rebuttals": [...]}); the court works on the lists."""
     if isinstance(parsed, dict) and len(parsed) == 1 and next(iter(parsed)) in ("cues", "rebuttals"):
@@ -425,6 +505,12 @@ def _dumps(v: Any) -> str:
 
 
 # ----------------------------------------------------------------------------- sampling
+def sampler_items(records: Sequence[Any]) -> list[tuple[str, str]]:
+    """(id, type) pairs in file order, as the official sampler groups them: by the type the file
+    stores ('unknown' where it stores none, as in the first release), not the type derived here."""
+    return [(str(r.id), str(r.meta.get("sample_type", r.meta.get("type", "unknown")))) for r in records]
+
+
 def balanced_sample(items: Sequence[tuple[str, str]], n: int, seed: int = 2024) -> list[str]:
     """The official balanced sampler (`--samples N --seed S`): ids in the order it returns them.
 
@@ -476,6 +562,11 @@ def _metrics_block(gts: list[int], preds: list[int], binary: bool) -> dict[str, 
     return out
 
 
+def _other_types(results: Sequence[SampleResult]) -> tuple[str, ...]:
+    """Types outside the eight interaction types (`unknown` for a post with a null label), sorted."""
+    return tuple(sorted({r.type for r in results} - set(TYPES)))
+
+
 def evaluate(results: Sequence[SampleResult], class_mode: str = "multiclass", view: str = "corrected") -> dict[str, Any]:
     """Accuracy per difficulty and type, overall; F1s. `view`:
     - `official`: the official evaluator: refused samples leave every denominator; a label that is
@@ -497,7 +588,11 @@ def evaluate(results: Sequence[SampleResult], class_mode: str = "multiclass", vi
             refused[r.type] = refused.get(r.type, 0) + 1
             refused[r.difficulty] = refused.get(r.difficulty, 0) + 1
             continue
-        pred = r.label if r.status in ("ok",) or (view == "official" and r.status == "unparseable") else -1
+        if view == "official":      # the official evaluator's int(label) reading, also of an unreadable answer
+            pred = r.official_label if r.official_label is not None else r.label
+            pred = -1 if pred < 0 else pred
+        else:
+            pred = r.label if r.status == "ok" else -1
         if view == "corrected" and r.status != "ok":
             causes[f"{r.status}:{r.cause}"] = causes.get(f"{r.status}:{r.cause}", 0) + 1
         gt = int(r.gt > 0) if binary else r.gt
@@ -516,9 +611,13 @@ def evaluate(results: Sequence[SampleResult], class_mode: str = "multiclass", vi
         out[f"acc_{d.lower()}"], out[f"n_{d.lower()}"] = acc(sel), len(sel)
     nh = [x for x in rows if x[0].difficulty in ("Normal", "Hard")]
     out["acc_normal_hard"], out["n_normal_hard"] = acc(nh), len(nh)
-    for t in TYPES:
+    for t in TYPES + _other_types(results):
         sel = [x for x in rows if x[0].type == t]
         out[f"acc_type_{t}"], out[f"n_type_{t}"] = acc(sel), len(sel)
+    unknown = [x for x in rows if x[0].difficulty not in ("Easy", "Normal", "Hard")]
+    if unknown or any(r.difficulty not in ("Easy", "Normal", "Hard") for r in results):
+        # posts whose type the labels cannot give (a null label in the first release): kept, shown apart
+        out["acc_unknown"], out["n_unknown"] = acc(unknown), len(unknown)
     if not binary:
         out["binary_acc"] = bacc(rows)
     gts = [gt for _, gt, _ in rows]
@@ -557,8 +656,10 @@ def report_text(results: Sequence[SampleResult], class_mode: str, run_mode: str,
                   f"  F1 Weighted: {ev.get('weighted_f1', 0):.4f}"]
     lines += ["", "[Breakdown by Difficulty]"]
     ok = [r for r in results if not r.official_refusal]
-    for name, diffs in (("Easy", ("Easy",)), ("Normal", ("Normal",)), ("Hard", ("Hard",)),
-                        ("Normal + Hard", ("Normal", "Hard"))):
+    groups = [("Easy", ("Easy",)), ("Normal", ("Normal",)), ("Hard", ("Hard",)), ("Normal + Hard", ("Normal", "Hard"))]
+    if any(r.difficulty == "Unknown" for r in results):
+        groups.append(("Unknown", ("Unknown",)))
+    for name, diffs in groups:
         sel = [r for r in ok if r.difficulty in diffs]
         ref = sum(1 for r in results if r.official_refusal and r.difficulty in diffs)
         sub = evaluate(sel, class_mode, "official") if sel else None
@@ -566,7 +667,7 @@ def report_text(results: Sequence[SampleResult], class_mode: str, run_mode: str,
         extra = "" if binary or not sub else f", Binary={100 * sub['binary_acc']:.2f}%"
         lines.append(f"  {name}: Strict={strict}{extra}, N={len(sel)}, Refused={ref}")
     lines += ["", "[Breakdown by Type]"]
-    for t in TYPES:
+    for t in TYPES + _other_types(results):
         n = ev[f"n_type_{t}"]
         lines.append(f"  {t}: Acc={100 * ev[f'acc_type_{t}']:.1f}% (N={n})" if n else f"  {t}: (N=0)")
     ref_pct = 100 * ev["refused_share"]

@@ -246,6 +246,7 @@ def _court_variant() -> Rule:
     return _dataclass_fields(CourtConfig, samples=Range(0, integer=True),
                              class_mode=Choice("multiclass", "binary"), run_mode=Choice("arcade", "none"),
                              debate_visibility=Choice("transcript", "official"), parse=Choice("structured", "official"),
+                             debater_failure=Choice("stop", "pass_on"),
                              temperatures=MapOf(Choice(*STAGES), Range(0, 2)),
                              max_new_tokens=MapOf(Choice(*STAGES), Range(1, integer=True)))
 

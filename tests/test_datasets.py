@@ -172,6 +172,74 @@ def test_hvli_official_files_load_lowercase_difficulty_and_no_type(world):
         load_source("hvli", memeworld_sources(world)["hvli"])
 
 
+def test_hvli_first_release_null_labels_stay_visible(world_text):
+    """The first release of test_set.json: no type / difficulty keys, and 4 posts with a null
+    image_label. The official code reads them (its sampler groups them all as 'unknown'); the loader
+    keeps them with type 'unknown', the evaluator shows them apart, and the official sampler sees
+    the stored type, not the derived one."""
+    from lib.debate import SampleResult, balanced_sample, evaluate, sampler_items
+    p = world_text / "hvli" / "test_set.json"
+    data = json.loads(p.read_text())
+    ids = list(data)
+    for sid in ids:
+        data[sid].pop("type"), data[sid].pop("difficulty")
+    for sid in ids[:4]:
+        data[sid]["image_label"], data[sid]["image_label_str"] = None, None
+    p.write_text(json.dumps(data))
+    recs = [r for r in load_source("hvli", memeworld_sources(world_text)["hvli"]) if r.split == "test"]
+    assert [r.id for r in recs] == ids                                     # nothing dropped, file order
+    by_id = {r.id: r for r in recs}
+    for sid in ids[:4]:
+        m = by_id[sid].meta
+        assert m["type"] == "unknown" and m["difficulty"] == "Unknown" and m["image_label"] is None
+    assert all(r.meta["type"] != "unknown" for r in recs[4:])               # derived from the labels
+    items = sampler_items(recs)
+    assert {t for _, t in items} == {"unknown"}                              # the official sampler's groups
+    assert balanced_sample(items, 10, 2024) == random_sample_like_official(ids, 10, 2024)
+    results = [SampleResult(r.id, r.meta["final_label"], r.meta["type"], r.meta["difficulty"], "baseline",
+                            label=r.meta["final_label"]) for r in recs]
+    ev = evaluate(results, "multiclass", "official")
+    assert ev["n"] == len(ids) and ev["n_unknown"] == 4 and ev["n_type_unknown"] == 4 and ev["acc_unknown"] == 1.0
+
+
+def random_sample_like_official(ids, n, seed):
+    """One group: shuffle it, take n // 1 = n, shuffle the selection (the official sampler's steps)."""
+    import random
+    rng = random.Random(seed)
+    group = list(ids)
+    rng.shuffle(group)
+    sel = group[:n]
+    rng.shuffle(sel)
+    return sel
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("final_label", None, "field 'final_label' is None: the post has no ground truth"),
+    ("image_label", "x", "field 'image_label' is 'x'"),
+    ("text_label", 9, "field 'text_label' is 9"),
+    ("type", "012", "field 'type' is '012'"),
+])
+def test_hvli_unusable_fields_name_file_record_and_field(world_text, field, value, match):
+    p = world_text / "hvli" / "test_set.json"
+    data = json.loads(p.read_text())
+    sid = next(iter(data))
+    data[sid][field] = value
+    p.write_text(json.dumps(data))
+    with pytest.raises(DataError, match=rf"test_set.json: sample '{sid}': {match}"):
+        load_source("hvli", memeworld_sources(world_text)["hvli"])
+
+
+def test_hvli_id_in_train_and_test_is_refused(world_text):
+    train = json.loads((world_text / "hvli" / "train_set.json").read_text())
+    p = world_text / "hvli" / "test_set.json"
+    test = json.loads(p.read_text())
+    sid = next(iter(train))
+    test[sid] = train[sid]
+    p.write_text(json.dumps(test))
+    with pytest.raises(DataError, match=rf"sample '{sid}': the id is also in .*train_set.json"):
+        load_source("hvli", memeworld_sources(world_text)["hvli"])
+
+
 def test_multioff_bad_label(world):
     p = world / "multioff" / "Split Dataset" / "Testing_meme_dataset.csv"
     lines = p.read_text().splitlines()
