@@ -38,6 +38,7 @@ import itertools
 import json
 import os
 import random
+import re
 import socket
 import sqlite3
 import threading
@@ -196,21 +197,110 @@ def prompt_template(relpath: str) -> str:
         raise FileNotFoundError(f"prompt template {path.relative_to(ROOT)} does not exist") from None
 
 
-def extract_json(text: str) -> Any:
-    """The JSON value in an answer: the whole text, else its first balanced {...} block
-    (models often wrap JSON in prose or code fences). Raises ValueError when there is none."""
-    t = (text or "").strip()
+#: Answers longer than this are not read as JSON (no answer of a max_new_tokens-bounded call comes near).
+MAX_JSON_CHARS = 200_000
+#: Deeper nesting than this is refused before any decoding (no schema here nests past 5 levels).
+MAX_JSON_DEPTH = 64
+_JSON_SPECIAL = re.compile(r'[{}\[\]"\\]')
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(f"duplicate key {k!r} in a JSON object")
+        out[k] = v
+    return out
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    v = float(text)
+    if v != v or v in (float("inf"), float("-inf")):
+        raise ValueError(f"{text} is not a finite number")
+    return v
+
+
+def loads_strict(text: str) -> Any:
+    """json.loads that refuses what a schema cannot mean: duplicate keys, NaN / Infinity, numbers
+    that overflow to infinity, and nesting past MAX_JSON_DEPTH. Any failure is a ValueError."""
     try:
-        return json.loads(t)
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise ValueError(f"nested deeper than the decoder allows") from None
+
+
+def _object_spans(t: str) -> list[tuple[int, int]]:
+    """The balanced {...} spans of `t` in order of their opening brace, in one pass: brackets are
+    matched and double-quoted strings skipped only inside brackets (quotes in prose do not count);
+    a mismatched closing bracket resets the matcher. Raises ValueError past MAX_JSON_DEPTH."""
+    spans: list[tuple[int, int]] = []
+    stack: list[tuple[str, int]] = []
+    in_string, skip = False, -1
+    for m in _JSON_SPECIAL.finditer(t):
+        i, ch = m.start(), m.group()
+        if i <= skip:
+            continue
+        if in_string:
+            if ch == "\\":
+                skip = i + 1                   # the escaped character
+            elif ch == '"':
+                in_string = False
+            continue
+        if ch == '"':
+            in_string = bool(stack)
+        elif ch in "{[":
+            stack.append((ch, i))
+            if len(stack) > MAX_JSON_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+        elif ch in "}]":
+            if stack and stack[-1][0] == ("{" if ch == "}" else "["):
+                opener, start = stack.pop()
+                if opener == "{":
+                    spans.append((start, i + 1))
+            else:
+                stack.clear()
+    return sorted(spans)
+
+
+def check_json_bounds(text: str) -> None:
+    """ValueError when an answer is too long or nested too deep to be read as JSON (the bounds
+    every reader here applies before decoding, so that reading is linear in the answer's length)."""
+    if len(text) > MAX_JSON_CHARS:
+        raise ValueError(f"the answer is {len(text):,} characters long; at most {MAX_JSON_CHARS:,} are read as JSON")
+    _object_spans(text)
+
+
+def extract_json(text: str) -> Any:
+    """The JSON value in an answer: the whole text, else its first balanced {...} block that
+    decodes (models often wrap JSON in prose or code fences). Total and linear in the answer's
+    length: a ValueError (never another exception) when there is none, when a key repeats, when a
+    number is not finite, when nesting passes MAX_JSON_DEPTH or the answer MAX_JSON_CHARS."""
+    t = (text if isinstance(text, str) else "").strip()
+    if len(t) > MAX_JSON_CHARS:
+        raise ValueError(f"the answer is {len(t):,} characters long; at most {MAX_JSON_CHARS:,} are read as JSON")
+    spans = _object_spans(t)                   # also the depth check, before any decoding
+    try:
+        return loads_strict(t)
+    except _DuplicateKey:
+        raise
     except ValueError:
         pass
-    dec = json.JSONDecoder()
-    for i, ch in enumerate(t):
-        if ch == "{":
-            try:
-                return dec.raw_decode(t[i:])[0]
-            except ValueError:
-                continue
+    # nested spans are each at most MAX_JSON_DEPTH deep, so all of them together are O(depth x length)
+    for start, end in spans:
+        try:
+            return loads_strict(t[start:end])
+        except _DuplicateKey:
+            raise
+        except ValueError:
+            continue
     raise ValueError("no JSON object in the answer")
 
 
@@ -250,6 +340,24 @@ def with_schema_instruction(messages: Sequence[dict[str, Any]], params: GenParam
         return out + [user(instr)]
     out[last] = {**out[last], "content": _parts(out[last]) + [text("\n\n" + instr)]}
     return out
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def clean_text(value: Any) -> str:
+    """A model's text as every later step can store and encode: a lone UTF-16 surrogate (which a
+    server can send as a JSON escape) becomes U+FFFD; a missing text becomes ''."""
+    if not isinstance(value, str):
+        return "" if value is None else str(value)
+    return _SURROGATE.sub("\ufffd", value)
+
+
+def _storable(r: ChatResult) -> ChatResult:
+    r.text = clean_text(r.text)
+    if r.error is not None:
+        r.error = clean_text(r.error)
+    return r
 
 
 # ----------------------------------------------------------------------------- cache
@@ -308,7 +416,8 @@ class ResponseCache:
         A failure (server down, key revoked, retries exhausted) is not stored. Returns whether it was."""
         if result.status == "failed":
             return False
-        payload = json.dumps(result.to_json(), ensure_ascii=False)
+        # ASCII-escaped: any string a server can send (a lone surrogate too) is storable and reads back as sent
+        payload = json.dumps(result.to_json(), ensure_ascii=True)
         c = self._conn()
         self._retry(lambda: c.execute(
             "INSERT INTO responses VALUES (?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET "
@@ -458,13 +567,13 @@ class Chat:
             out = self.backend.complete_batch(conversations, params)
             for r in out:
                 r.latency_s = r.latency_s or (time.perf_counter() - t0)
-            return out
+            return [_storable(r) for r in out]
         out = []
         for m in conversations:
             t1 = time.perf_counter()
             r = self.backend.complete(m, params)
             r.latency_s = r.latency_s or (time.perf_counter() - t1)
-            out.append(r)
+            out.append(_storable(r))
         return out
 
     def _answer(self, conversations: Sequence[Sequence[dict[str, Any]]], params: GenParams) -> list[ChatResult]:
@@ -497,7 +606,10 @@ class Chat:
         """Parse an ok answer against the request's schema; mark it unparseable when it does not match."""
         if r.status not in ("ok", "unparseable"):
             return None
-        r.parsed, err = parse_structured(r.text, params)
+        try:
+            r.parsed, err = parse_structured(r.text, params)
+        except Exception as e:  # noqa: BLE001 - no answer, however hostile, may stop a run
+            r.parsed, err = None, f"the answer could not be checked ({type(e).__name__}: {str(e)[:200]})"
         if err is not None and r.finish_reason == "length":
             err = f"the answer was cut off at max_new_tokens={params.max_new_tokens} ({err})"
         r.status = "ok" if err is None else "unparseable"

@@ -237,6 +237,30 @@ _REFUSAL = re.compile(r"\b(i\s*(?:can(?:'|no)t|cannot|am unable|won'?t|will not)
 
 PARSERS = ("strict", "lenient")
 _LABEL_ANYWHERE = re.compile(r"\b(non[\s\-–]?hateful|not[\s\-–]hateful|hateful)\b", re.I)
+#: Words that turn a following "hateful" around ("isn't hateful", "is not at all hateful", "nothing hateful").
+_NEGATION = re.compile(r"\b(?:not|no|never|nothing|neither|nor|none|hardly|without|\w+n['’]t|cannot)\b", re.I)
+#: A label, when the answer starts with one, is within this many characters of the start (bounding
+#: the match keeps parsing linear in the answer's length however it is padded).
+_LABEL_WINDOW = 400
+
+
+def _lenient_label(sentence: str) -> int | None:
+    """The label a first sentence states, or None when it states none or is ambiguous: each
+    mention of "hateful" counts as non-hateful when a negation stands in the five words before it
+    ("isn't hateful", "not at all hateful"), two negations there are ambiguous, and mentions that
+    disagree are ambiguous. Never a guess."""
+    labels = set()
+    for hit in _LABEL_ANYWHERE.finditer(sentence):
+        word = re.sub(r"[\s\-–]", "", hit.group(1).lower())
+        if word in ("nonhateful", "nothateful"):
+            labels.add(0)
+            continue
+        before = " ".join(re.findall(r"[\w'’]+", sentence[:hit.start()])[-5:])
+        negations = len(_NEGATION.findall(before))
+        if negations > 1:
+            return None
+        labels.add(0 if negations == 1 else 1)
+    return labels.pop() if len(labels) == 1 else None
 
 
 def parse_answer(text: str | None, chat_status: str = "ok", finish_reason: str | None = None,
@@ -261,16 +285,14 @@ def parse_answer(text: str | None, chat_status: str = "ok", finish_reason: str |
     if chat_status == "unparseable":
         return Answer("unparseable", raw=raw, truncated=truncated)
     s = raw.strip().replace("{", "").replace("}", "").strip()
-    m = _LABEL_AT_START.match(s)
+    m = _LABEL_AT_START.match(s[:_LABEL_WINDOW])
     if not m:
         if _REFUSAL.search(s):
             return Answer("refused", raw=raw, truncated=truncated)
         first = re.split(r"(?<=[.!?])\s|\n", s, maxsplit=1)[0]
-        hit = _LABEL_ANYWHERE.search(first) if parser == "lenient" else None
-        if not hit:
+        y = _lenient_label(first) if parser == "lenient" else None
+        if y is None:
             return Answer("unparseable", raw=raw, truncated=truncated)
-        word = re.sub(r"[\s\-–]", "", hit.group(1).lower())
-        y = 0 if word in ("nonhateful", "nothateful") else 1
         iv_m = _INTERVENTION.search(s)
         expl, iv = (s[:iv_m.start()], s[iv_m.end():]) if iv_m else (s, "")
         return Answer("ok", y, expl.strip(), iv.strip() if y == 1 else "", truncated, bool(iv.strip()) and y == 0, raw)
