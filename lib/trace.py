@@ -535,6 +535,44 @@ class CheckpointMismatch(ValueError):
     """A run folder's checkpoint belongs to another configuration."""
 
 
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be read safely (corrupt, truncated, or holding more than
+    tensors and plain values); the message names the file and how to resume."""
+
+
+def _plain(value: Any) -> Any:
+    """Numpy scalars and arrays as Python numbers and lists, recursively: a checkpoint then holds only
+    what torch's weights_only loader accepts (tensors, containers, numbers, strings)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def load_checkpoint(path: Any, map_location: Any = "cpu") -> dict[str, Any]:
+    """A training checkpoint read with torch's weights_only loader: tensors, containers, numbers and
+    strings only, so a crafted file cannot run code. A file that fails is a CheckpointError naming it."""
+    import torch
+    try:
+        ck = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises many types for a bad file
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        raise CheckpointError(
+            f"{path}: not a readable training checkpoint ({type(e).__name__}: {first}). It is corrupt, truncated, "
+            f"from an older version of the compendium, or holds objects other than tensors and plain values "
+            f"(refused: loading it could run code). Move it aside or delete it and run again: the run then "
+            f"starts from its first epoch") from None
+    if not isinstance(ck, dict) or "epoch" not in ck:
+        raise CheckpointError(f"{path}: not a training checkpoint (no 'epoch' entry); move it aside or delete it "
+                              f"and run again: the run then starts from its first epoch")
+    return ck
+
+
 class Trainer:
     """Fine-tunes `CLIPClassifier` (+ the unfrozen text layers) on MemeBatchData."""
 
@@ -682,10 +720,12 @@ class Trainer:
     def _checkpoint_state(self, epoch: int, best: float, best_state, bad: int) -> dict[str, Any]:
         import random
         import torch
-        return {"version": 1, "config": asdict(self.cfg), "epoch": epoch, "best": best, "bad": bad,
+        # version 2: numpy values as Python numbers and lists, so the file loads with weights_only=True
+        return {"version": 2, "config": _plain(asdict(self.cfg)), "epoch": epoch, "best": float(best), "bad": bad,
                 "best_state": best_state, "model": self.model.state_dict(), "trainable": self._trainable_state(),
-                "opt": self.opt.state_dict(), "sched": self.sched.state_dict(), "curve": self.curve,
-                "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+                "opt": self.opt.state_dict(), "sched": _plain(self.sched.state_dict()), "curve": _plain(self.curve),
+                "rng": {"torch": torch.get_rng_state(), "numpy": _plain(np.random.get_state()),
+                        "python": random.getstate(),
                         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
 
     def _restore(self, ck: dict[str, Any]) -> None:
@@ -697,8 +737,10 @@ class Trainer:
         self.sched.load_state_dict(ck["sched"])
         self.curve = list(ck["curve"])
         torch.set_rng_state(ck["rng"]["torch"])
-        np.random.set_state(ck["rng"]["numpy"])
-        random.setstate(ck["rng"]["python"])
+        name, keys, pos, has_gauss, gauss = ck["rng"]["numpy"]
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+        py = ck["rng"]["python"]
+        random.setstate((py[0], tuple(py[1]), py[2]))
         if ck["rng"].get("cuda") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(ck["rng"]["cuda"])
 
@@ -715,7 +757,7 @@ class Trainer:
         cfg = self.cfg
         best, best_state, bad, start = -1.0, None, 0, 0
         if checkpoint is not None and Path(checkpoint).exists():
-            ck = torch.load(checkpoint, map_location=self.encoder.device, weights_only=False)
+            ck = load_checkpoint(checkpoint, map_location=self.encoder.device)
             if ck.get("config") != asdict(cfg):
                 diff = sorted(k for k in asdict(cfg) if ck.get("config", {}).get(k) != asdict(cfg)[k])
                 raise CheckpointMismatch(f"{checkpoint}: written for another configuration (differs in "
@@ -978,7 +1020,7 @@ def run_variant(run_dir, data: MemeBatchData, backbone: str, cfg: TrainConfig, m
     resumed = None
     if ck.exists():
         import torch
-        resumed = int(torch.load(ck, map_location="cpu", weights_only=False)["epoch"]) + 1
+        resumed = int(load_checkpoint(ck)["epoch"]) + 1
     enc = make_encoder()
     cache = make_cache(enc) if make_cache is not None and cfg.cache_frozen else None
     r = train_variant(enc, data, cfg, cache, progress=progress, accelerator=accelerator,
@@ -1071,7 +1113,7 @@ def load_trained(run_dir, data: MemeBatchData, make_encoder) -> tuple["Trainer",
     if trained_on and trained_on != list(data.columns):
         raise ValueError(f"{run_dir}: trained with candidates {trained_on}; these memes have {data.columns}")
     threshold = float(res["eval"]["threshold"])
-    ck = torch.load(run_dir / "checkpoint.pt", map_location="cpu", weights_only=False)
+    ck = load_checkpoint(run_dir / "checkpoint.pt")
     enc = make_encoder()
     tr = Trainer(enc, data, _replace(cfg, cache_frozen=False), None, progress=False)
     state = ck["best_state"] if cfg.restore_best and ck.get("best_state") else (ck["model"], ck["trainable"])

@@ -1,5 +1,6 @@
 """TRACE building blocks on a tiny CLIP: cached frozen-prefix features equal the full backbone,
 the classifier and its losses follow the specification, thresholds come from validation."""
+import re
 import numpy as np
 import pytest
 import torch
@@ -495,3 +496,56 @@ def test_parallel_runs_match_a_sequential_run_and_are_collected(tiny_clip_dir, t
     t0 = time.time()
     again = run_variants(jobs, src, ["vlm_caption"], workers=2, progress=False)
     assert [r["trained"] for r in again] == [False, False] and time.time() - t0 < 30
+
+
+class _RunsCode:
+    """A pickle payload that would create a file when unpickled (what a crafted checkpoint does)."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("kind", ["code", "truncated", "garbage", "empty", "not a dict", "numpy state"])
+def test_a_crafted_or_corrupt_checkpoint_is_refused_naming_the_file(tiny, tmp_path, kind):
+    """Checkpoints load with torch's weights_only loader: a file that would run code is refused
+    without running it, and a corrupt one is an error that names it and says how to resume."""
+    import torch
+    from lib.trace import CheckpointError, run_variant
+    enc0, data = tiny
+    model = enc0.preset.model
+    cfg = TrainConfig(hidden=16, epochs=2, batch_size=4, lr=1e-2, patience=10, loss_config="all")
+    make = lambda: load_encoder(model, device="cpu")                          # noqa: E731
+    run = tmp_path / "run"
+    run_variant(run, data, "tiny", cfg, make, None, progress=False)
+    ck = run / "checkpoint.pt"
+    (run / "result.json").unlink()                                             # unfinished: the checkpoint is read
+    marker = tmp_path / "code-ran"
+    if kind == "code":
+        torch.save({"epoch": 0, "payload": _RunsCode(marker)}, ck)
+    elif kind == "truncated":
+        ck.write_bytes(ck.read_bytes()[: ck.stat().st_size // 2])
+    elif kind == "garbage":
+        ck.write_bytes(b"\x80\x04not a checkpoint" * 10)
+    elif kind == "empty":
+        ck.write_bytes(b"")
+    elif kind == "not a dict":
+        torch.save([1, 2, 3], ck)
+    else:                                                                      # the old format: numpy arrays
+        torch.save({"epoch": 0, "rng": {"numpy": np.random.get_state()}}, ck)
+    with pytest.raises(CheckpointError, match=rf"{re.escape(str(ck))}: not a .*delete it and run again"):
+        run_variant(run, data, "tiny", cfg, make, None, progress=False)
+    assert not marker.exists()                                                 # nothing in the file ran
+
+
+def test_a_checkpoint_holds_only_tensors_and_plain_values(tiny, tmp_path):
+    import torch
+    from lib.trace import run_variant
+    enc0, data = tiny
+    cfg = TrainConfig(hidden=16, epochs=2, batch_size=4, lr=1e-2, patience=10, loss_config="all")
+    run_variant(tmp_path / "run", data, "tiny", cfg, lambda: load_encoder(enc0.preset.model, device="cpu"), None,
+                progress=False)
+    ck = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    assert ck["version"] == 2 and isinstance(ck["rng"]["numpy"][1], list)
