@@ -87,9 +87,23 @@ def injected_id(source_id: str, phrasing: str, where: str = "both") -> str:
     return f"{source_id}_inj_{phrasing}" + ("" if where == "both" else f"_{where}")
 
 
+#: Bumped when render_injected draws differently: part of every injected image's content key.
+RENDER_VERSION = 1
+
+
+def image_key(source_image: Path | str, instruction: str) -> str:
+    """The content key of an injected picture: the source image's bytes, the instruction and the
+    renderer's version. A rerun reuses a picture only when all three are the same."""
+    h = hashlib.sha256()
+    h.update(Path(source_image).read_bytes())
+    h.update(b"\0" + instruction.encode("utf-8") + b"\0" + str(RENDER_VERSION).encode())
+    return h.hexdigest()[:12]
+
+
 def inject_record(record, phrasing: str, img_dir: Path | str, where: str = "both"):
     """A copy of `record` (a MemeRecord) carrying PHRASINGS[phrasing]: its picture rendered with
-    the instruction band under `img_dir` (written atomically, reused when present) and/or the
+    the instruction band under `img_dir` as `<id>-<content key>.png` (written atomically; reused
+    only when the source picture, the instruction and the renderer are the same) and/or the
     instruction appended to its text. meta gains source_id, phrasing and where."""
     from lib.artifacts import write_with
     if phrasing not in PHRASINGS:
@@ -100,7 +114,7 @@ def inject_record(record, phrasing: str, img_dir: Path | str, where: str = "both
     new_id = injected_id(str(record.id), phrasing, where)
     img_path = Path(record.img_path)
     if where in ("both", "image"):
-        img_path = Path(img_dir) / f"{new_id}.png"
+        img_path = Path(img_dir) / f"{new_id}-{image_key(record.img_path, instruction)}.png"
         if not img_path.exists():
             pic = render_injected(record.image(), instruction)
             write_with(img_path, lambda tmp: pic.save(tmp, format="PNG"))
@@ -143,14 +157,30 @@ def assign_phrasings(records: Sequence[Any], phrasings: Sequence[str], per_meme:
     return [(r, phrasings[i % len(phrasings)]) for i, r in enumerate(records)]
 
 
+class InjectionError(ValueError):
+    """A refused injection request (an existing set without overwrite, an output inside the input)."""
+
+
 def build_injection_set(records: Sequence[Any], out_dir: Path | str, phrasings: Sequence[str] | None = None,
-                        per_meme: str = "one", where: str = "both", control: str | None = None) -> list[Any]:
+                        per_meme: str = "one", where: str = "both", control: str | None = None,
+                        overwrite: bool = False) -> list[Any]:
     """Render and write the injected copies of `records` under out_dir (injection.jsonl: id, img,
-    label, text, source_id, phrasing, where; img/<id>.png). `phrasings` defaults to every
-    instruction (the controls left out); `control` (e.g. "neutral") adds one control copy of every
-    record after the instruction copies. Returns the injected records."""
+    label, text, source_id, phrasing, where; img/<id>-<content key>.png). `phrasings` defaults to
+    every instruction (the controls left out); `control` (e.g. "neutral") adds one control copy of
+    every record after the instruction copies. An existing injection.jsonl is replaced only with
+    `overwrite`; out_dir may not hold any source image. Returns the injected records."""
     from lib.artifacts import write_text
     out_dir = Path(out_dir)
+    target = out_dir / "injection.jsonl"
+    if target.exists() and not overwrite:
+        raise InjectionError(f"{target} already exists; pass --force (overwrite=True) to replace it, or choose "
+                             f"another output folder")
+    resolved = out_dir.resolve()
+    for r in records:                          # never write into (or over) a source picture's folder
+        folder = Path(r.img_path).resolve().parent
+        if folder in (resolved, resolved / "img") or folder in resolved.parents:
+            raise InjectionError(f"output folder {out_dir} would write into {folder}, the folder of meme {r.id}'s "
+                                 f"picture: write the injected copies outside the dataset")
     phrasings = list(phrasings or [p for p in PHRASINGS if p not in CONTROL_PHRASINGS])
     pairs = assign_phrasings(records, phrasings, per_meme)
     if control is not None:
@@ -188,12 +218,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--per-meme", choices=("one", "all"), default="one")
     ap.add_argument("--where", choices=WHERE, default="both")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--force", action="store_true", help="replace an existing injection.jsonl in --out")
     a = ap.parse_args(argv)
-    kw = {"splits": a.split} if a.split else {}
-    recs = datasets.load(a.dataset, a.root, **kw).records
-    chosen = pick_hateful(recs, a.n, a.seed)
-    out = build_injection_set(chosen, a.out, a.phrasing, a.per_meme, a.where, a.control)
-    print(f"{len(out)} injected copies of {len(chosen)} hateful memes -> {Path(a.out) / 'injection.jsonl'}")
+    import sys
+    try:
+        root, out = Path(a.root), Path(a.out)
+        if not root.is_dir():
+            raise InjectionError(f"--root {root}: no such folder")
+        if a.dataset not in datasets.REGISTRY or datasets.REGISTRY[a.dataset].family != "meme":
+            raise InjectionError(f"--dataset {a.dataset!r}: not a meme dataset; known: "
+                                 f"{', '.join(sorted(n for n, d in datasets.REGISTRY.items() if d.family == 'meme'))}")
+        if out.resolve() == root.resolve() or root.resolve() in out.resolve().parents:
+            raise InjectionError(f"--out {out} is inside --root {root}: write the injected copies outside the dataset")
+        if out.exists() and not out.is_dir():
+            raise InjectionError(f"--out {out}: exists and is not a folder")
+        if a.n < 0:
+            raise InjectionError(f"--n {a.n}: give a count >= 0 (0: every hateful meme)")
+        kw = {"splits": a.split} if a.split else {}
+        recs = datasets.load(a.dataset, root, **kw).records
+        chosen = pick_hateful(recs, a.n, a.seed)
+        if not chosen:
+            raise InjectionError(f"{a.dataset} at {root}: no hateful meme in the chosen split(s)")
+        written = build_injection_set(chosen, out, a.phrasing, a.per_meme, a.where, a.control, overwrite=a.force)
+    except (InjectionError, datasets.DataError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{len(written)} injected copies of {len(chosen)} hateful memes -> {out / 'injection.jsonl'}")
     return 0
 
 

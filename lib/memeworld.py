@@ -978,7 +978,7 @@ def write_memeworld(out: Path | str, n: int = 10000, seed: int = 0, image_size: 
     from lib.datasets import MemeRecord
     from lib.injection import build_injection_set
     hateful = [MemeRecord(str(s.id), out / img_rel[s.id], s.text, 1, s.split) for s in test_specs if s.final_label]
-    build_injection_set(hateful, out / "injection", control="neutral")
+    build_injection_set(hateful, out / "injection", control="neutral", overwrite=True)
     # scene-caption training pairs (train split only) with one FOIL hard negative each
     pairs = []
     for s in specs:

@@ -67,3 +67,68 @@ def test_mitigation_fences_the_text_and_cli_writes_a_set(memeworld_small, tmp_pa
     assert injection.main(["--root", str(memeworld_small[0]), "--split", "test_seen", "--out", str(tmp_path / "c"),
                            "--n", "3", "--per-meme", "all", "--phrasing", "reviewed", "--phrasing", "system"]) == 0
     assert len(datasets.load("injection", tmp_path / "c").records) == 6
+
+
+def test_a_rerun_never_reuses_a_picture_made_from_other_content(memeworld_small, tmp_path):
+    """Pictures are keyed by content: a rerun into the same folder with another source picture (or
+    another instruction wording) renders anew instead of reusing the old file of the same id."""
+    from dataclasses import replace
+
+    from PIL import Image
+    _, chosen = _hateful(memeworld_small, 2)
+    first = injection.build_injection_set(chosen, tmp_path / "inj", ["answer_is"])
+    (tmp_path / "src").mkdir()
+    other_src = tmp_path / "src" / "other.png"
+    Image.new("RGB", (128, 128), (10, 200, 30)).save(other_src)
+    changed = [replace(chosen[0], img_path=other_src), chosen[1]]
+    again = injection.build_injection_set(changed, tmp_path / "inj", ["answer_is"], overwrite=True)
+    assert again[0].id == first[0].id and again[0].img_path != first[0].img_path
+    top = np.asarray(Image.open(again[0].img_path).convert("RGB"))[:128]
+    assert (top == np.asarray(Image.open(other_src).convert("RGB"))).all()     # the new picture, not the old one
+    assert again[1].img_path == first[1].img_path                              # same content: reused
+
+
+@pytest.mark.parametrize("case", ["exists", "out is root", "out inside root", "out is the image folder"])
+def test_the_cli_refuses_to_overwrite_or_write_inside_its_input(memeworld_small, tmp_path, capsys, case):
+    import shutil
+    src, _ = memeworld_small
+    root = tmp_path / "fhm"
+    shutil.copytree(src, root, ignore=shutil.ignore_patterns("*.jsonl", "hvli", "multioff", "mami", "trace",
+                                                             "injection", "nocaps_foil", "captions"))
+    for f in ("train.jsonl", "dev_seen.jsonl", "test_seen.jsonl", "dev_unseen.jsonl", "test_unseen.jsonl"):
+        if (src / f).exists():
+            shutil.copy(src / f, root / f)
+    before = sorted(p.name for p in (root / "img").iterdir())
+    out = {"exists": tmp_path / "o", "out is root": root, "out inside root": root / "inj",
+           "out is the image folder": root / "img"}[case]
+    args = ["--root", str(root), "--out", str(out), "--split", "test_seen", "--n", "2"]
+    if case == "exists":
+        assert injection.main(args) == 0
+        marker = (out / "injection.jsonl").read_text()
+        assert injection.main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "already exists" in err and "--force" in err
+        assert (out / "injection.jsonl").read_text() == marker
+        assert injection.main(args + ["--force"]) == 0
+    else:
+        assert injection.main(args) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and err.startswith("error: ") and "outside the dataset" in err
+        assert sorted(p.name for p in (root / "img").iterdir()) == before and not (root / "injection.jsonl").exists()
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--root", "/nonexistent/fhm", "--out", "OUT"], "no such folder"),
+    (["--root", "ROOT", "--out", "OUT", "--dataset", "hatred"], "not a meme dataset"),
+    (["--root", "ROOT", "--out", "OUT", "--dataset", "made_up"], "not a meme dataset"),
+    (["--root", "ROOT", "--out", "OUT", "--split", "holdout"], "no split 'holdout'"),
+    (["--root", "ROOT", "--out", "OUT", "--n", "-3"], "--n -3"),
+    (["--root", "ROOT", "--out", "FILE"], "is not a folder"),
+])
+def test_the_cli_reports_bad_arguments_in_one_line(memeworld_small, tmp_path, capsys, args, says):
+    src, _ = memeworld_small
+    (tmp_path / "file").write_text("x")
+    sub = {"ROOT": str(src), "OUT": str(tmp_path / "o"), "FILE": str(tmp_path / "file")}
+    assert injection.main([sub.get(a, a) for a in args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("error: ") and says in err, err
