@@ -32,6 +32,7 @@ for once and every caller gets the same one.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import io
 import itertools
@@ -817,7 +818,8 @@ class OpenAICompatibleBackend:
                  timeout_s: float = 60.0, max_retries: int = 5, backoff_s: float = 1.0, max_backoff_s: float = 60.0,
                  price_in: float = 0.0, price_out: float = 0.0, api_key_optional: bool = False,
                  sleep: Callable[[float], None] = time.sleep, structured_output: str = "json_schema",
-                 identity_extra: dict[str, Any] | None = None, max_connections: int = 64):
+                 identity_extra: dict[str, Any] | None = None, max_connections: int = 64,
+                 total_timeout_s: float | None = None):
         import httpx
         if structured_output not in ("json_schema", "prompt"):
             raise PresetError(f"structured_output must be 'json_schema' or 'prompt', got {structured_output!r}")
@@ -831,7 +833,9 @@ class OpenAICompatibleBackend:
         if not keys and not api_key_optional:
             raise PresetError(f"no API key for {model} at {base_url}: set the environment variable (or .env entry) "
                               f"named by the preset's api_key_env, optionally NAME_1, NAME_2... for rotation")
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s          # one attempt, sending to last byte, however slowly the body trickles
+        # one call, every retry and back-off included: repeated hangs end here (default: three attempts' worth)
+        self.total_timeout_s = float(total_timeout_s) if total_timeout_s is not None else 3 * timeout_s
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
@@ -921,24 +925,52 @@ class OpenAICompatibleBackend:
                 t = t.replace(k, "***")
         return t
 
-    def _post(self, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
-        """One request under a whole-request deadline of `timeout_s` (httpx's own timeout is per read:
-        a body dripping in slowly would outlive it many times)."""
-        deadline = time.monotonic() + self.timeout_s
-        with self._client.stream("POST", f"{self.base_url}/chat/completions", json=body, headers=headers) as r:
-            chunks = []
-            for chunk in r.iter_bytes():
-                chunks.append(chunk)
-                if time.monotonic() > deadline:
-                    raise _Deadline()
-            return r.status_code, dict(r.headers), b"".join(chunks)
+    def _post(self, body: dict[str, Any], headers: dict[str, str], limit_s: float) -> tuple[int, dict[str, str], bytes]:
+        """One request that ends within `limit_s` whatever the server does (httpx's own timeout is per
+        read: a body dripping in slowly, or headers sent byte by byte, would outlive it many times).
+        The request runs on a helper thread; at the limit this call raises and the helper's response
+        is closed (the helper then ends at its next read)."""
+        box: dict[str, Any] = {}
+        done = threading.Event()
+
+        def work() -> None:
+            try:
+                with self._client.stream("POST", f"{self.base_url}/chat/completions", json=body,
+                                         headers=headers) as r:
+                    box["response"] = r
+                    chunks = []
+                    for chunk in r.iter_bytes():
+                        if box.get("abandoned"):
+                            return
+                        chunks.append(chunk)
+                    box["out"] = (r.status_code, dict(r.headers), b"".join(chunks))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                box["error"] = e
+            finally:
+                done.set()
+        threading.Thread(target=work, daemon=True, name="chat-request").start()
+        if not done.wait(max(0.0, limit_s)):
+            box["abandoned"] = True
+            response = box.get("response")
+            if response is not None:
+                with contextlib.suppress(Exception):
+                    response.close()
+            raise _Deadline()
+        if "error" in box:
+            raise box["error"]
+        return box["out"]
 
     def _complete(self, messages, params: GenParams) -> ChatResult:
         import httpx
         body = self._body(messages, params)
         last_error = "no attempt"
         attempt = 0
+        call_deadline = time.monotonic() + self.total_timeout_s
         while attempt <= self.max_retries:
+            left = call_deadline - time.monotonic()
+            if left <= 0:
+                last_error += f"; the call's total_timeout_s={self.total_timeout_s:g}s is spent"
+                break
             attempt += 1
             key = self.keys.next()
             if key is None and self.keys._keys:
@@ -949,9 +981,9 @@ class OpenAICompatibleBackend:
                 headers["Authorization"] = f"Bearer {key}"
             wait = None
             try:
-                code, rheaders, content = self._post(body, headers)
+                code, rheaders, content = self._post(body, headers, min(self.timeout_s, left))
             except (httpx.TimeoutException, _Deadline):
-                last_error = f"no complete answer within {self.timeout_s}s"
+                last_error = f"no complete answer within {min(self.timeout_s, left):.3g}s"
             except httpx.TransportError as e:
                 last_error = f"transport error: {type(e).__name__}"
             else:
@@ -986,7 +1018,7 @@ class OpenAICompatibleBackend:
                 break
             if wait is None:
                 wait = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
-            self._sleep(wait)
+            self._sleep(max(0.0, min(wait, call_deadline - time.monotonic())))
         return ChatResult("", "failed", error=f"gave up after {attempt} attempts: {last_error}", model=self.model,
                           attempts=attempt)
 
@@ -1237,6 +1269,8 @@ def load_backend(preset: Preset, device: str | None = None, env_file: str | Path
         served = "serve" in o
         return OpenAICompatibleBackend(preset.model, base_url or o["base_url"], keys, revision=preset.revision,
                                        timeout_s=float(o.get("timeout_s", 60)),
+                                       total_timeout_s=float(o["total_timeout_s"]) if o.get("total_timeout_s")
+                                       else None,
                                        max_retries=int(o.get("max_retries", 5)),
                                        price_in=float(o.get("price_in", 0.0)), price_out=float(o.get("price_out", 0.0)),
                                        api_key_optional=bool(o.get("api_key_optional", served)),

@@ -291,6 +291,9 @@ def serve(preset_name: str, port: int | None = None, host: str = "127.0.0.1", lo
             # not ours to stop: leaving this block leaves it running
             yield ServedModel(found.preset, found.base_url, found.model, found.pid, owned=False, log=found.log)
             return
+    if port is not None and port_open(host, port):
+        raise ServeError(f"{host}:{port} is already in use by another process; serve '{preset_name}' on another "
+                         f"port (port=None picks a free one), or reuse a running server of this preset (reuse=True)")
     port = port or free_port(host)
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     log_path = Path(log) if log else STATE_DIR / f"{preset_name}-{port}.log"
@@ -307,7 +310,9 @@ def serve(preset_name: str, port: int | None = None, host: str = "127.0.0.1", lo
     clean = False
     try:
         deadline = time.time() + cfg.startup_timeout_s
-        while not server_answers(url, alias(preset), timeout=1.0):
+        # ours only when the answering server is the process we started (its state file names our pid):
+        # another process that took the port first is never handed back as this block's server
+        while not (_started_by(proc, preset_name, port) and server_answers(url, alias(preset), timeout=1.0)):
             if proc.poll() is not None:
                 raise ServeError(f"the llama.cpp server for '{preset_name}' exited with code {proc.returncode} "
                                  f"while starting; last lines of {log_path}:\n{_tail(log_path)}")
@@ -326,6 +331,16 @@ def serve(preset_name: str, port: int | None = None, host: str = "127.0.0.1", lo
         _stop(proc, host, port)
         if clean and log is None:
             log_path.unlink(missing_ok=True)   # kept only when something went wrong
+
+
+def _started_by(proc: subprocess.Popen, preset_name: str, port: int) -> bool:
+    """Whether the server on `port` is `proc`: alive, and the state file it writes once serving names its pid."""
+    if proc.poll() is not None:
+        return False
+    try:
+        return int(json.loads(_state_file(preset_name, port).read_text())["pid"]) == proc.pid
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def _tail(path: Path, n: int = 15) -> str:

@@ -90,6 +90,25 @@ class FaultServer:
                     except (BrokenPipeError, ConnectionResetError):
                         pass
                     return
+                if "alwayshang" in prompt:
+                    time.sleep(2.0)
+                    return self._send(503, b'{"error": "too late"}')
+                if "slowdrip" in prompt or "slowheaders" in prompt:
+                    payload = json.dumps({"choices": [{"message": {"content": "late"}, "finish_reason": "stop"}],
+                                          "usage": {"prompt_tokens": 1, "completion_tokens": 1}}).encode()
+                    head = (f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                            f"Content-Length: {len(payload)}\r\n\r\n").encode()
+                    pieces = [head[i:i + 4] for i in range(0, len(head), 4)] + [payload] if "slowheaders" in prompt \
+                        else [head] + [payload[i:i + 8] for i in range(0, len(payload), 8)]
+                    try:
+                        for piece in pieces:                     # each gap just under the client's read timeout
+                            self.wfile.write(piece)
+                            self.wfile.flush()
+                            time.sleep(0.4)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass
+                    self.close_connection = True
+                    return
                 if n == 1 and "f429" in prompt:
                     return self._send(429, b'{"error": "slow down"}', {"Retry-After": "1"})
                 if n == 1 and "f500" in prompt:
@@ -339,6 +358,22 @@ def test_the_timeout_bounds_the_whole_request(server):
     r = Chat(b).generate([user("drip please")])
     drip_s = 0.2 * 15                            # the server takes ~3 s to send the whole body
     assert r.status == "failed" and "within 0.5s" in r.error and time.time() - t0 < drip_s / 2
+
+
+@pytest.mark.parametrize("fault", ["slowdrip", "slowheaders"])
+def test_the_timeout_bounds_a_request_trickled_just_under_each_read_timeout(server, fault):
+    b = _backend(server.url, max_retries=0)      # timeout_s 0.5; every byte arrives 0.4 s after the last
+    t0 = time.time()
+    r = Chat(b).generate([user(f"{fault} please")])
+    assert r.status == "failed" and "within 0.5s" in r.error and time.time() - t0 < 0.5 + 0.2
+
+
+def test_repeated_hangs_end_at_the_calls_total_timeout(server):
+    b = _backend(server.url, max_retries=5, total_timeout_s=1.2)    # each attempt would hang 2 s
+    t0 = time.time()
+    r = Chat(b).generate([user("alwayshang please")])
+    assert r.status == "failed" and "total_timeout_s=1.2s is spent" in r.error
+    assert time.time() - t0 < 1.2 + 0.35 and len(server.attempts["alwayshang please"]) <= 3
 
 
 def test_the_endpoint_is_part_of_an_http_models_identity():

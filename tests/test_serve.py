@@ -192,3 +192,50 @@ def test_standalone_command_serves_until_interrupted(tmp_path):
         assert not port_open("127.0.0.1", port)
     finally:
         proc.kill()
+
+
+class _Impostor:
+    """Another process's server on a port: answers /health and /v1/models with the preset's model name."""
+
+    def __init__(self, model):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class H(BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = json.dumps({"status": "ok", "data": [{"id": model}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize("race", [False, True])
+def test_serve_never_hands_back_another_processs_server_as_its_own(monkeypatch, race):
+    """serve(port=P, reuse=False) with another process answering on P: an error naming the port,
+    before anything starts (race=False); or, when the port looked free and was taken before the
+    server bound it (race=True), an error once the started server exits, never the other one."""
+    from lib import serve as serve_mod
+    from lib.serve import ServeError, alias
+    impostor = _Impostor(alias(get_preset("chat", PRESET)))
+    try:
+        if race:
+            real = serve_mod.port_open
+            monkeypatch.setattr(serve_mod, "port_open",
+                                lambda host, port, timeout=0.2: False if port == impostor.port else real(host, port, timeout))
+        with pytest.raises(ServeError, match=rf"127.0.0.1:{impostor.port} is already in use|exited with code"):
+            with serve(PRESET, port=impostor.port, reuse=False) as s:
+                pytest.fail(f"handed back {s}")
+        assert server_answers(f"http://127.0.0.1:{impostor.port}/v1")        # the other server is untouched
+    finally:
+        impostor.close()
