@@ -36,7 +36,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from lib import ROOT
-from lib.artifacts import write_json
 
 AGENTS = ("captioner", "explainer", "commonsense", "intervention")
 AGENT_SOURCES = {"captioner": "memecap", "explainer": "hatred", "commonsense": "memesense", "intervention": "memesense"}
@@ -315,10 +314,8 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
     record = {"agent": agent, "key": key, "base": recipe.base, "base_digest": base_digest, "recipe": asdict(recipe),
               "n_train": len(train), "curve": curve, "train_s": time.time() - t0}
     if acc.is_main_process:
-        from lib.memeworld_vlm import _save       # save_pretrained beside, then files swapped in
-        out_dir.mkdir(parents=True, exist_ok=True)
-        _save(acc.unwrap_model(model), proc, out_dir)
-        write_json(rec_path, record)
+        from lib.memeworld_vlm import save_model   # weights, processor and record swapped in as one folder
+        save_model(acc.unwrap_model(model), proc, out_dir, record)
     acc.wait_for_everyone()
     return {**record, "cached": False}
 

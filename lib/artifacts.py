@@ -9,6 +9,7 @@ leaves a half-written artifact. Each stage folder carries `manifest.json`
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -89,20 +90,50 @@ def relpath(p: Path | str) -> str:
 
 
 # ----------------------------------------------------------------------------- atomic writes
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _sweep_stale_temporaries(target: Path) -> None:
+    """Remove the temporaries of `target` that a killed writer left (`.<name>.<pid>.<random>.tmp`
+    whose pid is no longer running); a live writer's temporary is left alone."""
+    prefix = f".{target.name}."
+    for f in target.parent.glob(f"{glob.escape(prefix)}*.tmp"):
+        pid = f.name[len(prefix):].split(".", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            with contextlib.suppress(OSError):
+                f.unlink()
+
+
 @contextlib.contextmanager
 def atomic_path(target: Path | str) -> Iterator[Path]:
-    """Yield a temporary path next to `target`; rename it over `target` on success."""
+    """Yield a temporary path next to `target`; rename it over `target` on success. The temporary
+    is removed on any failure, and the temporaries a killed writer left beside `target` are removed
+    when it is next written, so no `.tmp` file outlives the writes."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    _sweep_stale_temporaries(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        strays = sorted(target.parent.glob(f"{glob.escape(tmp_path.name)}.*"))
+        if strays:                  # a writer that added its own suffix (np.save adds .npy) wrote elsewhere
+            raise OSError(f"writing {target}: the writer wrote {strays[0].name} instead of the temporary file it was "
+                          f"given; pass it an open file object (or a name it keeps as is)")
         os.replace(tmp_path, target)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+        for stray in target.parent.glob(f"{glob.escape(tmp_path.name)}.*"):
+            stray.unlink()
 
 
 def write_bytes(target: Path | str, data: bytes) -> Path:

@@ -745,8 +745,31 @@ def read_dotenv(path: str | Path) -> dict[str, str]:
     return out
 
 
+#: Every env file other than the project's `.env` that keys were read from, one absolute path a line:
+#: the notebook scrubber (lib.runner) redacts their secrets too, since it runs in another process.
+ENV_FILES_LOG = ROOT / "artifacts" / ".env_files"
+
+
+def remembered_env_files() -> list[Path]:
+    try:
+        return [Path(line) for line in ENV_FILES_LOG.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except OSError:
+        return []
+
+
+def _remember_env_file(path: str | Path) -> None:
+    p = Path(path).resolve()
+    if p == (ROOT / ".env").resolve() or p in remembered_env_files():
+        return
+    from lib.artifacts import write_text
+    write_text(ENV_FILES_LOG, "".join(f"{f}\n" for f in [*remembered_env_files(), p]))
+
+
 def api_keys(name: str, env_file: str | Path | None = None) -> list[str]:
-    """NAME, then NAME_1, NAME_2, ... from the environment, falling back to `.env`."""
+    """NAME, then NAME_1, NAME_2, ... from the environment, falling back to `.env` (or `env_file`,
+    which is then remembered so that saved notebooks are scrubbed of its secrets too)."""
+    if env_file is not None:
+        _remember_env_file(env_file)
     env = {**read_dotenv(env_file if env_file is not None else ROOT / ".env"), **os.environ}
     keys = [env[name]] if env.get(name) else []
     i = 1

@@ -24,8 +24,8 @@ Bad-input policy (every loader, through the helpers below):
   a symlink placed inside the dataset is followed) unless the loader is called with
   `allow_outside_images=True`;
 - `check_images` is one of none / exists / decode (decode really decodes the pixels); a split
-  with no records, `splits` given as a string, and a loader option the loader does not take are
-  errors that say what is valid.
+  with no records, `splits` given as a plain string (or empty, or naming an unknown split), and a
+  loader option the loader does not take are errors that say what is valid.
 
 MemeWorld (`lib.memeworld`) writes every one of these formats, so these loaders are
 exercised end to end in the embedded profile.
@@ -516,17 +516,23 @@ def _label(v: Any, allowed: set, where: str, key: str = "label") -> int:
 
 def _splits(requested: tuple[str, ...] | list[str] | str | None, available: tuple[str, ...], name: str
             ) -> tuple[str, ...]:
+    """The splits to read: None for all; otherwise a list (or tuple) of split names. A plain string
+    is refused (a loop over it would read its letters, and "train,dev" is not a split either), as are
+    an empty list, a non-string entry and an unknown split; each message says what is valid."""
     if requested is None:
         return available
-    if isinstance(requested, str):               # splits="train" means the one split, not its letters
-        requested = (requested,)
-    bad = [s for s in requested if s not in available]
+    if isinstance(requested, str):
+        raise DataError(f"dataset '{name}': splits must be a list of split names, e.g. [{requested.split(',')[0]!r}]; "
+                        f"got the string {requested!r}. Its splits: {', '.join(available)}")
+    if not isinstance(requested, (list, tuple)) or not requested:
+        raise DataError(f"dataset '{name}': splits must be a non-empty list of split names, got {requested!r}; "
+                        f"its splits: {', '.join(available)}")
+    bad = [s for s in requested if not isinstance(s, str) or s not in available]
     if bad:
         raise DataError(f"dataset '{name}' has no split {', '.join(map(repr, bad))}; its splits: {', '.join(available)}")
-    return tuple(requested)
+    return tuple(dict.fromkeys(requested))
 
 
-# ----------------------------------------------------------------------------- meme classification
 @register("fhm", "meme", files=("img",), source="Facebook Hateful Memes (licence required): "
           "https://ai.meta.com/tools/hatefulmemes/ -> put train.jsonl, dev_seen.jsonl, dev_unseen.jsonl, "
           "test_seen.jsonl, test_unseen.jsonl and img/ in the dataset root")
@@ -584,7 +590,7 @@ def load_trace(root: Path, ctx: _Ctx, file: str = "trace.json", caption_columns:
     base = Path(image_root) if image_root else root
     known = {"id", "img", "text", "label", "split"}
     out = []
-    wanted = set(splits) if splits else None
+    wanted = set(_splits(splits, FHM_SPLITS + ("train", "val", "test"), "trace")) if splits is not None else None
     for i, obj in _objects(data, path):
         where = f"{path}: record {i} (img {obj.get('img')!r})"
         img = _field(obj, "img", where)

@@ -281,17 +281,34 @@ def _cache_key(kind: str, cfg: Any, memeworld: Path, extra: str = "") -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def _model_files(out_dir: Path) -> dict[str, str]:
+    """Every file of a model folder but its training.json, with its digest."""
+    from lib.artifacts import file_digest
+    return {p.relative_to(out_dir).as_posix(): file_digest(p) for p in sorted(out_dir.rglob("*"))
+            if p.is_file() and p.name != "training.json"}
+
+
 def _cached(out_dir: Path, key: str) -> dict[str, Any] | None:
+    """The saved training record when the folder holds the model trained under `key`: the key and
+    the digest of every file must match what the stamp recorded (a folder left half-replaced by a
+    killed run, or edited since, is trained again)."""
     p = out_dir / "training.json"
     if not p.exists():
         return None
-    saved = json.loads(p.read_text())
-    return saved if saved.get("cache_key") == key else None
+    try:
+        saved = json.loads(p.read_text())
+    except ValueError:
+        return None
+    if saved.get("cache_key") != key or saved.get("files") != _model_files(out_dir):
+        return None
+    return saved
 
 
 def _stamp(out_dir: Path, key: str) -> dict[str, Any]:
+    """Record the key and the files' digests in training.json, written last (atomically)."""
     saved = json.loads((out_dir / "training.json").read_text())
     saved["cache_key"] = key
+    saved["files"] = _model_files(out_dir)
     write_json(out_dir / "training.json", saved)
     return saved
 

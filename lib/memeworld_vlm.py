@@ -14,6 +14,7 @@ as InternVL or PaliGemma checkpoints are.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -225,23 +226,42 @@ def train_memeworld_vlm(memeworld: Path | str, clip_dir: Path | str, out_dir: Pa
     train_s = time.time() - t0
     metrics = evaluate_vlm(model, proc, memeworld, cfg, train)
     metrics["vlm_train_s"] = train_s
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _save(model, proc, out_dir)
-    write_json(out_dir / "training.json", {"config": asdict(cfg), "curve": curve, "metrics": metrics})
+    save_model(model, proc, out_dir, {"config": asdict(cfg), "curve": curve, "metrics": metrics})
     return {"metrics": metrics, "curve": curve}
 
 
-def _save(model, proc, out_dir: Path) -> None:
-    """save_pretrained into a temporary sibling folder, then swap it in (no half-written model)."""
+def save_folder_atomically(out_dir: Path, write: Any) -> None:
+    """Write a whole folder through `write(tmp_dir)` into a hidden sibling, then swap the folders by
+    two renames: a reader sees the old folder, no folder, or the new one, never a mix (a kill
+    between the renames leaves no folder, so the model is trained again). Leftovers of a killed
+    swap (hidden siblings) are removed first."""
     import shutil
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    model.save_pretrained(tmp)
-    proc.save_pretrained(tmp)
-    for p in tmp.iterdir():
-        p.replace(out_dir / p.name)
-    tmp.rmdir()
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.parent.glob(f".{out_dir.name}.*.swap"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.new.swap")
+    old = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.old.swap")
+    tmp.mkdir()
+    try:
+        write(tmp)
+        if out_dir.exists():
+            os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def save_model(model, proc, out_dir: Path, record: dict[str, Any] | None = None) -> None:
+    """The model, its processor and (when given) its training record as training.json, swapped in
+    as one folder (memeworld-vlm here, the agents of notebook 04 through lib.agents)."""
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        proc.save_pretrained(tmp)
+        if record is not None:
+            write_json(tmp / "training.json", record)
+    save_folder_atomically(out_dir, write)
 
 
 def evaluate_vlm(model, proc, memeworld: Path, cfg: VlmConfig, train_rows: list[dict[str, Any]]) -> dict[str, Any]:

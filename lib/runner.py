@@ -27,18 +27,27 @@ ABS_PATH = re.compile(r"(?<![\w:/.~\-}])/(?:[^\s\"'/:,;()\[\]{}<>]+/)+")
 
 
 def loaded_secrets() -> list[str]:
-    """Every secret the compendium may have loaded: environment variables and `.env` entries whose
-    names look secret, and every key named by a chat preset's api_key_env (with its _1, _2...)."""
-    from lib.chat import read_dotenv
-    env = {**read_dotenv(ROOT / ".env"), **os.environ}
-    names = {k for k in env if SECRET_ENV.search(k)}
+    """Every secret the compendium may have loaded: environment variables, `.env` entries and the
+    entries of every other env file keys were read from (lib.chat remembers them) whose names look
+    secret, and every key named by a chat preset's api_key_env (with its _1, _2...)."""
+    from lib.chat import read_dotenv, remembered_env_files
+    sources = [dict(os.environ)]
+    for f in [ROOT / ".env", *remembered_env_files()]:
+        try:
+            sources.append(read_dotenv(f))
+        except (OSError, ValueError) as e:    # an unreadable file must not stop the scrubber; say so
+            print(f"warning: secrets of {f} cannot be read to scrub saved notebooks ({e})", file=sys.stderr)
     try:
         from lib.presets import presets
         key_envs = {str(p.options["api_key_env"]) for p in presets("chat").values() if p.options.get("api_key_env")}
     except Exception:  # a broken preset file must not stop the scrubber
         key_envs = set()
-    names |= {k for k in env if any(k == e or re.fullmatch(rf"{re.escape(e)}_\d+", k) for e in key_envs)}
-    return sorted({env[k] for k in names if env.get(k) and len(env[k]) >= 8}, key=len, reverse=True)
+    found = set()
+    for env in sources:
+        names = {k for k in env if SECRET_ENV.search(k)}
+        names |= {k for k in env if any(k == e or re.fullmatch(rf"{re.escape(e)}_\d+", k) for e in key_envs)}
+        found |= {env[k] for k in names if env.get(k) and len(env[k]) >= 8}
+    return sorted(found, key=len, reverse=True)
 
 
 def _scrub_strings(value, replacements: list[tuple[str, str]], secrets: list[str]):

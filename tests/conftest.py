@@ -35,3 +35,10 @@ def tiny_clip_dir(tmp_path_factory):
     tok.save_pretrained(out)
     CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(out)
     return out
+
+
+@pytest.fixture(autouse=True)
+def _private_env_files_log(tmp_path_factory, monkeypatch):
+    """Env files a test reads keys from are remembered in a log of the test session's own, never in
+    the project's artifacts/.env_files."""
+    monkeypatch.setattr("lib.chat.ENV_FILES_LOG", tmp_path_factory.getbasetemp() / "env_files.log")

@@ -494,8 +494,10 @@ def test_checks_that_check(world):
         load_source("fhm", src, check_images="decoded")
     with pytest.raises(DataError, match=r"unknown loader option\(s\) split; valid: splits, require_labels"):
         load_source("fhm", {**src, "split": "train"})
-    only = load_source("fhm", {**src, "splits": "dev_seen"})
+    only = load_source("fhm", {**src, "splits": ["dev_seen"]})
     assert len(only) > 0 and {r.split for r in only.records} == {"dev_seen"}
+    with pytest.raises(DataError, match="splits must be a list"):
+        load_source("fhm", {**src, "splits": "dev_seen"})
     (world / "dev_unseen.jsonl").write_text("")
     with pytest.raises(DataError, match="dev_unseen.jsonl: split 'dev_unseen' has no records"):
         load_source("fhm", src)
@@ -515,3 +517,23 @@ def test_memesense_analyses_may_span_lines_but_not_the_whole_file(world_text):
     _set_first(world_text, "memesense", "intervention", "x\n" * (MAX_FIELD_LINES + 1))
     with pytest.raises(DataError, match="one field spans"):
         load_source("memesense", src, check_images="none")
+
+
+SPLIT_LOADERS = [n for n in NAMES if "splits" in __import__("lib.datasets", fromlist=["loader_options"]).loader_options(n)]
+
+
+@pytest.mark.parametrize("name", SPLIT_LOADERS)
+@pytest.mark.parametrize("splits,match", [
+    ("test", "must be a list of split names, e.g. \\['test'\\]; got the string 'test'"),
+    ("train,test", "got the string 'train,test'"),
+    ([], "non-empty list"),
+    (["no_such_split"], "has no split 'no_such_split'"),
+    ([3], "has no split 3"),
+])
+def test_splits_must_be_a_list_of_known_split_names(memeworld_small, name, splits, match):
+    """Every loader that takes `splits` refuses a plain string (it would be read letter by letter or
+    as one made-up name), an empty list and unknown names, listing the valid splits."""
+    out, _ = memeworld_small
+    src = dict(memeworld_sources(out)[name])
+    with pytest.raises(DataError, match=rf"{match}.*[Ii]ts splits: "):
+        load_source(name, {**src, "splits": splits})

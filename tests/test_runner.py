@@ -142,3 +142,26 @@ def test_failing_stage_keeps_notebook_and_parks_the_failed_run(tmp_path):
         assert not list(tmp_path.glob(".*running*"))
     finally:
         shutil.rmtree(ROOT / "artifacts" / profile, ignore_errors=True)
+
+
+def test_scrub_redacts_keys_read_from_another_env_file(tmp_path, monkeypatch):
+    """A key loaded from an env file other than the project's .env (load_chat(..., env_file=...))
+    is redacted from saved notebooks too, although the scrubber runs in another process."""
+    import lib.chat as chat
+    from lib.chat import api_keys
+    env = tmp_path / "elsewhere" / "keys.env"
+    env.parent.mkdir()
+    env.write_text("export MY_PROVIDER_API_KEY=sk-from-another-env-file-42\nOTHER_TOKEN='tok-elsewhere-777'\n")
+    monkeypatch.delenv("MY_PROVIDER_API_KEY", raising=False)
+    assert api_keys("MY_PROVIDER_API_KEY", env_file=env) == ["sk-from-another-env-file-42"]
+    assert env.resolve() in chat.remembered_env_files()
+    nb = nbformat.v4.new_notebook()
+    c = nbformat.v4.new_code_cell("x")
+    c.outputs = [nbformat.v4.new_output("stream", name="stdout",
+                                        text="sent sk-from-another-env-file-42 and tok-elsewhere-777\n")]
+    nb.cells.append(c)
+    p = tmp_path / "z.ipynb"
+    nbformat.write(nb, str(p))
+    scrub_notebook(p)
+    text = p.read_text()
+    assert "sk-from-another-env-file-42" not in text and "tok-elsewhere-777" not in text and "sent *** and ***" in text

@@ -272,14 +272,13 @@ def test_vader_bootstrap_and_lexical_measures():
 @pytest.fixture(scope="module")
 def tiny_agent_base(tiny_clip_dir, tmp_path_factory):
     """A randomly initialised memeworld-vlm-architecture model (LLaVA) saved like the real one."""
-    from lib.memeworld_vlm import VlmConfig, _save, build_vlm, train_tokenizer
+    from lib.memeworld_vlm import VlmConfig, build_vlm, save_model, train_tokenizer
     texts = ["What does this meme mean? Its text:", "The meme is hateful. Explain why.", "non-hateful hateful",
              "they are rats", "a sunny day", "nothing attacks anyone", "it calls them vermin"] * 20
     cfg = VlmConfig(vocab_size=300, hidden=32, layers=1, heads=2, intermediate=64)
     model, proc = build_vlm(train_tokenizer(texts, cfg.vocab_size), Path(tiny_clip_dir), cfg)
     out = tmp_path_factory.mktemp("agent_base") / "base"
-    out.mkdir()
-    _save(model, proc, out)
+    save_model(model, proc, out)
     return out
 
 

@@ -1,0 +1,82 @@
+"""Atomic files and folders: a failed or killed write never leaves a half-written target, a mixed
+model folder, or temporaries that outlive it."""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from lib.artifacts import atomic_path, write_text, write_with
+from lib.embedded_models import _cached, _stamp
+from lib.memeworld_vlm import save_folder_atomically
+
+
+def dead_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    return p.pid
+
+
+def test_a_killed_writers_temporaries_are_swept_and_a_live_writers_kept(tmp_path):
+    target = tmp_path / "x.json"
+    stale = [tmp_path / f".x.json.{dead_pid()}.abc{i}.tmp" for i in range(3)]
+    live = tmp_path / f".x.json.{os.getppid()}.live.tmp"            # another running process's write in flight
+    for f in [*stale, live]:
+        f.write_text("partial")
+    write_text(target, "{}")
+    assert target.read_text() == "{}" and live.exists() and not any(f.exists() for f in stale)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target.name, live.name])
+
+
+@pytest.mark.parametrize("failure", ["raises", "keyboard interrupt", "writes elsewhere"])
+def test_a_failed_write_leaves_the_old_target_and_no_temporary(tmp_path, failure):
+    target = tmp_path / "emb.npy"
+    target.write_bytes(b"old")
+
+    def writer(tmp):
+        if failure == "writes elsewhere":
+            np.save(str(tmp), np.zeros(3))                              # numpy appends .npy to the name
+            return
+        tmp.write_bytes(b"half")
+        raise (KeyboardInterrupt if failure == "keyboard interrupt" else RuntimeError)("boom")
+    with pytest.raises((RuntimeError, KeyboardInterrupt, OSError)):
+        write_with(target, writer)
+    assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["emb.npy"]
+
+
+def test_atomic_path_gives_a_name_numpy_keeps_when_handed_a_file_object(tmp_path):
+    target = tmp_path / "emb.npz"
+    with atomic_path(target) as tmp, open(tmp, "wb") as f:
+        np.savez(f, a=np.arange(3))
+    assert np.load(target)["a"].tolist() == [0, 1, 2] and [p.name for p in tmp_path.iterdir()] == ["emb.npz"]
+
+
+def test_a_model_folder_is_swapped_whole_or_not_at_all(tmp_path):
+    out = tmp_path / "model"
+    save_folder_atomically(out, lambda d: [(d / n).write_text(n + "-v1") for n in ("a.bin", "config.json")])
+    (tmp_path / ".model.4242.new.swap").mkdir()                     # a killed swap's leftover
+
+    def half(d):
+        (d / "a.bin").write_text("a.bin-v2")
+        raise RuntimeError("killed while saving")
+    with pytest.raises(RuntimeError):
+        save_folder_atomically(out, half)
+    assert {p.name: p.read_text() for p in out.iterdir()} == {"a.bin": "a.bin-v1", "config.json": "config.json-v1"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]   # no hidden sibling survives
+    save_folder_atomically(out, lambda d: (d / "b.bin").write_text("v2"))
+    assert [p.name for p in out.iterdir()] == ["b.bin"]              # the new folder alone, no old file mixed in
+
+
+def test_a_stamped_model_folder_is_reused_only_while_its_files_are_the_ones_stamped(tmp_path):
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"weights-v1")
+    (out / "training.json").write_text(json.dumps({"metrics": {}}))
+    _stamp(out, "key1")
+    assert _cached(out, "key1") is not None and _cached(out, "key2") is None
+    (out / "model.safetensors").write_bytes(b"weights-v2")             # replaced by a run killed before its stamp
+    assert _cached(out, "key1") is None
+    (out / "model.safetensors").write_bytes(b"weights-v1")
+    (out / "extra.bin").write_bytes(b"x")                               # a file the stamp does not know
+    assert _cached(out, "key1") is None
