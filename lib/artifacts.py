@@ -90,7 +90,8 @@ def relpath(p: Path | str) -> str:
 
 
 # ----------------------------------------------------------------------------- atomic writes
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host is running under `pid` (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -106,7 +107,7 @@ def _sweep_stale_temporaries(target: Path) -> None:
     prefix = f".{target.name}."
     for f in target.parent.glob(f"{glob.escape(prefix)}*.tmp"):
         pid = f.name[len(prefix):].split(".", 1)[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
             with contextlib.suppress(OSError):
                 f.unlink()
 

@@ -52,6 +52,7 @@ from typing import Any, Iterator
 from urllib.parse import urlparse
 
 from lib import ROOT
+from lib.artifacts import pid_alive
 from lib.presets import Preset, PresetError, get_preset, resolve_model_path
 
 STATE_DIR = ROOT / "artifacts" / "serve"
@@ -137,16 +138,6 @@ def server_answers(base_url: str, model: str | None = None, timeout: float = 1.0
         return False
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 # ----------------------------------------------------------------------------- the server process
 def server_params(cfg: ServeConfig, model_alias: str, host: str, port: int):
     """llama.cpp CommonParams for one server."""
@@ -191,7 +182,7 @@ def _running_states(preset_name: str) -> Iterator[dict[str, Any]]:
             pid = int(state["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if _pid_alive(pid):
+        if pid_alive(pid):
             yield state
         else:
             f.unlink(missing_ok=True)
@@ -211,7 +202,7 @@ def run_server(preset_name: str, host: str, port: int, parent_pid: int | None = 
     if parent_pid:
         def watch_parent() -> None:
             while not stop.is_set():
-                if os.getppid() != parent_pid or not _pid_alive(parent_pid):
+                if os.getppid() != parent_pid or not pid_alive(parent_pid):
                     stop.set()
                 time.sleep(0.5)
         threading.Thread(target=watch_parent, daemon=True).start()
