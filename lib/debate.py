@@ -17,6 +17,10 @@ describes: each side sees the transcript so far) and `official` (the official co
 debaters see only the post, round-2 prompts included; only the judge reads the transcript).
 Two parsers (`parse`): `structured` (each role's JSON schema, constrained decoding where the
 backend has it) and `official` (free text read leniently with json-repair, as the official code).
+A failed prosecutor or defender (`debater_failure`): `stop` ends the trial (the compendium's) or
+`pass_on` hands its failure object to the other side and the judge (the official code's).
+`CourtConfig.official()` sets all three to the official behaviour; tests/test_debate_official.py
+checks it against a restatement of the official control flow on scripted answers.
 
 Prompts are data: `params/prompts/arcade/{<class_mode>,common}/<stage>.txt` (system prompts, the
 compendium's own wording), `params/prompts/arcade/user/<stage>.txt` (the user turn's task lines),
