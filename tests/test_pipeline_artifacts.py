@@ -138,7 +138,14 @@ def test_trace_runs_the_official_defaults_with_honest_baselines():
     # every unimodal baseline do not (the notebook's reading)
     assert m["image_caption_scorer_acc_type_001"] > m["text_only_acc_type_001"] + 0.5
     assert m["image_caption_scorer_acc_type_001"] > m["image_only_acc_type_001"] + 0.5
-    assert m["acc_type_001"] < 0.5
+    # whether the default learns 001 depends on the seed and on the machine's floating point (0.04 / 0.68 /
+    # 0.01 over three seeds on one machine, 0.94 / 0.87 / 0.32 on another, same commit): reported as a
+    # distribution over seeds, never asserted either way
+    import pandas as pd
+    seeds = pd.read_csv(EMB / "02_finetuning" / "seeds.csv")
+    default = seeds[seeds.variant == "cls+rel"]
+    assert len(default) >= 3 and default.acc_type_001.between(0, 1).all()
+    assert abs(m["trace_seeds_cls_rel_acc_type_001_mean"] - default.acc_type_001.mean()) < 1e-6
     # the selection fix: cosine / 0.07 never picks the meme text in training, the raw cosine does
     assert m["cls_con_cos007_text_train_pick_share"] < 0.05 < 0.1 < m["cls_con_text_train_pick_share"]
     # frozen parts computed once: an epoch is at least 3x faster than the full backbone's
