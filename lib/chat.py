@@ -235,7 +235,7 @@ def loads_strict(text: str) -> Any:
     try:
         return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant, parse_float=_finite)
     except RecursionError:
-        raise ValueError(f"nested deeper than the decoder allows") from None
+        raise ValueError("nested deeper than the decoder allows") from None
 
 
 def _object_spans(t: str) -> list[tuple[int, int]]:

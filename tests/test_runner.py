@@ -16,7 +16,7 @@ def _nb_with_outputs(tmp_path):
     c.metadata["papermill"] = {"start_time": "t", "duration": 2}
     c.metadata["execution"] = {"iopub.execute_input": "t"}
     c.outputs = [
-        nbformat.v4.new_output("stream", name="stdout", text=f"saved {ROOT}/figures/a.png key=sk-SECRETSECRET\n"),
+        nbformat.v4.new_output("stream", name="stdout", text=f"saved {ROOT}/figures/a.png key=FAKE-SECRET-SECRET\n"),
         nbformat.v4.new_output("stream", name="stderr", text="load: 100%|██████████| 13/13 [00:01<00:00, 9.1it/s]"),
         nbformat.v4.new_output("stream", name="stderr", text="a real warning\n"),
         nbformat.v4.new_output("stream", name="stderr", text="\n"),
@@ -28,13 +28,13 @@ def _nb_with_outputs(tmp_path):
 
 
 def test_scrub_removes_timestamps_paths_progress_and_secrets(tmp_path, monkeypatch):
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-SECRETSECRET")
+    monkeypatch.setenv("OPENAI_API_KEY", "FAKE-SECRET-SECRET")
     p = _nb_with_outputs(tmp_path)
     scrub_notebook(p)
     text = p.read_text()
     nb = json.loads(text)
     assert "start_time" not in text and "duration" not in text and "iopub" not in text
-    assert str(ROOT) not in text and "sk-SECRETSECRET" not in text
+    assert str(ROOT) not in text and "FAKE-SECRET-SECRET" not in text
     outs = [("".join(o["text"])) for o in nb["cells"][0]["outputs"]]
     assert outs == ["saved figures/a.png key=***\n", "a real warning\n"]
     assert nb["metadata"]["papermill"]["input_path"] == "notebooks/x.ipynb"
@@ -44,12 +44,12 @@ def test_scrub_redacts_keys_from_dotenv_and_paths_outside_the_project(tmp_path, 
     import lib.runner as runner
     from lib.chat import read_dotenv
     monkeypatch.delenv("GEMINI_API_KEY", raising=False)
-    monkeypatch.setattr("lib.chat.read_dotenv", lambda p: {**read_dotenv(p), "GEMINI_API_KEY": "AIzaDOTENVONLY123",
-                                                           "DASHSCOPE_API_KEY_2": "sk-rotated-second-key"})
+    monkeypatch.setattr("lib.chat.read_dotenv", lambda p: {**read_dotenv(p), "GEMINI_API_KEY": "fake-dotenv-only-123",
+                                                           "DASHSCOPE_API_KEY_2": "fake-rotated-second-key"})
     nb = nbformat.v4.new_notebook()
     c = nbformat.v4.new_code_cell("x")
     c.outputs = [nbformat.v4.new_output("stream", name="stdout", text=(
-        "key AIzaDOTENVONLY123 and sk-rotated-second-key\n"
+        "key fake-dotenv-only-123 and fake-rotated-second-key\n"
         "File /opt/conda/lib/python3.11/site-packages/x.py, tmp '/tmp/pytest-1/cache.sqlite'\n"
         "url http://127.0.0.1:8089/v1 and figures/embedded/a.png, 12/16 posts, 200 tokens/s\n"
         "preset model {artifacts}/embedded/models/m\n")),
@@ -61,7 +61,7 @@ def test_scrub_redacts_keys_from_dotenv_and_paths_outside_the_project(tmp_path, 
     runner.scrub_notebook(p)
     out = json.loads(p.read_text())["cells"][0]["outputs"]
     text = "".join(out[0]["text"])
-    assert "AIzaDOTENVONLY123" not in text and "sk-rotated-second-key" not in text
+    assert "fake-dotenv-only-123" not in text and "fake-rotated-second-key" not in text
     assert "/opt/conda" not in text and "/tmp/pytest-1" not in text and "<abs>/x.py" in text
     assert "http://127.0.0.1:8089/v1" in text and "figures/embedded/a.png" in text and "12/16 posts" in text
     assert "{artifacts}/embedded/models/m" in text
@@ -151,17 +151,17 @@ def test_scrub_redacts_keys_read_from_another_env_file(tmp_path, monkeypatch):
     from lib.chat import api_keys
     env = tmp_path / "elsewhere" / "keys.env"
     env.parent.mkdir()
-    env.write_text("export MY_PROVIDER_API_KEY=sk-from-another-env-file-42\nOTHER_TOKEN='tok-elsewhere-777'\n")
+    env.write_text("export MY_PROVIDER_API_KEY=fake-from-another-env-file-42\nOTHER_TOKEN='fake-token-elsewhere-777'\n")
     monkeypatch.delenv("MY_PROVIDER_API_KEY", raising=False)
-    assert api_keys("MY_PROVIDER_API_KEY", env_file=env) == ["sk-from-another-env-file-42"]
+    assert api_keys("MY_PROVIDER_API_KEY", env_file=env) == ["fake-from-another-env-file-42"]
     assert env.resolve() in chat.remembered_env_files()
     nb = nbformat.v4.new_notebook()
     c = nbformat.v4.new_code_cell("x")
     c.outputs = [nbformat.v4.new_output("stream", name="stdout",
-                                        text="sent sk-from-another-env-file-42 and tok-elsewhere-777\n")]
+                                        text="sent fake-from-another-env-file-42 and fake-token-elsewhere-777\n")]
     nb.cells.append(c)
     p = tmp_path / "z.ipynb"
     nbformat.write(nb, str(p))
     scrub_notebook(p)
     text = p.read_text()
-    assert "sk-from-another-env-file-42" not in text and "tok-elsewhere-777" not in text and "sent *** and ***" in text
+    assert "fake-from-another-env-file-42" not in text and "fake-token-elsewhere-777" not in text and "sent *** and ***" in text
