@@ -21,9 +21,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-DEFAULT_PROMPT = "Describe the image."
-GROUNDED_PROMPT = ("Describe the image. Detected objects: {tags}. Mention each object that is really "
-                   "visible, with its colour and position.")
+from lib.prompts import prompt_line
+
+#: the captioner's question without grounding, and with it ({tags}: the detected objects)
+DEFAULT_PROMPT = prompt_line("caption/describe.txt")
+GROUNDED_PROMPT = prompt_line("caption/grounded.txt")
 
 
 @dataclass

@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 
 from lib.artifacts import write_json
+from lib.prompts import prompt_line
 
-CAPTION_PROMPT = "Describe the image."
+CAPTION_PROMPT = prompt_line("caption/describe.txt")   # the question memeworld-vlm is trained on
 SPECIAL = ["<pad>", "<s>", "</s>", "<unk>", "<image>"]
 
 #: USER/ASSISTANT turns, images as <image> placeholders, system text first. The processor
@@ -277,3 +278,10 @@ def evaluate_vlm(model, proc, memeworld: Path, cfg: VlmConfig, train_rows: list[
     return {"vlm_rouge_l": rouge_l(preds, golds), "vlm_rouge_l_baseline": rouge_l([common] * len(golds), golds),
             "vlm_exact_match": float(np.mean([p == g for p, g in zip(preds, golds)])), "vlm_eval_n": len(test),
             "vlm_examples": [{"id": r["id"], "gold": g, "pred": p} for r, g, p in list(zip(test, golds, preds))[:8]]}
+
+
+def save_weights(model, path: Path) -> None:
+    """A torch module's weights as one safetensors file (the format every embedded model ships in)."""
+    from safetensors.torch import save_file
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(path), metadata={"format": "pt"})

@@ -9,7 +9,7 @@ the models the compendium trains itself resolve like any local checkpoint.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -126,8 +126,32 @@ def get_preset(kind: str, name: str) -> Preset:
 
 
 def torch_dtype(name: str):
-    import torch
+    import torch  # lazy on purpose: reading presets (make check-params, the runner) needs no torch
     try:
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
     except KeyError:
         raise PresetError(f"dtype '{name}' is not one of float32, bfloat16, float16") from None
+
+
+_CASTS = {"float": float, "int": int, "str": str, "bool": bool}
+
+
+def options_from(cls, options: dict[str, Any], who: str):
+    """The options dataclass `cls` filled from a preset's `options:` (the keys it declares; other keys
+    belong to other layers), each value converted to its field's type; a bad value names the preset."""
+    kw = {}
+    for f in fields(cls):
+        if f.name not in options or options[f.name] is None:
+            continue
+        cast = _CASTS.get(str(f.type).split("|")[0].strip())
+        try:
+            kw[f.name] = cast(options[f.name]) if cast else options[f.name]
+        except (TypeError, ValueError):
+            raise PresetError(f"{who}: option {f.name}={options[f.name]!r} is not a {str(f.type)}") from None
+    return cls(**kw)
+
+
+def default_device() -> str:
+    """cuda when this torch can use a GPU here, else cpu."""
+    import torch  # lazy on purpose: reading presets needs no torch
+    return "cuda" if torch.cuda.is_available() else "cpu"

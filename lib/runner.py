@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from lib import ROOT
+from lib.chat.keys import read_dotenv, remembered_env_files
 from lib.params import ProfileError, Stage, select_stages, validate_profile
 
 SECRET_ENV = re.compile(r"(API_KEY|TOKEN|SECRET|PASSWORD)", re.I)
@@ -30,7 +31,6 @@ def loaded_secrets() -> list[str]:
     """Every secret the compendium may have loaded: environment variables, `.env` entries and the
     entries of every other env file keys were read from (lib.chat remembers them) whose names look
     secret, and every key named by a chat preset's api_key_env (with its _1, _2...)."""
-    from lib.chat import read_dotenv, remembered_env_files
     sources = [dict(os.environ)]
     for f in [ROOT / ".env", *remembered_env_files()]:
         try:

@@ -41,4 +41,4 @@ def tiny_clip_dir(tmp_path_factory):
 def _private_env_files_log(tmp_path_factory, monkeypatch):
     """Env files a test reads keys from are remembered in a log of the test session's own, never in
     the project's artifacts/.env_files."""
-    monkeypatch.setattr("lib.chat.ENV_FILES_LOG", tmp_path_factory.getbasetemp() / "env_files.log")
+    monkeypatch.setattr("lib.chat.keys.ENV_FILES_LOG", tmp_path_factory.getbasetemp() / "env_files.log")

@@ -44,7 +44,7 @@ def test_scrub_redacts_keys_from_dotenv_and_paths_outside_the_project(tmp_path, 
     import lib.runner as runner
     from lib.chat import read_dotenv
     monkeypatch.delenv("GEMINI_API_KEY", raising=False)
-    monkeypatch.setattr("lib.chat.read_dotenv", lambda p: {**read_dotenv(p), "GEMINI_API_KEY": "fake-dotenv-only-123",
+    monkeypatch.setattr("lib.runner.read_dotenv", lambda p: {**read_dotenv(p), "GEMINI_API_KEY": "fake-dotenv-only-123",
                                                            "DASHSCOPE_API_KEY_2": "fake-rotated-second-key"})
     nb = nbformat.v4.new_notebook()
     c = nbformat.v4.new_code_cell("x")

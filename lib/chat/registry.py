@@ -1,0 +1,82 @@
+"""Backend registry and loading: preset backend name -> "module:Class", `load_backend`, `load_chat`."""
+from __future__ import annotations
+
+import importlib
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from lib.chat.cache import ResponseCache
+from lib.chat.core import Chat, ChatBackend, ChatOptions
+from lib.presets import Preset, PresetError, get_preset, resolve_model_path, weights_digest
+
+def served_identity(preset: Preset) -> dict[str, Any]:
+    """Cache identity of a model this compendium serves itself (a `serve:` section): the GGUF's
+    digest and the engine's version, not the (ephemeral) port."""
+    gguf = Path(resolve_model_path(preset.options["serve"]["gguf"]))
+    try:
+        engine = f"llama.cpp (xllamacpp {metadata.version('xllamacpp')})"
+    except metadata.PackageNotFoundError:
+        engine = "llama.cpp"
+    return {"gguf": weights_digest(gguf) if gguf.exists() else str(gguf), "engine": engine}
+
+
+#: Preset `backend:` name -> "module:Class" (imported when a preset names it, so a backend's heavy
+#: dependencies load only when it is used). Add one with `register_backend` or an entry here.
+BACKENDS: dict[str, str] = {
+    "hf": "lib.chat.hf:HFChatBackend",
+    "openai_compatible": "lib.chat.openai_compatible:OpenAICompatibleBackend",
+    "captioned": "lib.chat.captioned:CaptionedBackend",
+}
+
+
+def register_backend(name: str):
+    """Class decorator: a chat backend that presets name as `backend: <name>`. The class provides
+    `identity()`, `complete(messages, params)` and `from_preset(preset, *, device, env_file, base_url,
+    cache)`; class attributes `default_max_workers` and `default_batch_size` size its `Chat`."""
+    def deco(cls):
+        BACKENDS[name] = f"{cls.__module__}:{cls.__qualname__}"
+        return cls
+    return deco
+
+
+def backend_class(name: str, preset_name: str = "?") -> type:
+    """The class registered under a backend name."""
+    if name not in BACKENDS:
+        raise PresetError(f"chat preset '{preset_name}': unknown backend '{name}' ({', '.join(sorted(BACKENDS))})")
+    module, _, qualname = BACKENDS[name].partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def load_backend(preset: Preset, device: str | None = None, env_file: str | Path | None = None,
+                 base_url: str | None = None, cache: ResponseCache | str | Path | None = None) -> ChatBackend:
+    """The backend a preset names. `base_url` overrides an HTTP preset's endpoint (a server started
+    on a free port); `cache` is the response cache a captioned adapter's captioner uses."""
+    return backend_class(preset.backend, preset.name).from_preset(preset, device=device, env_file=env_file,
+                                                                  base_url=base_url, cache=cache)
+
+
+def load_chat(name_or_path: str | Path, cache: ResponseCache | str | Path | None = None, device: str | None = None,
+              env_file: str | Path | None = None, base_url: str | None = None) -> Chat:
+    """A cached chat model from a preset name (params/presets/chat.yaml) or a local HF folder.
+
+    `base_url` points an HTTP preset (or the text model behind a captioned one) at a running
+    server, e.g. `lib.serve.serve(...).base_url`."""
+    p = Path(str(name_or_path))
+    if p.is_dir() and (p / "config.json").exists():
+        preset = Preset(name=p.name, backend="hf", model=str(p))
+    else:
+        preset = get_preset("chat", str(name_or_path))
+    if isinstance(cache, (str, Path)):
+        cache = ResponseCache(cache)
+    backend = load_backend(preset, device, env_file, base_url, cache)
+    base = get_preset("chat", preset.model) if preset.backend == "captioned" else preset
+    sized = backend_class(base.backend, base.name)      # how the model behind it is best driven
+    opts = ChatOptions.from_options({**base.options, **preset.options})
+    return Chat(backend, cache, name=preset.name,
+                max_workers=opts.max_workers if opts.max_workers is not None else sized.default_max_workers,
+                batch_size=opts.batch_size if opts.batch_size is not None else sized.default_batch_size,
+                schema_retries=opts.schema_retries)

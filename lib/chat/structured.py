@@ -1,0 +1,172 @@
+"""Structured answers: reading JSON out of free text (total and linear), checking it against a
+schema or choice list, and asking for it in the prompt when a backend cannot constrain decoding."""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Sequence
+
+import jsonschema
+
+from lib.chat.messages import ChatResult, GenParams, parts_of, prompt_template, text, user
+
+#: Answers longer than this are not read as JSON (no answer of a max_new_tokens-bounded call comes near).
+MAX_JSON_CHARS = 200_000
+#: Deeper nesting than this is refused before any decoding (no schema here nests past 5 levels).
+MAX_JSON_DEPTH = 64
+_JSON_SPECIAL = re.compile(r'[{}\[\]"\\]')
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(f"duplicate key {k!r} in a JSON object")
+        out[k] = v
+    return out
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    v = float(text)
+    if v != v or v in (float("inf"), float("-inf")):
+        raise ValueError(f"{text} is not a finite number")
+    return v
+
+
+def loads_strict(text: str) -> Any:
+    """json.loads that refuses what a schema cannot mean: duplicate keys, NaN / Infinity, numbers
+    that overflow to infinity, and nesting past MAX_JSON_DEPTH. Any failure is a ValueError."""
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise ValueError("nested deeper than the decoder allows") from None
+
+
+def _object_spans(t: str) -> list[tuple[int, int]]:
+    """The balanced {...} spans of `t` in order of their opening brace, in one pass: brackets are
+    matched and double-quoted strings skipped only inside brackets (quotes in prose do not count);
+    a mismatched closing bracket resets the matcher. Raises ValueError past MAX_JSON_DEPTH."""
+    spans: list[tuple[int, int]] = []
+    stack: list[tuple[str, int]] = []
+    in_string, skip = False, -1
+    for m in _JSON_SPECIAL.finditer(t):
+        i, ch = m.start(), m.group()
+        if i <= skip:
+            continue
+        if in_string:
+            if ch == "\\":
+                skip = i + 1                   # the escaped character
+            elif ch == '"':
+                in_string = False
+            continue
+        if ch == '"':
+            in_string = bool(stack)
+        elif ch in "{[":
+            stack.append((ch, i))
+            if len(stack) > MAX_JSON_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+        elif ch in "}]":
+            if stack and stack[-1][0] == ("{" if ch == "}" else "["):
+                opener, start = stack.pop()
+                if opener == "{":
+                    spans.append((start, i + 1))
+            else:
+                stack.clear()
+    return sorted(spans)
+
+
+def check_json_bounds(text: str) -> None:
+    """ValueError when an answer is too long or nested too deep to be read as JSON (the bounds
+    every reader here applies before decoding, so that reading is linear in the answer's length)."""
+    if len(text) > MAX_JSON_CHARS:
+        raise ValueError(f"the answer is {len(text):,} characters long; at most {MAX_JSON_CHARS:,} are read as JSON")
+    _object_spans(text)
+
+
+def extract_json(text: str) -> Any:
+    """The JSON value in an answer: the whole text, else its first balanced {...} block that
+    decodes (models often wrap JSON in prose or code fences). Total and linear in the answer's
+    length: a ValueError (never another exception) when there is none, when a key repeats, when a
+    number is not finite, when nesting passes MAX_JSON_DEPTH or the answer MAX_JSON_CHARS."""
+    t = (text if isinstance(text, str) else "").strip()
+    if len(t) > MAX_JSON_CHARS:
+        raise ValueError(f"the answer is {len(t):,} characters long; at most {MAX_JSON_CHARS:,} are read as JSON")
+    spans = _object_spans(t)                   # also the depth check, before any decoding
+    try:
+        return loads_strict(t)
+    except _DuplicateKey:
+        raise
+    except ValueError:
+        pass
+    # nested spans are each at most MAX_JSON_DEPTH deep, so all of them together are O(depth x length)
+    for start, end in spans:
+        try:
+            return loads_strict(t[start:end])
+        except _DuplicateKey:
+            raise
+        except ValueError:
+            continue
+    raise ValueError("no JSON object in the answer")
+
+
+def parse_structured(text: str, params: GenParams) -> tuple[Any, str | None]:
+    """(parsed value, None) when the answer matches the request's schema / choices, else (None, why).
+
+    For `choices` the value is the chosen string; a bare answer equal to one choice (case and
+    surrounding punctuation ignored) is accepted too, as models without constrained decoding give it.
+    """
+    schema = params.schema()
+    try:
+        value = extract_json(text)
+    except ValueError as e:
+        if params.choices is not None:
+            bare = (text or "").strip().strip(".!\"'` ").lower()
+            hits = [c for c in params.choices if c.lower() == bare]
+            if len(hits) == 1:
+                return hits[0], None
+        return None, str(e)
+    try:
+        jsonschema.validate(value, schema)
+    except jsonschema.ValidationError as e:
+        where = "/".join(str(x) for x in e.absolute_path) or "the top level"
+        return None, f"{e.message} (at {where})"
+    return (value["answer"] if params.choices is not None else value), None
+
+
+def with_schema_instruction(messages: Sequence[dict[str, Any]], params: GenParams) -> list[dict[str, Any]]:
+    """The conversation with the schema instruction appended to its last user turn (for backends
+    without constrained decoding)."""
+    instr = prompt_template("structured/instruction.txt").format(
+        schema=json.dumps(params.schema(), ensure_ascii=False))
+    out = [dict(m) for m in messages]
+    last = max((i for i, m in enumerate(out) if m["role"] == "user"), default=None)
+    if last is None:
+        return out + [user(instr)]
+    out[last] = {**out[last], "content": parts_of(out[last]) + [text("\n\n" + instr)]}
+    return out
+
+
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def clean_text(value: Any) -> str:
+    """A model's text as every later step can store and encode: a lone UTF-16 surrogate (which a
+    server can send as a JSON escape) becomes U+FFFD; a missing text becomes ''."""
+    if not isinstance(value, str):
+        return "" if value is None else str(value)
+    return _SURROGATE.sub("\ufffd", value)
+
+
+def storable(r: ChatResult) -> ChatResult:
+    r.text = clean_text(r.text)
+    if r.error is not None:
+        r.error = clean_text(r.error)
+    return r
