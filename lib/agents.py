@@ -29,13 +29,23 @@ import hashlib
 import json
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+import torch
+from accelerate import Accelerator
+from PIL import Image
+from tqdm.auto import tqdm
+from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from lib import ROOT
+from lib.artifacts import MissingInputError
+from lib.chat import Chat, GenParams, image, text, user
+from lib.chat.hf import HFChatBackend
+from lib.memeworld_vlm import save_model
+from lib.presets import Preset, get_preset, torch_dtype
 
 AGENTS = ("captioner", "explainer", "commonsense", "intervention")
 AGENT_SOURCES = {"captioner": "memecap", "explainer": "hatred", "commonsense": "memesense", "intervention": "memesense"}
@@ -155,14 +165,11 @@ def examples_digest(examples: Sequence[AgentExample], template: str) -> str:
 
 # ----------------------------------------------------------------------------- encoding
 def _load_base(base: str, dtype: str):
-    from lib.presets import get_preset, torch_dtype
-    from transformers import AutoModelForImageTextToText, AutoProcessor
     p = Path(base)
     if not (p.is_dir() and (p / "config.json").exists()):
         pr = get_preset("chat", base)
         p = Path(pr.resolved_model)
         if "{artifacts}" in pr.model and not p.exists():
-            from lib.artifacts import MissingInputError
             raise MissingInputError(f"agent base model '{base}': {p} does not exist; "
                                     f"train it with `make reproduce NB=models`")
         src, kw = str(p) if p.exists() else pr.model, ({"revision": pr.revision} if pr.revision and not p.exists()
@@ -176,7 +183,6 @@ def _load_base(base: str, dtype: str):
 
 def folder_identity(src: str | Path) -> dict[str, Any] | str:
     """A model folder's weights and template digests (a hub id stays a name)."""
-    from lib.presets import Preset
     if not Path(src).is_dir():
         return str(src)
     ident = Preset(name=Path(src).name, backend="hf", model=str(src)).identity()
@@ -226,7 +232,6 @@ def encode_example(proc, img, prompt: str, target: str, max_len: int) -> dict[st
 
 
 def _collate(batch: list[dict[str, Any]], pad_id: int):
-    import torch
     n = max(len(b["input_ids"]) for b in batch)
     ids = torch.full((len(batch), n), pad_id, dtype=torch.long)
     lab = torch.full((len(batch), n), -100, dtype=torch.long)
@@ -253,10 +258,6 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
                 progress: bool = True, force: bool = False) -> dict[str, Any]:
     """Fine-tune recipe.base on the train examples; save to out_dir; return the training record.
     Reuses a saved agent whose inputs (base weights, examples, prompt, recipe) are the same."""
-    import torch
-    from accelerate import Accelerator
-    from PIL import Image
-    from tqdm.auto import tqdm
     out_dir = Path(out_dir)
     train = [e for e in examples if e.split == "train"]
     if not train:
@@ -314,7 +315,6 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
     record = {"agent": agent, "key": key, "base": recipe.base, "base_digest": base_digest, "recipe": asdict(recipe),
               "n_train": len(train), "curve": curve, "train_s": time.time() - t0}
     if acc.is_main_process:
-        from lib.memeworld_vlm import save_model   # weights, processor and record swapped in as one folder
         save_model(acc.unwrap_model(model), proc, out_dir, record)
     acc.wait_for_everyone()
     return {**record, "cached": False}
@@ -330,7 +330,6 @@ def _leading_space(proc) -> bool:
 # ----------------------------------------------------------------------------- inference
 def agent_chat(agent_dir: str | Path, cache, batch_size: int = 32, device: str | None = None):
     """A trained agent behind the response cache (its identity includes the weights' digest)."""
-    from lib.chat import Chat, HFChatBackend
     d = Path(agent_dir)
     backend = HFChatBackend(str(d), identity={**folder_identity(d), "model": f"agent:{d.name}"}, device=device)
     return Chat(backend, cache, name=d.name, batch_size=batch_size)
@@ -340,7 +339,6 @@ def run_agent(chat, template: str, items: Sequence[tuple[Any, dict[str, str]]], 
               temperature: float = 0.0, desc: str | None = None, progress: bool = True) -> list[Any]:
     """Agent answers for (image path, template inputs) pairs, through the response cache.
     The paper's temperature 0.001 is greedy decoding for a local model (0.0 here)."""
-    from lib.chat import GenParams, image, text, user
     convs = [[user(image(str(p)), text(render_prompt(template, inp)))] for p, inp in items]
     return chat.generate_many(convs, GenParams(temperature=temperature, max_new_tokens=max_new_tokens),
                               desc=desc, progress=progress)
@@ -358,66 +356,3 @@ def nearest_train_baseline(test: Sequence[AgentExample], train: Sequence[AgentEx
     Q = np.stack([emb[e.id] for e in test])
     nn = np.argmax(Q @ T.T, axis=1)          # argmax returns the first maximum: stable ties
     return [train[j].target for j in nn]
-
-
-@dataclass
-class Table3Row:
-    agent: str
-    data: str
-    n: int
-    rouge_l: float
-    semsim: float
-    bertscore_f1: float
-    baseline_rouge_l: float
-    baseline_semsim: float
-    baseline_bertscore_f1: float
-    examples: list[dict[str, str]] = field(default_factory=list)
-
-    @property
-    def learned(self) -> bool:
-        return self.rouge_l > self.baseline_rouge_l and self.semsim > self.baseline_semsim
-
-
-# ----------------------------------------------------------------------------- command line
-def main(argv: Sequence[str] | None = None) -> int:
-    """Fine-tune See-Explain-Intervene agents from a profile, on one device or several:
-
-        python -m lib.agents --profile paper --agent explainer
-        accelerate launch --multi_gpu --num_processes 4 -m lib.agents --profile paper
-
-    Reads the profile's `04_few_shot` section (agent_base, agent_recipe, agent_overrides,
-    agent_prompt_dir, seed) and the MemeCap / HatReD / MemeSense / FHM files stage 00 prepared;
-    saves each agent where notebook 04 looks for it (artifacts/<profile>/04_few_shot/agents/<agent>/),
-    so the notebook reuses it. Every process trains on its share of each batch (accelerate)."""
-    import argparse
-    from dataclasses import replace
-    from lib.artifacts import stage_dir
-    from lib.data_prep import load_prepared
-    from lib.params import load_profile
-    ap = argparse.ArgumentParser(prog="python -m lib.agents", description=main.__doc__.split("\n")[0])
-    ap.add_argument("--profile", default="embedded")
-    ap.add_argument("--agent", choices=AGENTS, action="append", help="one agent (repeatable; default: all four)")
-    ap.add_argument("--force", action="store_true", help="train even when a saved agent has the same inputs")
-    ap.add_argument("--no-progress", action="store_true")
-    a = ap.parse_args(argv)
-    p = load_profile(a.profile).get("04_few_shot")
-    if p is None:
-        raise SystemExit(f"params/{a.profile}.yaml has no 04_few_shot section")
-    fhm = next(iter(p["datasets"]))
-    consumer = "python -m lib.agents"
-    recs = {n: load_prepared(a.profile, n, consumer).records for n in ("memecap", "hatred", "memesense", fhm)}
-    data = build_agent_data(recs["memecap"], recs["hatred"], recs["memesense"], recs[fhm])
-    recipe = AgentRecipe(base=p["agent_base"], prompt_dir=p["agent_prompt_dir"], seed=int(p.get("seed", 0)),
-                         **p["agent_recipe"])
-    templates = prompt_templates(p["agent_prompt_dir"])
-    out = stage_dir(a.profile, "04_few_shot") / "agents"
-    for agent in a.agent or AGENTS:
-        r = replace(recipe, **p.get("agent_overrides", {}).get(agent, {}))
-        rec = train_agent(data[agent], out / agent, r, templates[agent], progress=not a.no_progress, force=a.force)
-        print(f"{agent}: {'reused' if rec['cached'] else 'trained'} ({rec['n_train']} examples, "
-              f"final loss {rec['curve'][-1]['loss']:.3f}) -> {out / agent}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -14,7 +14,8 @@ lowest unfrozen layer for every distinct caption (`FeatureCache`, for every enco
 training then runs only the layers from there on and the classifier (for CLIP, the last layer
 at the pooled position only). `FeatureCache=None` runs the full backbone every step and gives
 the same numbers. `Trainer(..., accelerator=...)` trains over several processes (GPUs);
-`python -m lib.trace` is the command `accelerate launch` runs.
+`python -m lib.trace_report` is the command `accelerate launch` runs (runs and collection live
+there; this file is the method read top to bottom).
 
 Evaluation is honest: the decision threshold is chosen on validation only; the official
 code's threshold-tuned-on-test number can be computed beside it, labelled optimistic.
@@ -28,10 +29,19 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-import numpy as np
+import random
+import warnings
+from pathlib import Path
 
-from lib.evaluation import (best_threshold, mcnemar, metrics_at, per_type_accuracy,  # noqa: F401 (re-exported)
-                            pr_best_f1_threshold)
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from PIL import Image
+from tqdm.auto import tqdm
+
+from lib.artifacts import write_with
+from lib.evaluation import best_threshold, metrics_at, pr_best_f1_threshold
 
 # Deterministic cuBLAS (TrainConfig.deterministic on a GPU) needs a fixed workspace, chosen before
 # the process's first cuBLAS call; importing this module before any model runs sets it.
@@ -44,7 +54,6 @@ LOSS_CONFIGS = {"cls+rel": ("cls", "rel"), "cls+con": ("cls", "con"), "all": ("c
 
 # ----------------------------------------------------------------------------- model
 def _wn(linear):
-    import torch.nn as nn
     return nn.utils.parametrizations.weight_norm(linear)
 
 
@@ -65,8 +74,6 @@ def build_classifier(image_dim: int, text_dim: int, hidden: int = 1024, heads: i
     head, without the Dropout before its last Linear. `mask_padded=False`: the official code, where
     a hard Gumbel pick can land on an empty caption slot.
     """
-    import torch
-    import torch.nn as nn
     if scorer_input not in ("caption", "image+caption"):
         raise ValueError(f"scorer_input must be 'caption' or 'image+caption', not {scorer_input!r}")
     if scorer_arch not in ("full", "small"):
@@ -126,7 +133,6 @@ def build_classifier(image_dim: int, text_dim: int, hidden: int = 1024, heads: i
             the backbone's projected embeddings (cosine selection when the relevance scorer is off,
             and the official contrastive features); allowed [K] bool: candidate columns this model
             may select (the unimodal baselines), masked whatever `mask_padded` says."""
-            import torch.nn.functional as F
             if modality in ("text", "caption"):
                 img = torch.zeros_like(img)
                 img_emb = None if img_emb is None else torch.zeros_like(img_emb)
@@ -173,8 +179,6 @@ CLIPClassifier = build_classifier
 # ----------------------------------------------------------------------------- losses
 def focal_bce(logit, target, alpha: float = 0.25, gamma: float = 2.0, focal_weight: float = 0.9):
     """focal_weight x focal (alpha on positives, gamma) + (1 - focal_weight) x BCE, on logits."""
-    import torch
-    import torch.nn.functional as F
     bce = F.binary_cross_entropy_with_logits(logit, target, reduction="none")
     p = torch.sigmoid(logit)
     pt = torch.where(target > 0.5, p, 1 - p)
@@ -185,8 +189,6 @@ def focal_bce(logit, target, alpha: float = 0.25, gamma: float = 2.0, focal_weig
 
 def info_nce(a, b, tau: float = 0.07):
     """Symmetric InfoNCE between rows of a and b at temperature tau."""
-    import torch
-    import torch.nn.functional as F
     a, b = F.normalize(a, dim=-1), F.normalize(b, dim=-1)
     logits = a @ b.T / tau
     t = torch.arange(len(a), device=a.device)
@@ -196,8 +198,6 @@ def info_nce(a, b, tau: float = 0.07):
 def sigmoid_contrastive(a, b, tau: float = 0.07):
     """The official SigLIP-backbone contrastive term: BCE-with-logits on cos / tau against the
     identity (1 on matching pairs, 0 elsewhere), averaged over all B^2 pairs."""
-    import torch
-    import torch.nn.functional as F
     a, b = F.normalize(a, dim=-1), F.normalize(b, dim=-1)
     logits = a @ b.T / tau
     return F.binary_cross_entropy_with_logits(logits, torch.eye(len(a), device=a.device, dtype=logits.dtype))
@@ -293,9 +293,6 @@ class FeatureCache:
 
     def __init__(self, encoder, data: MemeBatchData, lowest_unfrozen: int, batch_size: int = 128,
                  progress: bool = True, store_dtype: str = "float32"):
-        import torch
-        from PIL import Image
-        from tqdm.auto import tqdm
         if store_dtype not in CACHE_DTYPES:
             raise ValueError(f"FeatureCache: store_dtype must be one of {', '.join(CACHE_DTYPES)}, not {store_dtype!r}")
         store = getattr(torch, store_dtype)
@@ -341,7 +338,6 @@ class FeatureCache:
 
 def text_features(encoder, data: MemeBatchData, text_idx, cache: FeatureCache | None, tokens=None):
     """Pooled (pre-projection) features and projected embeddings for the distinct texts `text_idx`."""
-    import torch
     idx = torch.as_tensor(text_idx)
     if cache is not None:
         h, t = cache.text_inputs(idx)
@@ -353,8 +349,6 @@ def text_features(encoder, data: MemeBatchData, text_idx, cache: FeatureCache | 
 
 def batch_features(encoder, data: MemeBatchData, rows, cache: FeatureCache | None):
     """Image features/embeddings, candidate caption features [B, K, D] and mask for meme rows."""
-    import torch
-    from PIL import Image
     rows = np.asarray(rows)
     if cache is not None:
         img, img_emb = cache.image_feat[rows].to(encoder.device), cache.image_emb[rows].to(encoder.device)
@@ -474,7 +468,7 @@ def set_trainable(encoder, cfg: TrainConfig) -> list[int]:
     for p in encoder.model.parameters():
         p.requires_grad_(False)
     if cfg.lora_rank > 0:
-        from peft import LoraConfig, inject_adapter_in_model
+        from peft import LoraConfig, inject_adapter_in_model  # lazy on purpose: only LoRA runs need peft
         targets = lora_targets(encoder, idx)
         inject_adapter_in_model(LoraConfig(r=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank, target_modules=targets),
                                 encoder.model)
@@ -494,7 +488,6 @@ def lora_targets(encoder, layer_idx) -> list[str]:
     """Full module names for LoRA in the given text layers: the attention query/value projections
     (HF CLIP/SigLIP `q_proj`/`v_proj`, (XLM-)RoBERTa `query`/`value`), or every linear layer of
     the block where the attention is a fused nn.MultiheadAttention (open_clip's native tower)."""
-    import torch.nn as nn
     layers = encoder.text_layers()
     names = {id(m): n for n, m in encoder.model.named_modules()}
     out = []
@@ -523,7 +516,6 @@ def head_final_dropout(encoder, cfg: TrainConfig) -> bool:
 
 def _embed_dims(encoder) -> tuple[int, int]:
     """Widths of the backbone's projected image and text embeddings."""
-    import torch
     with torch.no_grad():
         dev = encoder.device
         i = encoder.project_image(torch.zeros(1, encoder.image_dim, device=dev))
@@ -557,7 +549,6 @@ def _plain(value: Any) -> Any:
 def load_checkpoint(path: Any, map_location: Any = "cpu") -> dict[str, Any]:
     """A training checkpoint read with torch's weights_only loader: tensors, containers, numbers and
     strings only, so a crafted file cannot run code. A file that fails is a CheckpointError naming it."""
-    import torch
     try:
         ck = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises many types for a bad file
@@ -582,7 +573,6 @@ class Trainer:
         takes its share of each epoch's batches and gradients are averaged over processes before each
         optimizer step, so all processes hold the same weights (the encoder must already be on
         `accelerator.device`)."""
-        import torch
         self.encoder, self.data, self.cfg, self.progress = encoder, data, cfg, progress
         self.acc = accelerator
         self.world = accelerator.num_processes if accelerator is not None else 1
@@ -590,7 +580,6 @@ class Trainer:
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
             if torch.cuda.is_available() and os.environ.get("CUBLAS_WORKSPACE_CONFIG") not in (":4096:8", ":16:8"):
-                import warnings
                 warnings.warn("deterministic training on a GPU needs CUBLAS_WORKSPACE_CONFIG=:4096:8 set before "
                               "the first cuBLAS call (import lib.trace first, or export it)")
         torch.manual_seed(cfg.seed)
@@ -621,7 +610,6 @@ class Trainer:
         self._focal = {"alpha": cfg.focal_alpha, "gamma": cfg.focal_gamma, "focal_weight": cfg.focal_weight}
 
     def _forward(self, rows, train: bool, tau: float = 1.0):
-        import torch
         img, img_emb, caps, cemb, mask = batch_features(self.encoder, self.data, rows, self.cache)
         if self.inputs == "projected":
             img, caps = img_emb, cemb
@@ -637,8 +625,6 @@ class Trainer:
         return gumbel_tau(epoch, c.epochs, c.tau_start, c.tau_decay, c.tau_min)
 
     def epoch(self, rows: np.ndarray, epoch: int) -> dict[str, float]:
-        import torch
-        from tqdm.auto import tqdm
         cfg = self.cfg
         self.model.train()
         self.encoder.model.train()
@@ -679,7 +665,6 @@ class Trainer:
         """Average gradients over processes (what DDP does), one flat all-reduce per step."""
         if self.world <= 1:
             return
-        import torch
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
         flat = torch.cat([g.reshape(-1) for g in grads])
         flat = self.acc.reduce(flat, reduction="mean")
@@ -695,7 +680,6 @@ class Trainer:
 
     def predict(self, rows: np.ndarray, batch_size: int = 512) -> tuple[np.ndarray, np.ndarray]:
         """Probabilities and the per-candidate selection weights for meme rows."""
-        import torch
         self.model.eval()
         self.encoder.model.eval()
         probs, weights = [], []
@@ -711,15 +695,12 @@ class Trainer:
         return {n: p.detach().clone() for n, p in self.encoder.model.named_parameters() if p.requires_grad}
 
     def _load_trainable(self, state: dict[str, Any]) -> None:
-        import torch
         named = dict(self.encoder.model.named_parameters())
         with torch.no_grad():
             for n, v in state.items():
                 named[n].copy_(v)
 
     def _checkpoint_state(self, epoch: int, best: float, best_state, bad: int) -> dict[str, Any]:
-        import random
-        import torch
         # version 2: numpy values as Python numbers and lists, so the file loads with weights_only=True
         return {"version": 2, "config": _plain(asdict(self.cfg)), "epoch": epoch, "best": float(best), "bad": bad,
                 "best_state": best_state, "model": self.model.state_dict(), "trainable": self._trainable_state(),
@@ -729,8 +710,6 @@ class Trainer:
                         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
 
     def _restore(self, ck: dict[str, Any]) -> None:
-        import random
-        import torch
         self.model.load_state_dict(ck["model"])
         self._load_trainable(ck["trainable"])
         self.opt.load_state_dict(ck["opt"])
@@ -752,8 +731,6 @@ class Trainer:
         scheduler, curve, best state, random generators) is written there atomically, and a fit that
         finds one for the same configuration continues after its last epoch with the same result
         as an uninterrupted fit. on_epoch_end(epoch_record): called after each epoch's checkpoint."""
-        import torch
-        from pathlib import Path
         cfg = self.cfg
         best, best_state, bad, start = -1.0, None, 0, 0
         if checkpoint is not None and Path(checkpoint).exists():
@@ -783,7 +760,6 @@ class Trainer:
                 bad += 1
             stop = bad >= cfg.patience
             if checkpoint is not None:
-                from lib.artifacts import write_with
                 state = self._checkpoint_state(e, best, best_state, bad)
                 state["stopped"] = stop
                 write_with(Path(checkpoint), lambda tmp: torch.save(state, tmp))
@@ -825,367 +801,11 @@ class Trainer:
         return out
 
 
-# ----------------------------------------------------------------------------- runs (notebook 02 and the CLI)
-VALIDATION_SPLITS = ("dev_seen", "dev_unseen", "val")
-TEST_SPLITS = ("test_seen", "test_unseen", "test")
 #: the official MultiOFF script (CLIP-RoBERTa B/32, last text layer)
 MULTIOFF_RECIPE = {"loss_config": "all", "fixed_weights": {"cls": 1.0, "con": 0.3, "rel": 0.7},
                    "select_on": "macro_f1", "unfreeze_text_layers": (-1,), "batch_size": 32, "grad_accum": 4,
                    "epochs": 20, "seed": 42, "weight_decay": 0.01, "grad_clip": 2.0, "scorer_arch": "small",
                    "gumbel_over": "probs", "contrastive_caption": "argmax"}
-
-
-def run_config(section: dict[str, Any], backbone: str | None = None, dataset: str = "fhm",
-               **overrides) -> tuple[str, TrainConfig]:
-    """The backbone and TrainConfig of one run from a profile's `02_finetuning` section (notebook
-    02's parameters): the section's TrainConfig fields (and its `method` mapping of the method's
-    constants), then for FHM the backbone's `recipes` entry, for MultiOFF `MULTIOFF_RECIPE` updated
-    by the section's `multioff` (whose `backbone` is the default encoder there), then `overrides`.
-    The backbone defaults to the section's first."""
-    fields = TrainConfig.__dataclass_fields__
-    first = (section.get("backbones") or ["memeworld-clip"])[0]
-    method = dict(section.get("method") or {})
-    unknown = sorted(set(method) - set(fields))
-    if unknown:
-        raise ValueError(f"02_finetuning.method: unknown key(s) {', '.join(unknown)} (TrainConfig fields: "
-                         f"{', '.join(sorted(fields))})")
-    if dataset == "multioff":
-        recipe = {**MULTIOFF_RECIPE, **(section.get("multioff") or {})}
-        default = recipe.pop("backbone", first)
-        backbone = backbone or default
-    else:
-        backbone = backbone or first
-        recipe = dict((section.get("recipes") or {}).get(backbone, {}))
-    unknown = sorted(set(recipe) - set(fields))
-    if unknown:
-        where = "multioff" if dataset == "multioff" else f"recipes.{backbone}"
-        raise ValueError(f"02_finetuning.{where}: unknown key(s) {', '.join(unknown)} (TrainConfig fields: "
-                         f"{', '.join(sorted(fields))})")
-    kw = {**{k: v for k, v in section.items() if k in fields}, **method, **recipe, **overrides}
-    kw["unfreeze_text_layers"] = tuple(kw.get("unfreeze_text_layers", (-1,)))
-    return backbone, TrainConfig(**kw)
-
-
-def split_rows(data: MemeBatchData) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-    """train rows, validation rows (dev_seen + dev_unseen, or MultiOFF's val) and each test split's rows."""
-    sp = np.array(data.splits)
-    tests = {s: np.where(sp == s)[0] for s in TEST_SPLITS if (sp == s).any()}
-    return np.where(sp == "train")[0], np.where(np.isin(sp, VALIDATION_SPLITS))[0], tests
-
-
-def subsample(data: MemeBatchData, max_memes: int, seed: int = 0) -> MemeBatchData:
-    """A quick-look copy with at most `max_memes` memes, stratified by split (each split keeps its
-    share, at least 8 memes) and drawn with a fixed seed; 0 keeps everything."""
-    n = len(data.ids)
-    if not max_memes or max_memes >= n:
-        return data
-    rng = np.random.default_rng(seed)
-    sp = np.array(data.splits)
-    keep = []
-    for s in dict.fromkeys(data.splits):
-        rows = np.where(sp == s)[0]
-        k = min(len(rows), max(8, round(max_memes * len(rows) / n)))
-        keep.extend(sorted(rng.choice(rows, k, replace=False).tolist()))
-    keep = np.array(sorted(keep))
-    used = np.unique(data.cap_index[keep][data.cap_index[keep] >= 0])
-    remap = np.full(len(data.texts), -1, dtype=np.int64)
-    remap[used] = np.arange(len(used))
-    ci = data.cap_index[keep]
-    ci = np.where(ci >= 0, remap[np.clip(ci, 0, None)], -1)
-    return MemeBatchData([data.ids[i] for i in keep], data.labels[keep], [data.splits[i] for i in keep],
-                         [data.image_paths[i] for i in keep], ci, [data.texts[i] for i in used], list(data.columns),
-                         [data.meta[i] for i in keep] if data.meta else [])
-
-
-def load_trace_data(path, columns: Sequence[str]) -> MemeBatchData:
-    """A TRACE JSON file (notebook 01's output) as MemeBatchData over the meme text + `columns`."""
-    from pathlib import Path
-    from lib import datasets
-    path = Path(path)
-    # notebook 01 writes absolute image paths into its TRACE JSON (the compendium's own artifact)
-    ds = datasets.load("trace", path.parent, file=path.name, image_root="/", caption_columns=None,
-                       allow_outside_images=True)
-    return MemeBatchData.from_records(ds.records, list(columns))
-
-
-def data_fingerprint(data: MemeBatchData) -> str:
-    """A short hash of what a run trains and is evaluated on (ids, labels, splits, candidate texts)."""
-    import hashlib
-    import json
-    h = hashlib.sha256()
-    h.update(json.dumps([data.ids, data.labels.astype(int).tolist(), data.splits, data.columns]).encode())
-    h.update(data.cap_index.tobytes())
-    h.update("\n".join(data.texts).encode())
-    return h.hexdigest()[:16]
-
-
-def lowest_layer(encoder, unfreeze_text_layers: Sequence[int]) -> int:
-    """The lowest unfrozen text layer: where `FeatureCache` stops."""
-    return unfrozen_layer_indices(encoder, unfreeze_text_layers)[0]
-
-
-def train_variant(encoder, data: MemeBatchData, cfg: TrainConfig, cache: FeatureCache | None = None,
-                  progress: bool = True, accelerator=None, checkpoint=None, on_epoch_end=None) -> dict[str, Any]:
-    """Fit with validation-based selection, then evaluate every test split at the validation threshold."""
-    train, val, tests = split_rows(data)
-    if len(train) == 0 or len(val) == 0:
-        raise ValueError(f"TRACE data has {len(train)} train and {len(val)} validation memes; both are needed "
-                         f"(validation splits: {', '.join(VALIDATION_SPLITS)})")
-    t0 = time.time()
-    tr = Trainer(encoder, data, cfg, cache, progress=progress, accelerator=accelerator)
-    fit = tr.fit(train, val, checkpoint=checkpoint, on_epoch_end=on_epoch_end)
-    ev = tr.evaluate(val, tests)
-    return {"fit": fit, "curve": tr.curve, "eval": ev, "seconds": time.time() - t0, "trainer": tr}
-
-
-def variant_name(cfg: TrainConfig, backbone: str | None = None, dataset: str = "fhm", main_backbone: str | None = None,
-                 tag: str = "") -> str:
-    """A run's folder name: <dataset>_<backbone>_<loss config or baseline>[_<tag>]."""
-    v = cfg.loss_config.replace("+", "_") if cfg.modality == "both" else f"{cfg.modality}_only"
-    return "_".join(x for x in (dataset, backbone or main_backbone or "", v, tag) if x)
-
-
-def selected_share(predictions: Sequence[dict[str, Any]], columns: Sequence[str], split: str | None = None) -> dict[str, float]:
-    """Share of memes whose selected caption is each candidate column (argmax of the inference weights)."""
-    rows = [p for p in predictions if split is None or p["split"] == split]
-    n = max(1, len(rows))
-    return {c: sum(p["selected"] == c for p in rows) / n for c in columns}
-
-
-#: bumped when result.json gains fields, so older finished runs are retrained rather than half-read
-RESULT_FORMAT = 2
-
-
-def run_identity(data: MemeBatchData, backbone: str, cfg: TrainConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What a run's config.json holds: a finished run with the same identity is read back, not retrained."""
-    import json
-    return {"backbone": backbone, "data": data_fingerprint(data), "config": json.loads(json.dumps(asdict(cfg))),
-            "result_format": RESULT_FORMAT, **(extra or {})}
-
-
-def is_finished(run_dir, data: MemeBatchData, backbone: str, cfg: TrainConfig) -> bool:
-    import json
-    from pathlib import Path
-    d = Path(run_dir)
-    try:
-        return (d / "result.json").exists() and (d / "predictions.csv").exists() and \
-            json.loads((d / "config.json").read_text()) == run_identity(data, backbone, cfg)
-    except (OSError, json.JSONDecodeError):
-        return False
-
-
-def run_variant(run_dir, data: MemeBatchData, backbone: str, cfg: TrainConfig, make_encoder, make_cache=None,
-                progress: bool = True, accelerator=None, on_epoch_end=None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One TRACE variant as a resumable run in `run_dir`:
-
-    - `config.json`: backbone, TrainConfig and the data fingerprint (written first);
-    - `checkpoint.pt`: the full training state after every epoch (a killed run resumes after its
-      last finished epoch and ends with the same metrics as an uninterrupted run);
-    - `result.json` (fit, curve, evaluation without predictions, selected-caption shares) and
-      `predictions.csv` when the run is finished.
-    A finished run with the same configuration and data is read back, not retrained (runs launched
-    elsewhere, e.g. `accelerate launch -m lib.trace`, are collected the same way). A folder holding
-    another configuration's run is moved to `runs/.superseded/` (never deleted) before training.
-    make_encoder(): a fresh encoder; make_cache(encoder): its FeatureCache (or None)."""
-    import json
-    import shutil
-    from pathlib import Path
-    import pandas as pd
-    from lib.artifacts import write_json, write_text
-    run_dir = Path(run_dir)
-    main = accelerator is None or accelerator.is_main_process
-    want = run_identity(data, backbone, cfg, extra)
-    cfg_path, res_path, pred_path, ck = (run_dir / "config.json", run_dir / "result.json",
-                                         run_dir / "predictions.csv", run_dir / "checkpoint.pt")
-    if cfg_path.exists():
-        try:
-            have = json.loads(cfg_path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{cfg_path}: not valid JSON ({e}); move the folder aside to retrain") from e
-        if have != want:
-            if main:
-                dest = run_dir.parent / ".superseded" / f"{run_dir.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(str(run_dir), str(dest))
-                print(f"{run_dir.name}: the configuration or data changed; the old run was moved to {dest}")
-            if accelerator is not None:
-                accelerator.wait_for_everyone()
-        elif res_path.exists() and pred_path.exists():
-            res = json.loads(res_path.read_text())
-            preds = pd.read_csv(pred_path, dtype={"id": str}).to_dict("records")
-            return {**res, "eval": {**res["eval"], "predictions": preds}, "trained": False, "dir": str(run_dir)}
-    if main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        write_json(cfg_path, want)
-    resumed = None
-    if ck.exists():
-        import torch
-        resumed = int(load_checkpoint(ck)["epoch"]) + 1
-    enc = make_encoder()
-    cache = make_cache(enc) if make_cache is not None and cfg.cache_frozen else None
-    r = train_variant(enc, data, cfg, cache, progress=progress, accelerator=accelerator,
-                      checkpoint=ck if main else None, on_epoch_end=on_epoch_end)
-    ev = {k: v for k, v in r["eval"].items() if k != "predictions"}
-    res = {"name": run_dir.name, "backbone": backbone, "fit": r["fit"], "curve": r["curve"], "eval": ev,
-           "seconds": r["seconds"], "resumed_after_epoch": resumed,
-           "selected_share": {s: selected_share(r["eval"]["predictions"], data.columns, s) for s in ev["splits"]}}
-    if main:
-        write_text(pred_path, pd.DataFrame(r["eval"]["predictions"]).to_csv(index=False))
-        write_json(res_path, res)
-    return {**res, "eval": r["eval"], "trained": True, "dir": str(run_dir)}
-
-
-_WORKER: dict[str, Any] = {}
-
-
-def _worker_init(src: str, columns: list[str], max_memes: int, seed: int, device: str | None) -> None:
-    import torch
-    torch.set_num_threads(1)                 # one thread per process: the processes share the cores
-    _WORKER.update(data=subsample(load_trace_data(src, columns), max_memes, seed), caches={}, device=device)
-
-
-def _worker_run(job: tuple[str, str, dict[str, Any]]) -> str:
-    from lib.encoders import load_encoder
-    run_dir, backbone, cfg_d = job
-    cfg, data, caches = TrainConfig(**cfg_d), _WORKER["data"], _WORKER["caches"]
-
-    def make_cache(enc):                     # one cache per backbone and layer, from a fresh (untrained) encoder
-        key = (backbone, lowest_layer(enc, cfg.unfreeze_text_layers))
-        if key not in caches:
-            caches[key] = FeatureCache(enc, data, lowest_unfrozen=key[1], progress=False)
-        return caches[key]
-    run_variant(run_dir, data, backbone, cfg, lambda: load_encoder(backbone, device=_WORKER["device"]), make_cache,
-                progress=False)
-    return run_dir
-
-
-def run_variants(jobs: Sequence[tuple[Any, str, TrainConfig]], src, columns: Sequence[str], max_memes: int = 0,
-                 seed: int = 0, workers: int = 2, device: str | None = None, progress: bool = True) -> list[dict[str, Any]]:
-    """Several resumable runs (run_dir, backbone, TrainConfig) on the TRACE JSON `src`, trained
-    `workers` processes at a time with one torch thread each, then collected with run_variant
-    (finished runs are read back, never retrained). On a small CPU two single-thread trainings
-    finish sooner than the same two one after the other (notebook 02's eight FHM runs: 7 minutes
-    instead of 9.5 on 2 cores). A single-thread run rounds differently from a multi-thread run of
-    the same seed, and over 24 epochs the difference grows to the size of a seed's (measured on
-    the default model: test_seen AUROC 0.905 with 2 threads, 0.899 with 1): runs trained here are
-    replicates of sequential runs, not copies. workers=1 trains in this process (a GPU: one
-    process owns it), exactly as run_variant does."""
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
-    from tqdm.auto import tqdm
-    from lib.encoders import load_encoder
-    data = subsample(load_trace_data(src, columns), max_memes, seed)
-    todo = [(str(d), b, asdict(c)) for d, b, c in jobs if not is_finished(d, data, b, c)]
-    if todo and workers > 1:
-        with ProcessPoolExecutor(min(workers, len(todo)), mp_context=mp.get_context("spawn"), initializer=_worker_init,
-                                 initargs=(str(src), list(columns), max_memes, seed, device)) as ex:
-            for _ in tqdm(ex.map(_worker_run, todo), total=len(todo), desc="TRACE runs", disable=not progress):
-                pass
-    caches: dict[Any, FeatureCache] = {}
-
-    def make_cache_for(backbone, cfg):
-        def make(enc):
-            key = (backbone, lowest_layer(enc, cfg.unfreeze_text_layers))
-            if key not in caches:
-                caches[key] = FeatureCache(enc, data, lowest_unfrozen=key[1], progress=False)
-            return caches[key]
-        return make
-    return [run_variant(d, data, b, c, lambda b=b: load_encoder(b, device=device), make_cache_for(b, c), progress=False)
-            for d, b, c in jobs]
-
-
-def load_trained(run_dir, data: MemeBatchData, make_encoder) -> tuple["Trainer", float]:
-    """A finished run's model, ready to score other memes: `data` holds them (any memes with the
-    run's candidate columns; notebook 06 scores prompt-injected copies this way). The weights are
-    the restored epoch's (the last epoch's when the run had restore_best off); the threshold is the
-    run's validation threshold. Returns (trainer, threshold): `trainer.predict(rows)`."""
-    import json
-    from dataclasses import replace as _replace
-    from pathlib import Path
-    import torch
-    run_dir = Path(run_dir)
-    for f in ("config.json", "checkpoint.pt", "result.json"):
-        if not (run_dir / f).exists():
-            raise FileNotFoundError(f"{run_dir / f}: missing; the run is not finished (notebook 02 or python -m lib.trace)")
-    cfg = TrainConfig(**json.loads((run_dir / "config.json").read_text())["config"])
-    res = json.loads((run_dir / "result.json").read_text())
-    trained_on = list(next(iter(res["selected_share"].values()), {}))
-    if trained_on and trained_on != list(data.columns):
-        raise ValueError(f"{run_dir}: trained with candidates {trained_on}; these memes have {data.columns}")
-    threshold = float(res["eval"]["threshold"])
-    ck = load_checkpoint(run_dir / "checkpoint.pt")
-    enc = make_encoder()
-    tr = Trainer(enc, data, _replace(cfg, cache_frozen=False), None, progress=False)
-    state = ck["best_state"] if cfg.restore_best and ck.get("best_state") else (ck["model"], ck["trainable"])
-    tr.model.load_state_dict(state[0])
-    tr._load_trainable(state[1])
-    return tr, threshold
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Train one TRACE variant from a profile, single- or multi-process, as a resumable run:
-
-        python -m lib.trace --profile paper --backbone clip-vit-l14 --loss-config cls+rel
-        accelerate launch --multi_gpu --num_processes 4 -m lib.trace --profile paper --dataset multioff
-
-    Reads the profile's `02_finetuning` section (its `method`, `recipes` and `multioff` entries)
-    and the TRACE JSON from notebook 01; writes config.json, checkpoint.pt (every epoch),
-    result.json and predictions.csv under artifacts/<profile>/02_finetuning/runs/<name>/, the
-    folder notebook 02 collects. Run it again after a kill and it resumes from the last epoch."""
-    import argparse
-    from lib.artifacts import require, stage_dir
-    from lib.encoders import load_encoder
-    from lib.params import load_profile
-    ap = argparse.ArgumentParser(prog="python -m lib.trace", description=main.__doc__.split("\n")[0])
-    ap.add_argument("--profile", default="embedded")
-    ap.add_argument("--dataset", choices=("fhm", "multioff"), default="fhm")
-    ap.add_argument("--backbone", help="encoder preset (default: the profile's first backbone)")
-    ap.add_argument("--loss-config", choices=sorted(LOSS_CONFIGS))
-    ap.add_argument("--modality", choices=MODALITIES, default="both")
-    ap.add_argument("--epochs", type=int)
-    ap.add_argument("--seed", type=int)
-    ap.add_argument("--tag", default="", help="suffix of the run's folder name")
-    ap.add_argument("--cache-dtype", choices=CACHE_DTYPES,
-                    help="host dtype of the cached text hidden states (default float32, exact)")
-    ap.add_argument("--no-progress", action="store_true")
-    a = ap.parse_args(argv)
-    p = load_profile(a.profile).get("02_finetuning", {})
-    acc = None
-    try:
-        from accelerate import Accelerator
-        acc = Accelerator(mixed_precision="no")      # AMP is the Trainer's own autocast
-    except ImportError:
-        pass
-    device = str(acc.device) if acc is not None else p.get("device")
-    given = {"loss_config": a.loss_config, "epochs": a.epochs, "cache_dtype": a.cache_dtype, "seed": a.seed}
-    backbone, cfg = run_config(p, a.backbone, a.dataset, modality=a.modality,
-                               **{k: v for k, v in given.items() if v is not None})
-    src = require(a.profile, "trace_captions_multioff" if a.dataset == "multioff" else "trace_captions",
-                  "python -m lib.trace")
-    data = load_trace_data(src, p.get("caption_columns", []))
-
-    def make_cache(enc):
-        c = FeatureCache(enc, data, lowest_layer(enc, cfg.unfreeze_text_layers), progress=not a.no_progress,
-                         store_dtype=cfg.cache_dtype)
-        print(f"feature cache: {c.nbytes / 2**30:.2f} GiB ({cfg.cache_dtype} hidden states)")
-        return c
-
-    name = variant_name(cfg, backbone, a.dataset, tag=a.tag)
-    out = stage_dir(a.profile, "02_finetuning") / "runs" / name
-    r = run_variant(out, data, backbone, cfg, lambda: load_encoder(backbone, device=device), make_cache,
-                    progress=not a.no_progress, accelerator=acc)
-    if acc is None or acc.is_main_process:
-        flat = {f"{s}_{k}": v for s, m in r["eval"]["splits"].items() for k, v in m.items()}
-        state = "trained" if r["trained"] else "already finished"
-        print(f"{name} ({state}): " + ", ".join(f"{k} {v:.3f}" for k, v in flat.items() if isinstance(v, float)))
-        print(f"run folder: {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 #: the official FHM script's settings (ViT-L/14): TrainConfig's defaults plus its unfrozen layers
 OFFICIAL_FHM = {"unfreeze_text_layers": (-2, -5, -8)}
 #: deliberate departures kept as defaults, with the official behaviour

@@ -176,7 +176,7 @@ def test_trace_runs_the_official_defaults_with_honest_baselines():
 
 
 def test_trace_command_line_trains_one_variant(tmp_path):
-    """`python -m lib.trace` (what `accelerate launch` runs) trains from the profile and writes a
+    """`python -m lib.trace_report` (what `accelerate launch` runs) trains from the profile and writes a
     resumable run folder; run again, it reads the finished run back instead of retraining."""
     import shutil
     import subprocess
@@ -184,7 +184,7 @@ def test_trace_command_line_trains_one_variant(tmp_path):
     _metrics("01_captioning")
     run = EMB / "02_finetuning" / "runs" / "multioff_memeworld-clip_all_clitest"
     shutil.rmtree(run, ignore_errors=True)
-    cmd = [sys.executable, "-m", "lib.trace", "--profile", "embedded", "--dataset", "multioff", "--epochs", "2",
+    cmd = [sys.executable, "-m", "lib.trace_report", "--profile", "embedded", "--dataset", "multioff", "--epochs", "2",
            "--tag", "clitest", "--no-progress"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ARTIFACTS_ROOT.parent)
     assert r.returncode == 0, r.stderr[-3000:]
