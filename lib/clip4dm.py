@@ -34,6 +34,7 @@ import numpy as np
 from lib.datasets import CAPTION_WORD_RE
 from lib.datasets import normalize_word as _norm
 from lib.encoders import AttentionUnavailable, Encoder, load_encoder
+from lib.nli import nli_entailment  # noqa: F401  (SeeTRUE's scorer; public here too)
 
 PUNCT = {".", ","}
 WORD_RE = CAPTION_WORD_RE          # the same split the benchmark loaders locate words with
@@ -425,38 +426,6 @@ def predicted_phrase_text(result: dict[str, Any], epsilon: float) -> str:
     """The lowest predicted phrase as text ("" when no word is below epsilon)."""
     phrases = predicted_phrases(result, epsilon)
     return min(phrases, key=lambda x: x[1])[2] if phrases else ""
-
-
-def nli_entailment(premises: Sequence[str], hypotheses: Sequence[str], nli_model, device: str | None = None,
-                   batch_size: int = 32) -> np.ndarray:
-    """P(entailment) of each (premise, hypothesis) from a sequence-classification NLI model (a
-    local folder or a loaded (model, tokenizer) pair): the softmax over the entailment and
-    contradiction logits only (neutral dropped), as the official SeeTRUE evaluation does."""
-    import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    if isinstance(nli_model, (tuple, list)):
-        model, tok = nli_model
-    else:
-        from lib.presets import resolve_model_path
-        path = resolve_model_path(str(nli_model))          # `{artifacts}/...` for the model trained here
-        tok = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForSequenceClassification.from_pretrained(path)
-    model = model.eval()
-    if device:
-        model.to(device)
-    label2id = {k.lower(): v for k, v in model.config.label2id.items()}
-    ent, con = label2id.get("entailment"), label2id.get("contradiction")
-    if ent is None or con is None:
-        raise ValueError(f"NLI model: needs 'entailment' and 'contradiction' labels in its config "
-                         f"(labels: {sorted(label2id)})")
-    out = []
-    with torch.no_grad():
-        for k in range(0, len(premises), batch_size):
-            enc = tok(list(premises[k:k + batch_size]), list(hypotheses[k:k + batch_size]), padding=True,
-                      truncation=True, return_tensors="pt").to(model.device)
-            logits = model(**enc).logits[:, [ent, con]]
-            out += logits.softmax(-1)[:, 0].tolist()
-    return np.asarray(out, dtype=float)
 
 
 def evaluate_seetrue(results: Sequence[dict[str, Any]], records, epsilon: float, nli_model, device: str | None = None

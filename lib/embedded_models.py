@@ -23,7 +23,6 @@ checkpoint does.
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from lib.artifacts import write_json, write_with
+from lib.memeworld_vlm import save_weights
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -207,12 +207,6 @@ def test_captions(memeworld: Path | str) -> set[str]:
     caps |= {json.loads(l)["prompt"] for l in (memeworld / "richhf" / "richhf.jsonl").read_text().splitlines() if l}
     caps |= {r["image_caption"] for r in json.loads((memeworld / "seetrue" / "seetrue_feedback.json").read_text())}
     return caps
-
-
-def save_weights(model, path: Path) -> None:
-    from safetensors.torch import save_file
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(path), metadata={"format": "pt"})
 
 
 def evaluate_clip(model, tok, memeworld: Path, cfg: ClipConfig) -> dict[str, float]:

@@ -54,6 +54,10 @@ from typing import Any
 
 import numpy as np
 
+from lib import render
+from lib.datasets import MemeRecord
+from lib.injection import build_injection_set
+
 # ----------------------------------------------------------------------------- the world
 CATEGORY_NAMES = {0: "none", 1: "lineage", 2: "caste", 3: "bond", 4: "creed", 5: "other"}
 #: H-VLI label strings, index for index; MemeWorld's categories stand in for them.
@@ -421,28 +425,6 @@ def _draw_symbol(draw, sym: str, cx: float, cy: float, r: float, ink) -> None:
         raise ValueError(f"unknown symbol {sym!r}")
 
 
-_FONTS: dict[int, Any] = {}
-
-
-def _font(size: int):
-    from PIL import ImageFont
-    if size not in _FONTS:
-        _FONTS[size] = ImageFont.load_default(size=size)
-    return _FONTS[size]
-
-
-def _wrap(text: str, draw, font, width: int) -> list[str]:
-    words, lines, cur = text.upper().split(), [], ""
-    for w in words:
-        trial = (cur + " " + w).strip()
-        if draw.textlength(trial, font=font) <= width or not cur:
-            cur = trial
-        else:
-            lines.append(cur)
-            cur = w
-    if cur:
-        lines.append(cur)
-    return lines
 
 
 def _object_row(size: int, style: str) -> tuple[float, float]:
@@ -466,8 +448,8 @@ def render_meme(spec: MemeSpec, size: int = 128, text_on_image: bool = True, sty
         x, y = rng.uniform(0, size, 2)
         draw.point((x, y), fill=tuple(int(c) for c in rng.integers(0, 255, 3)))
     if text_on_image:
-        font = _font(max(8, size // 12))
-        lines = _wrap(spec.text, draw, font, size - 6)
+        font = render.font(max(8, size // 12))
+        lines = render.wrap(spec.text, draw, font, size - 6)
         top, bottom = (lines[: (len(lines) + 1) // 2], lines[(len(lines) + 1) // 2:]) if style == "fhm" else ([], lines)
         lh = font.size + 1
         for i, line in enumerate(top):
@@ -975,8 +957,6 @@ def write_memeworld(out: Path | str, n: int = 10000, seed: int = 0, image_size: 
     _write_json(out / "seetrue" / "seetrue_feedback.json", views["seetrue"])
     # prompt injection: every hateful test meme once with an instruction to the moderator drawn under
     # the picture and appended to its text (phrasings cycled), once with the neutral control sentence
-    from lib.datasets import MemeRecord
-    from lib.injection import build_injection_set
     hateful = [MemeRecord(str(s.id), out / img_rel[s.id], s.text, 1, s.split) for s in test_specs if s.final_label]
     build_injection_set(hateful, out / "injection", control="neutral", overwrite=True)
     # scene-caption training pairs (train split only) with one FOIL hard negative each

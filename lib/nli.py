@@ -13,13 +13,12 @@ pairs built from MemeWorld's scene facts:
 
 Training pairs come from training memes, the held-out accuracy from the dev memes, never test.
 The folder is a standard `BertForSequenceClassification` (id2label names both labels), so
-`lib.clip4dm.nli_entailment` loads it exactly as it loads bart-large-mnli from a local folder.
+`nli_entailment` (here; CLIP4DM's SeeTRUE scorer) loads it exactly as it loads bart-large-mnli from a local folder.
 The task is lexical by construction (MemeWorld's phrases are templated): the model measures whether
 the predicted phrase names the annotated fact, not general inference.
 """
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -120,7 +119,7 @@ def train_memeworld_nli(memeworld: Path | str, out_dir: Path | str, cfg: NliConf
     from tqdm.auto import tqdm
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from lib.artifacts import write_with
-    from lib.embedded_models import save_weights
+    from lib.memeworld_vlm import save_weights
     from lib.textmetrics import resolve_text_model
     memeworld, out_dir = Path(memeworld), Path(out_dir)
     torch.manual_seed(cfg.seed)
@@ -177,8 +176,39 @@ def train_memeworld_nli(memeworld: Path | str, out_dir: Path | str, cfg: NliConf
 
 def heldout_accuracy(nli_model, pairs: Sequence[tuple[str, str, int]]) -> float:
     """Accuracy of P(entailment) > 0.5 (over entailment and contradiction, as SeeTRUE reads it)."""
-    from lib.clip4dm import nli_entailment
     if not pairs:
         return float("nan")
     p = nli_entailment([a for a, _, _ in pairs], [b for _, b, _ in pairs], nli_model)
     return float(np.mean((p > 0.5) == np.array([y == 1 for *_, y in pairs])))
+
+
+def nli_entailment(premises: Sequence[str], hypotheses: Sequence[str], nli_model, device: str | None = None,
+                   batch_size: int = 32) -> np.ndarray:
+    """P(entailment) of each (premise, hypothesis) from a sequence-classification NLI model (a
+    local folder or a loaded (model, tokenizer) pair): the softmax over the entailment and
+    contradiction logits only (neutral dropped), as the official SeeTRUE evaluation does."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    if isinstance(nli_model, (tuple, list)):
+        model, tok = nli_model
+    else:
+        from lib.presets import resolve_model_path
+        path = resolve_model_path(str(nli_model))          # `{artifacts}/...` for the model trained here
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForSequenceClassification.from_pretrained(path)
+    model = model.eval()
+    if device:
+        model.to(device)
+    label2id = {k.lower(): v for k, v in model.config.label2id.items()}
+    ent, con = label2id.get("entailment"), label2id.get("contradiction")
+    if ent is None or con is None:
+        raise ValueError(f"NLI model: needs 'entailment' and 'contradiction' labels in its config "
+                         f"(labels: {sorted(label2id)})")
+    out = []
+    with torch.no_grad():
+        for k in range(0, len(premises), batch_size):
+            enc = tok(list(premises[k:k + batch_size]), list(hypotheses[k:k + batch_size]), padding=True,
+                      truncation=True, return_tensors="pt").to(model.device)
+            logits = model(**enc).logits[:, [ent, con]]
+            out += logits.softmax(-1)[:, 0].tolist()
+    return np.asarray(out, dtype=float)
