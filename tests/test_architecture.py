@@ -1,0 +1,114 @@
+"""The import graph of lib/: no cycle (counting imports inside functions too), and every import goes
+down the layers lib/README.md draws, never back up."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+LIB = Path(__file__).resolve().parents[1] / "lib"
+
+#: lib/README.md's layers, lowest first: a module may import its own layer and the ones below
+LAYERS = {
+    0: {"lib", "lib.artifacts", "lib.prompts", "lib.presets", "lib.evaluation", "lib.plotting", "lib.envfiles"},
+    1: {"lib.datasets", "lib.render", "lib.injection", "lib.memeworld", "lib.data_prep"},
+    2: {"lib.chat", "lib.encoders", "lib.serve", "lib.memeworld_vlm", "lib.nli", "lib.textmetrics"},
+    3: {"lib.captioning", "lib.trace", "lib.clip4dm", "lib.agents", "lib.sei", "lib.debate"},
+    4: {"lib.trace_report", "lib.clip4dm_report", "lib.agents_report", "lib.sei_report", "lib.debate_report",
+        "lib.embedded_models", "lib.serving", "lib.crosseval", "lib.figures", "lib.results", "lib.report",
+        "lib.params", "lib.param_schemas", "lib.runner"},
+}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(LIB.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in LIB.rglob("*.py")}
+
+
+def layer_of(mod: str) -> int:
+    unit = mod if mod == "lib" else ".".join(mod.split(".")[:2])     # a package's files share its layer
+    for n, members in LAYERS.items():
+        if unit in members:
+            return n
+    raise AssertionError(f"{mod} is in no layer of tests/test_architecture.py (and lib/README.md)")
+
+
+def _type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def imports(mod: str) -> set[str]:
+    """The lib modules `mod` imports anywhere in its file (functions included, TYPE_CHECKING blocks not)."""
+    path = MODULES[mod]
+    package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    out: set[str] = set()
+    stack = [ast.parse(path.read_text(encoding="utf-8"))]
+    while stack:
+        node = stack.pop()
+        for child in ast.iter_child_nodes(node):
+            if _type_checking(child):
+                continue
+            stack.append(child)
+            names: list[str] = []
+            if isinstance(child, ast.Import):
+                names = [a.name for a in child.names]
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - child.level + 1] + ([base] if base else []))
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in child.names]
+            for n in names:
+                while n and n not in MODULES:
+                    n = n.rpartition(".")[0]
+                if n and n != mod:
+                    out.add(n)
+    return out
+
+
+GRAPH = {m: imports(m) for m in MODULES}
+
+
+def test_every_module_has_a_layer():
+    for m in MODULES:
+        layer_of(m)
+
+
+def test_no_import_cycle():
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        path.append(m)
+        for n in sorted(GRAPH[m]):
+            if state.get(n) == 1:
+                cycle = path[path.index(n):] + [n]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if n not in state:
+                visit(n)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(GRAPH):
+        if m not in state:
+            visit(m)
+
+
+def test_imports_never_run_back_up_the_layers():
+    bad = [f"{m} (layer {layer_of(m)}) imports {n} (layer {layer_of(n)})"
+           for m in sorted(GRAPH) for n in sorted(GRAPH[m])
+           if layer_of(n) > layer_of(m) and not (m == "lib" or n.startswith(m + "."))]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_checker_sees_function_level_imports(tmp_path):
+    # the graph counts an import inside a function (the way cycles used to hide)
+    assert "lib.chat.registry" in GRAPH["lib.chat.captioned"]
+    assert any("lib.chat" in GRAPH[m] for m in GRAPH if m.startswith("lib.sei"))
