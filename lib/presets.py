@@ -9,6 +9,7 @@ the models the compendium trains itself resolve like any local checkpoint.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -155,3 +156,37 @@ def default_device() -> str:
     """cuda when this torch can use a GPU here, else cpu."""
     import torch  # lazy on purpose: reading presets needs no torch
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# ----------------------------------------------------------------------------- backend registries
+def registrar(table: dict[str, str]):
+    """A class decorator factory that records `name -> "module:Class"` in `table` (chat and encoder
+    backends: `register_backend("name")`, `register_encoder("name")`)."""
+    def register(name: str):
+        def deco(cls):
+            table[name] = f"{cls.__module__}:{cls.__qualname__}"
+            return cls
+        return deco
+    return register
+
+
+def registered_class(table: dict[str, str], name: str, who: str) -> type:
+    """The class `table` registers under `name`, its module imported now (a backend's heavy
+    dependencies load only when a preset names it); `who` names the preset in the error."""
+    if name not in table:
+        raise PresetError(f"{who}: unknown backend '{name}' ({', '.join(sorted(table))})")
+    module, _, qualname = table[name].partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def lazy_exports(package: str, table: dict[str, str]):
+    """A module `__getattr__` that imports `table[name]` (a module path) on first access of `name`:
+    a package re-exports its backend classes without importing torch when it is imported."""
+    def __getattr__(name: str):
+        if name in table:
+            return getattr(importlib.import_module(table[name]), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    return __getattr__

@@ -37,6 +37,7 @@ text, schema checks) <- `cache` (`ResponseCache`) <- `core` (`Chat`) <- `registr
 """
 from __future__ import annotations
 
+from lib.presets import lazy_exports
 from lib.chat.cache import CacheError, ResponseCache, default_cache_path
 from lib.chat.core import Chat, ChatBackend, ChatOptions, ChatStats
 from lib.chat.keys import ENV_FILES_LOG, KeyRing, api_keys, read_dotenv, remembered_env_files
@@ -52,9 +53,4 @@ _LAZY = {"HFChatBackend": "lib.chat.hf", "HFOptions": "lib.chat.hf",
          "CaptionedBackend": "lib.chat.captioned", "CaptionError": "lib.chat.captioned",
          "CaptionedOptions": "lib.chat.captioned"}
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'lib.chat' has no attribute {name!r}")
+__getattr__ = lazy_exports("lib.chat", _LAZY)

@@ -1,14 +1,14 @@
 """Backend registry and loading: preset backend name -> "module:Class", `load_backend`, `load_chat`."""
 from __future__ import annotations
 
-import importlib
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from lib.chat.cache import ResponseCache
 from lib.chat.core import Chat, ChatBackend, ChatOptions
-from lib.presets import Preset, PresetError, get_preset, resolve_model_path, weights_digest
+from lib.presets import (Preset, get_preset, registered_class, registrar, resolve_model_path,
+                         weights_digest)
 
 def served_identity(preset: Preset) -> dict[str, Any]:
     """Cache identity of a model this compendium serves itself (a `serve:` section): the GGUF's
@@ -30,25 +30,15 @@ BACKENDS: dict[str, str] = {
 }
 
 
-def register_backend(name: str):
-    """Class decorator: a chat backend that presets name as `backend: <name>`. The class provides
-    `identity()`, `complete(messages, params)` and `from_preset(preset, *, device, env_file, base_url,
-    cache)`; class attributes `default_max_workers` and `default_batch_size` size its `Chat`."""
-    def deco(cls):
-        BACKENDS[name] = f"{cls.__module__}:{cls.__qualname__}"
-        return cls
-    return deco
+#: Class decorator: a chat backend presets name as `backend: <name>`. The class provides `identity()`,
+#: `complete(messages, params)` and `from_preset(preset, *, device, env_file, base_url, cache)`; class
+#: attributes `default_max_workers` and `default_batch_size` size its `Chat`.
+register_backend = registrar(BACKENDS)
 
 
 def backend_class(name: str, preset_name: str = "?") -> type:
     """The class registered under a backend name."""
-    if name not in BACKENDS:
-        raise PresetError(f"chat preset '{preset_name}': unknown backend '{name}' ({', '.join(sorted(BACKENDS))})")
-    module, _, qualname = BACKENDS[name].partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return registered_class(BACKENDS, name, f"chat preset '{preset_name}'")
 
 
 def load_backend(preset: Preset, device: str | None = None, env_file: str | Path | None = None,

@@ -27,6 +27,7 @@ backend; `registry` (`load_encoder`) imports a backend only when a preset names 
 """
 from __future__ import annotations
 
+from lib.presets import lazy_exports
 from lib.encoders.registry import BACKENDS, encoder_class, load_encoder, register_encoder
 
 #: Classes load with their module on first use (every backend imports torch; open_clip its own package).
@@ -35,9 +36,4 @@ _LAZY = {"Encoder": "lib.encoders.base", "AttentionUnavailable": "lib.encoders.b
          "HFSiglipEncoder": "lib.encoders.hf_siglip", "HFBlipEncoder": "lib.encoders.hf_blip",
          "OpenClipEncoder": "lib.encoders.openclip"}
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'lib.encoders' has no attribute {name!r}")
+__getattr__ = lazy_exports("lib.encoders", _LAZY)

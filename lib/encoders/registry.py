@@ -1,13 +1,12 @@
 """Encoder registry and loading: preset backend name -> "module:Class", `load_encoder`."""
 from __future__ import annotations
 
-import importlib
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from lib.presets import Preset, PresetError, default_device, get_preset
+from lib.presets import Preset, PresetError, default_device, get_preset, registered_class, registrar
 
 if TYPE_CHECKING:          # the protocol imports torch; the registry itself does not
     from lib.encoders.base import Encoder
@@ -22,23 +21,13 @@ BACKENDS: dict[str, str] = {
 }
 
 
-def register_encoder(name: str):
-    """Class decorator: an encoder backend presets name as `backend: <name>`; the class is an
-    `lib.encoders.base.Encoder` with a `from_preset(preset, device)` classmethod."""
-    def deco(cls):
-        BACKENDS[name] = f"{cls.__module__}:{cls.__qualname__}"
-        return cls
-    return deco
+#: Class decorator: an encoder backend presets name as `backend: <name>`; the class is an
+#: `lib.encoders.base.Encoder` with a `from_preset(preset, device)` classmethod.
+register_encoder = registrar(BACKENDS)
 
 
 def encoder_class(name: str, preset_name: str = "?") -> type:
-    if name not in BACKENDS:
-        raise PresetError(f"encoder preset '{preset_name}': unknown backend '{name}' ({', '.join(sorted(BACKENDS))})")
-    module, _, qualname = BACKENDS[name].partition(":")
-    obj: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        obj = getattr(obj, part)
-    return obj
+    return registered_class(BACKENDS, name, f"encoder preset '{preset_name}'")
 
 
 def _detect_backend(path: Path) -> str:
