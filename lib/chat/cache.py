@@ -13,6 +13,7 @@ from pathlib import Path
 from lib import ROOT
 from lib.chat.messages import ChatResult
 
+
 class CacheError(RuntimeError):
     """The response cache file is unusable; the message names it."""
 

@@ -24,6 +24,7 @@ class CaptionedOptions:
     caption_prompt: str = DESCRIBE_PROMPT
     caption_max_new_tokens: int = 60
 
+
 @register_backend("captioned")
 class CaptionedBackend:
     """Lets a text-only chat model take the protocol's image parts: each image is replaced by a

@@ -15,6 +15,7 @@ from lib.chat.messages import ChatResult, GenParams, assistant, cache_key, promp
 from lib.chat.structured import parse_structured, storable, with_schema_instruction
 from lib.presets import options_from
 
+
 class ChatBackend(Protocol):
     """What a chat backend provides. Optional: `complete_batch(conversations, params)` (local models
     generating several conversations in one call) and `native_schema` (True when the backend

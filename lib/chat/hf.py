@@ -23,6 +23,7 @@ class HFOptions:
     task: str = "image-text-to-text"        # or "causal-lm" (a text-only model)
     gguf_file: str | None = None            # a GGUF file inside the model folder, dequantized by transformers
 
+
 @register_backend("hf")
 class HFChatBackend:
     """A Hugging Face chat model driven through its chat template.

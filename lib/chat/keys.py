@@ -10,6 +10,7 @@ from typing import Sequence
 from lib import ROOT
 from lib.artifacts import write_text
 
+
 def read_dotenv(path: str | Path) -> dict[str, str]:
     """KEY=VALUE lines of a .env file (comments and `export ` allowed; quotes stripped)."""
     out: dict[str, str] = {}

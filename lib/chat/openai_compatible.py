@@ -36,6 +36,7 @@ class HTTPOptions:
     api_key_optional: bool | None = None   # None: optional exactly for a model served here (`serve:`)
     structured_output: str = "json_schema"  # or "prompt" for servers without response_format
 
+
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 SAFETY_FINISH = ("content_filter", "safety", "SAFETY", "prohibited_content")
 #: What providers put in an error body when a safety system stopped the request (a block, not a failure).

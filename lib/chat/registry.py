@@ -10,6 +10,7 @@ from lib.chat.core import Chat, ChatBackend, ChatOptions
 from lib.presets import (Preset, get_preset, registered_class, registrar, resolve_model_path,
                          weights_digest)
 
+
 def served_identity(preset: Preset) -> dict[str, Any]:
     """Cache identity of a model this compendium serves itself (a `serve:` section): the GGUF's
     digest and the engine's version, not the (ephemeral) port."""
