@@ -158,6 +158,40 @@ def write_with(target: Path | str, writer: Callable[[Path], None]) -> Path:
     return Path(target)
 
 
+def loads_strict(text: str, where: str = "", error: type[Exception] = ValueError,
+                 duplicate_error: type[Exception] | None = None) -> Any:
+    """json.loads that refuses what no reader here can mean: a duplicate key in an object (the
+    first value would be lost silently), NaN / Infinity, numbers that overflow to infinity, and
+    nesting the decoder cannot hold. The one strict reader behind model answers
+    (`lib.chat.structured`) and dataset files (`lib.datasets`); failures raise `error` with
+    `where` (a file and record, or nothing) in front (a repeated key raises `duplicate_error`
+    when given, for callers that treat it apart). A malformed document still raises
+    json.JSONDecodeError, which callers turn into their own message with its line and column."""
+    at = f"{where}: " if where else ""
+
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in pairs:
+            if k in out:
+                raise (duplicate_error or error)(f"{at}duplicate key {k!r} in a JSON object (the first value would be lost)")
+            out[k] = v
+        return out
+
+    def no_constant(name: str) -> Any:
+        raise error(f"{at}{name} is not a JSON number")
+
+    def finite(token: str) -> float:
+        v = float(token)
+        if v in (float("inf"), float("-inf")):
+            raise error(f"{at}{token} is not a finite number")
+        return v
+
+    try:
+        return json.loads(text, object_pairs_hook=no_duplicates, parse_constant=no_constant, parse_float=finite)
+    except RecursionError:
+        raise error(f"{at}nested deeper than the JSON decoder allows") from None
+
+
 def read_json(path: Path | str) -> Any:
     path = Path(path)
     try:

@@ -34,6 +34,7 @@ import numpy as np
 from lib.datasets import CAPTION_WORD_RE
 from lib.datasets import normalize_word as _norm
 from lib.encoders import AttentionUnavailable, Encoder, load_encoder
+from lib.metrics import average_precision
 from lib.nli import nli_entailment  # noqa: F401  (SeeTRUE's scorer; public here too)
 
 PUNCT = {".", ","}
@@ -309,11 +310,6 @@ def position_accuracy(results: Sequence[dict[str, Any]], positions: Sequence[Seq
     hits = [r.get("lowest_word_position") is not None and r["lowest_word_position"] in set(p)
             for r, p in zip(results, positions)]
     return float(np.mean(hits)) if hits else float("nan")
-
-
-def average_precision(scores: Sequence[float], positive: Sequence[bool]) -> float:
-    from sklearn.metrics import average_precision_score
-    return float(average_precision_score(np.asarray(positive, dtype=int), np.asarray(scores, dtype=float)))
 
 
 def evaluate_foil(results: Sequence[dict[str, Any]], records) -> dict[str, float]:

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from lib.artifacts import stage_dir
-from lib.evaluation import metric_rows
+from lib.metrics import metric_rows
 
 #: system of each method family (the table's first column)
 SYSTEMS = {"trace": "TRACE", "fewshot": "See, Explain, Intervene", "debate": "ARCADE"}

@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from lib.artifacts import loads_strict
+
 FHM_SPLITS = ("train", "dev_seen", "dev_unseen", "test_seen", "test_unseen")
 HVLI_TYPES = ("000", "001", "010", "011", "100", "101", "110", "111")
 HVLI_DIFFICULTY = {"000": "Easy", "011": "Easy", "101": "Easy", "111": "Easy", "100": "Normal", "010": "Normal",
@@ -361,21 +363,8 @@ def _read_text(path: Path) -> str:
                         f"(re-save the file as UTF-8)") from None
 
 
-def _no_duplicate_keys(where: str):
-    def hook(pairs):
-        seen = set()
-        for k, _ in pairs:
-            if k in seen:
-                raise DataError(f"{where}: duplicate key {k!r} in a JSON object (the record would be lost)")
-            seen.add(k)
-        return dict(pairs)
-    return hook
-
-
 def _loads(text: str, where: str) -> Any:
-    def constant(c: str):
-        raise DataError(f"{where}: {c} is not a JSON number")
-    return json.loads(text, object_pairs_hook=_no_duplicate_keys(where), parse_constant=constant)
+    return loads_strict(text, where, DataError)
 
 
 def _read_json(path: Path, expect: type | None = None) -> Any:

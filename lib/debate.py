@@ -45,6 +45,7 @@ from typing import Any, Sequence
 from lib import ROOT
 from lib.chat import Chat, ChatResult, GenParams, check_json_bounds, image, system, text
 from lib.datasets import HVLI_DIFFICULTY, HVLI_LABELS, HVLI_TYPES
+from lib.metrics import classification_report
 
 # H-VLI's label codes, interaction types and difficulty by type: the dataset module's, one definition
 LABELS, TYPES, DIFFICULTY = HVLI_LABELS, HVLI_TYPES, HVLI_DIFFICULTY
@@ -563,23 +564,17 @@ def balanced_sample(items: Sequence[tuple[str, str]], n: int, seed: int = 2024) 
 
 
 # ----------------------------------------------------------------------------- evaluation
-def _metrics_block(gts: list[int], preds: list[int], binary: bool) -> dict[str, float]:
-    from sklearn.metrics import f1_score, precision_score, recall_score
-    out: dict[str, float] = {}
+def _metrics_block(gts: list[int], preds: list[int], binary: bool, labels: Sequence[int] | None = None) -> dict[str, float]:
+    """The F1 block of an evaluation (lib.metrics; unanswered = -1 = wrong): binary gives the
+    hateful class's F1 / precision / recall and macro-F1, multiclass macro- and weighted-F1."""
     if not gts:
-        return out
+        return {}
     if binary:
-        g = [int(x > 0) for x in gts]
-        p = [1 - gi if pi < 0 else int(pi > 0) for gi, pi in zip(g, preds)]
-        out["f1_positive"] = f1_score(g, p, average="binary", pos_label=1, zero_division=0)
-        out["precision_positive"] = precision_score(g, p, average="binary", pos_label=1, zero_division=0)
-        out["recall_positive"] = recall_score(g, p, average="binary", pos_label=1, zero_division=0)
-        out["macro_f1"] = f1_score(g, p, average="macro", labels=[0, 1], zero_division=0)
-    else:
-        p = [(1 if gi == 0 else 0) if pi < 0 else pi for gi, pi in zip(gts, preds)]
-        out["macro_f1"] = f1_score(gts, p, average="macro", zero_division=0)
-        out["weighted_f1"] = f1_score(gts, p, average="weighted", zero_division=0)
-    return out
+        rep = classification_report([int(x > 0) for x in gts], [-1 if p < 0 else int(p > 0) for p in preds],
+                                    labels=[0, 1], positive=1)
+        return {k: rep[k] for k in ("f1_positive", "precision_positive", "recall_positive", "macro_f1")}
+    rep = classification_report(gts, preds, labels=labels)
+    return {k: rep[k] for k in ("macro_f1", "weighted_f1")}
 
 
 def _other_types(results: Sequence[SampleResult]) -> tuple[str, ...]:
@@ -642,18 +637,9 @@ def evaluate(results: Sequence[SampleResult], class_mode: str = "multiclass", vi
         out["binary_acc"] = bacc(rows)
     gts = [gt for _, gt, _ in rows]
     prs = [pr for _, _, pr in rows]
-    if view == "corrected" and not binary:
-        from sklearn.metrics import f1_score
-        p = [(1 if g == 0 else 0) if x < 0 else x for g, x in zip(gts, prs)]
-        out["macro_f1"] = f1_score(gts, p, average="macro", labels=list(LABELS), zero_division=0) if rows else float("nan")
-        out["weighted_f1"] = f1_score(gts, p, average="weighted", labels=list(LABELS), zero_division=0) \
-            if rows else float("nan")
-    else:
-        out.update(_metrics_block(gts, prs, binary))
+    out.update(_metrics_block(gts, prs, binary, list(LABELS) if view == "corrected" and not binary else None))
     if binary and rows:
-        from sklearn.metrics import confusion_matrix
-        p = [1 - g if x < 0 else x for g, x in zip(gts, prs)]
-        out["confusion"] = confusion_matrix(gts, p, labels=[0, 1]).tolist()
+        out["confusion"] = classification_report(gts, prs, labels=[0, 1], positive=1)["confusion"]
     out["refused_by_group"] = refused
     out["not_ok_by_cause"] = causes
     total = len(rows) + refused["all"]

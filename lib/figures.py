@@ -20,6 +20,7 @@ import numpy as np
 
 from lib import ROOT
 from lib.artifacts import ARTIFACTS_ROOT, read_json
+from lib.metrics import average_precision, mean_ci, precision_recall_points
 
 
 @dataclass(frozen=True)
@@ -389,15 +390,14 @@ def draw_clip4dm_word_attributions(profile: str):
 def draw_clip4dm_score_distributions(profile: str):
     import matplotlib.pyplot as plt
     import pandas as pd
-    from sklearn.metrics import average_precision_score, precision_recall_curve
     res = pd.read_csv(_art(profile, "03_clip4dm/results_foil.csv"))
     orig = ~res["is_foil"].astype(bool).to_numpy()
     scores = {"CLIPScore": res["clip_score"].to_numpy(), "sum of negative attributions": res["sum_negative_attribution"].to_numpy(),
               "F-CLIPScore": res["f_clipscore"].to_numpy()}
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
     for k, (name, sc) in enumerate(scores.items()):
-        pr, rc, _ = precision_recall_curve(orig, sc)
-        axes[0].plot(rc, pr, color=_tab10(k), label=f"{name} (AP {average_precision_score(orig, sc):.3f})")
+        pr, rc = precision_recall_points(sc, orig)
+        axes[0].plot(rc, pr, color=_tab10(k), label=f"{name} (AP {average_precision(sc, orig):.3f})")
     axes[0].axhline(orig.mean(), color="grey", ls=":", lw=0.8, label="chance")
     axes[0].set(xlabel="recall (original captions)", ylabel="precision", title="FOIL: originals vs foils", ylim=(0, 1.02))
     axes[0].legend(fontsize=7, loc="lower left")
@@ -473,12 +473,11 @@ def draw_few_shot_lexical(profile: str):
 def draw_few_shot_coherence(profile: str):
     import matplotlib.pyplot as plt
     import pandas as pd
-    from lib import textmetrics as tm
     coh = pd.read_csv(_art(profile, "04_few_shot/coherence.csv"))
     fig, ax = plt.subplots(figsize=(4, 3))
     for k, g in enumerate(["cp", "wp"]):
         v = coh[coh.subgroup == g]["coherence"].tolist()
-        m, lo, hi, _ = tm.bootstrap_ci(v, 1000, "BCa", 0)
+        m, lo, hi, _ = mean_ci(v, 1000, "BCa", 0)
         ax.errorbar([k], [m], yerr=[[m - lo if lo == lo else 0], [hi - m if hi == hi else 0]], fmt="o", capsize=4)
         ax.annotate(f"n={len(v)}", (k, m), textcoords="offset points", xytext=(8, 0), fontsize=8)
     ax.set_xticks([0, 1], ["cp", "wp"])

@@ -32,6 +32,7 @@ import numpy as np
 import yaml
 
 from lib import ROOT
+from lib.metrics import classification_report
 
 LABELS = ("non-hateful", "hateful")
 STATUSES = ("ok", "unparseable", "refused", "blocked", "failed")
@@ -447,13 +448,10 @@ def run_setting(chat, setting: Setting, queries: Sequence[Meme], pool: Sequence[
 def classification(preds: Sequence[Prediction]) -> dict[str, Any]:
     """Accuracy and macro-F1 over every query; an answer with no label counts as wrong (it is
     scored as the opposite of the gold label) and is counted by status."""
-    from sklearn.metrics import f1_score
-    gold = [p.gold for p in preds]
-    pred = [p.label if p.label in (0, 1) else 1 - p.gold for p in preds]
+    rep = classification_report([p.gold for p in preds], [p.label if p.label in (0, 1) else None for p in preds],
+                                labels=[0, 1])
     st = Counter(p.status for p in preds)
-    return {"acc": float(np.mean([g == y for g, y in zip(gold, pred)])) if preds else float("nan"),
-            "macro_f1": float(f1_score(gold, pred, average="macro", labels=[0, 1], zero_division=0)) if preds
-            else float("nan"),
+    return {"acc": rep.get("accuracy", float("nan")), "macro_f1": rep.get("macro_f1", float("nan")),
             "n": len(preds), **{f"n_{s}": st.get(s, 0) for s in STATUSES},
             "support": sum(bool(p.intervention) for p in preds),
             "n_truncated": sum(p.truncated for p in preds),

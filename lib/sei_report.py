@@ -17,6 +17,7 @@ import numpy as np
 
 from lib.agents import AGENTS, AgentExample, AgentRecipe, agent_chat, norm_id, run_agent, train_agent
 from lib.artifacts import write_text
+from lib.metrics import mean_ci
 from lib.sei import Meme, Prediction, subgroup
 
 #: The paper's Table 3 (agents on held-out splits) and Table 2 rows (SigLIP retrieval), for the
@@ -287,11 +288,10 @@ def analysis_frame(preds: Sequence[Prediction]):
 def ci_frame(df, measures=("tokens", "ttr", "ppl"), n_resamples: int = 1000, method: str = "BCa", seed: int = 0):
     """Mean and bootstrap CI per (kind, subgroup, measure), with n and the CI method used."""
     import pandas as pd
-    from lib.textmetrics import bootstrap_ci
     rows = []
     for (kind, g), sub in df.groupby(["kind", "subgroup"]):
         for m in measures:
-            mean, lo, hi, used = bootstrap_ci(sub[m].tolist(), n_resamples, method, seed)
+            mean, lo, hi, used = mean_ci(sub[m].tolist(), n_resamples, method, seed)
             rows.append({"kind": kind, "subgroup": g, "measure": m, "n": len(sub), "mean": mean, "low": lo,
                          "high": hi, "ci": used})
     return pd.DataFrame(rows)

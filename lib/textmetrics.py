@@ -10,7 +10,7 @@ memes with two reasonings):
   (layer 6) the scale differs: such a number is labelled a proxy wherever it appears.
 
 Analyses (the paper prints figures only, no numbers): token count, type-token ratio and
-unigram perplexity with bootstrap CIs, VADER sentiment classes and the Shannon-entropy word
+unigram perplexity (their bootstrap CIs: `lib.metrics.mean_ci`), VADER sentiment classes and the Shannon-entropy word
 shift (the per-word contributions shifterator computes, implemented here and checked
 against it in the tests).
 """
@@ -162,30 +162,6 @@ def unigram_perplexity(text: str, reference: Counter | None = None) -> float:
     total = sum(reference.values())
     v = len(reference) + 1
     return float(math.exp(-np.mean([math.log((reference.get(x, 0) + 1) / (total + v)) for x in w])))
-
-
-def bootstrap_ci(values: Sequence[float], n_resamples: int = 1000, method: str = "BCa", seed: int = 0,
-                 level: float = 0.95) -> tuple[float, float, float, str]:
-    """(mean, low, high, method used). BCa is undefined for constant samples and n < 2: constant
-    samples fall back to the percentile method (a zero-width interval), n < 2 gives NaN bounds."""
-    v = np.asarray([x for x in values if x == x], dtype=float)
-    if len(v) == 0:
-        return float("nan"), float("nan"), float("nan"), "none"
-    m = float(v.mean())
-    if len(v) < 2:
-        return m, float("nan"), float("nan"), "n<2"
-    from scipy import stats
-    used = method
-    if method.lower() == "bca" and np.all(v == v[0]):
-        used = "percentile"
-    res = stats.bootstrap((v,), np.mean, n_resamples=n_resamples, method=used, confidence_level=level,
-                          rng=np.random.default_rng(seed))
-    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
-    if not (lo == lo and hi == hi):
-        res = stats.bootstrap((v,), np.mean, n_resamples=n_resamples, method="percentile", confidence_level=level,
-                              rng=np.random.default_rng(seed))
-        lo, hi, used = float(res.confidence_interval.low), float(res.confidence_interval.high), "percentile"
-    return m, lo, hi, used
 
 
 # ----------------------------------------------------------------------------- sentiment

@@ -41,7 +41,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from lib.artifacts import write_with
-from lib.evaluation import best_threshold, metrics_at, pr_best_f1_threshold
+from lib.metrics import best_threshold, metrics_at, pr_best_f1_threshold
 
 # Deterministic cuBLAS (TrainConfig.deterministic on a GPU) needs a fixed workspace, chosen before
 # the process's first cuBLAS call; importing this module before any model runs sets it.

@@ -3,6 +3,7 @@ down the layers lib/README.md draws, never back up."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ LIB = Path(__file__).resolve().parents[1] / "lib"
 
 #: lib/README.md's layers, lowest first: a module may import its own layer and the ones below
 LAYERS = {
-    0: {"lib", "lib.artifacts", "lib.prompts", "lib.presets", "lib.evaluation", "lib.plotting", "lib.envfiles"},
+    0: {"lib", "lib.artifacts", "lib.prompts", "lib.presets", "lib.metrics", "lib.plotting", "lib.envfiles"},
     1: {"lib.datasets", "lib.render", "lib.injection", "lib.memeworld", "lib.data_prep"},
     2: {"lib.chat", "lib.encoders", "lib.serve", "lib.memeworld_vlm", "lib.nli", "lib.textmetrics"},
     3: {"lib.captioning", "lib.trace", "lib.clip4dm", "lib.agents", "lib.sei", "lib.debate"},
@@ -112,3 +113,12 @@ def test_the_checker_sees_function_level_imports(tmp_path):
     # the graph counts an import inside a function (the way cycles used to hide)
     assert "lib.chat.registry" in GRAPH["lib.chat.captioned"]
     assert any("lib.chat" in GRAPH[m] for m in GRAPH if m.startswith("lib.sei"))
+
+
+def test_one_metrics_module():
+    # accuracy, F1, AP, bootstrap intervals and McNemar are computed in lib/metrics.py only, so every
+    # method means the same thing by them (no F1 recomputed in a method file, no second bootstrap)
+    pattern = re.compile(r"sklearn\.metrics|stats\.bootstrap|statsmodels|def bootstrap|def mcnemar|f1_score\(")
+    bad = [f"{p.relative_to(LIB.parent)}:{i}" for p in sorted(LIB.rglob("*.py")) if p.name != "metrics.py"
+           for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not bad, "metric code outside lib/metrics.py: " + ", ".join(bad)

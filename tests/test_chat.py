@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lib.chat import (Chat, ChatResult, GenParams, OpenAICompatibleBackend, ResponseCache, api_keys, cache_key, image,
+from lib.chat import (Chat, ChatResult, GenParams, OpenAICompatibleBackend, ResponseCache, api_keys, cache_key,
                       load_chat, read_dotenv, user)
 
 GOOD_KEY = "test-key-good-000"

@@ -2,7 +2,6 @@
 libraries, and the agent trainer on a tiny LLaVA-architecture model."""
 import collections
 import collections.abc
-import json
 import math
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import numpy as np
 import pytest
 
 from lib import sei, textmetrics as tm
+from lib.metrics import mean_ci
 from lib.sei import Answer, Meme, SeiTemplates, build_conversation, parse_answer
 
 
@@ -255,12 +255,12 @@ def test_vader_bootstrap_and_lexical_measures():
         assert tm.vader_label(t) == ("positive" if c >= 0.05 else "negative" if c <= -0.05 else "neutral")
     assert tm.vader_label("This meme is hateful and dehumanizing.") == "negative"
     vals = [3, 5, 8, 13, 2, 7, 9]
-    m, lo, hi, used = tm.bootstrap_ci(vals, 500, "BCa", seed=4)
+    m, lo, hi, used = mean_ci(vals, 500, "BCa", seed=4)
     ref = stats.bootstrap((np.array(vals, float),), np.mean, n_resamples=500, method="BCa",
                           rng=np.random.default_rng(4)).confidence_interval
     assert (m, lo, hi, used) == (pytest.approx(np.mean(vals)), pytest.approx(ref.low), pytest.approx(ref.high), "BCa")
-    assert tm.bootstrap_ci([2, 2, 2])[1:] == (2.0, 2.0, "percentile")
-    assert math.isnan(tm.bootstrap_ci([4])[1])
+    assert mean_ci([2, 2, 2])[1:] == (2.0, 2.0, "percentile")
+    assert math.isnan(mean_ci([4])[1])
     assert tm.token_count("Don't share it, please!") == 5
     assert tm.type_token_ratio("a a b c") == 0.75
     assert tm.unigram_perplexity("a a b c") == pytest.approx(2 ** 1.5)

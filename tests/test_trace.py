@@ -7,7 +7,7 @@ import torch
 
 from lib.datasets import MemeRecord
 from lib.encoders import load_encoder
-from lib.evaluation import best_threshold, mcnemar, metrics_at
+from lib.metrics import best_threshold, mcnemar, metrics_at
 from lib.trace import (CLIPClassifier, FeatureCache, MemeBatchData, TrainConfig, Trainer, batch_features, focal_bce,
                        gumbel_tau, trace_loss)
 
@@ -338,7 +338,7 @@ def test_official_threshold_is_the_best_f1_point_of_the_pr_curve():
     """probs [0.1, 0.4, 0.35, 0.8], labels [0, 0, 1, 1]: the PR curve's points at 0.1 / 0.35 / 0.4 / 0.8
     have F1 0.667 / 0.8 / 0.5 / 0.667, so the official threshold is 0.35 (best accuracy would tie
     0.35, 0.5 and 0.8 and pick the lowest candidate)."""
-    from lib.evaluation import pr_best_f1_threshold
+    from lib.metrics import pr_best_f1_threshold
     p, y = np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1])
     assert pr_best_f1_threshold(p, y) == pytest.approx(0.35)
     assert metrics_at(p, y, 0.35)["accuracy"] == 0.75

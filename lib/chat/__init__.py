@@ -37,15 +37,17 @@ text, schema checks) <- `cache` (`ResponseCache`) <- `core` (`Chat`) <- `registr
 """
 from __future__ import annotations
 
+from lib.artifacts import loads_strict
 from lib.presets import lazy_exports
+from lib.prompts import prompt_template
 from lib.chat.cache import CacheError, ResponseCache, default_cache_path
 from lib.chat.core import Chat, ChatBackend, ChatOptions, ChatStats
 from lib.chat.keys import ENV_FILES_LOG, KeyRing, api_keys, read_dotenv, remembered_env_files
 from lib.chat.messages import (STATUSES, ChatResult, GenParams, assistant, cache_key, canonical, image, image_bytes,
-                               parts_of, prompt_template, system, text, user)
+                               parts_of, system, text, user)
 from lib.chat.registry import BACKENDS, backend_class, load_backend, load_chat, register_backend, served_identity
 from lib.chat.structured import (MAX_JSON_CHARS, MAX_JSON_DEPTH, check_json_bounds, clean_text, extract_json,
-                                 loads_strict, parse_structured, with_schema_instruction)
+                                 parse_structured, with_schema_instruction)
 
 #: Backend classes load with their module on first use (the hf backend imports torch and transformers).
 _LAZY = {"HFChatBackend": "lib.chat.hf", "HFOptions": "lib.chat.hf",

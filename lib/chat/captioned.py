@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lib.chat.core import Chat, ChatBackend
-from lib.chat.messages import ChatResult, GenParams, image_bytes, parts_of, prompt_template, text, user
+from lib.chat.messages import ChatResult, GenParams, image_bytes, parts_of, text, user
 from lib.chat.registry import load_backend, load_chat, register_backend
 from lib.presets import Preset, PresetError, get_preset, options_from
-from lib.prompts import prompt_line
+from lib.prompts import prompt_line, prompt_template
 
 #: The captioner's question unless a preset says otherwise (memeworld-vlm's training prompt).
 DESCRIBE_PROMPT = prompt_line("caption/describe.txt")

@@ -11,9 +11,10 @@ from typing import Any, Protocol, Sequence
 from tqdm.auto import tqdm
 
 from lib.chat.cache import ResponseCache
-from lib.chat.messages import ChatResult, GenParams, assistant, cache_key, prompt_template, user
+from lib.chat.messages import ChatResult, GenParams, assistant, cache_key, user
 from lib.chat.structured import parse_structured, storable, with_schema_instruction
 from lib.presets import options_from
+from lib.prompts import prompt_template
 
 
 class ChatBackend(Protocol):

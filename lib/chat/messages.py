@@ -8,7 +8,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from lib.prompts import prompt_template  # noqa: F401  (re-exported: chat sends prompt files)
 
 STATUSES = ("ok", "unparseable", "refused", "blocked", "failed")
 

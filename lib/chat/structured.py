@@ -8,46 +8,15 @@ from typing import Any, Sequence
 
 import jsonschema
 
-from lib.chat.messages import ChatResult, GenParams, parts_of, prompt_template, text, user
+from lib.artifacts import loads_strict
+from lib.chat.messages import ChatResult, GenParams, parts_of, text, user
+from lib.prompts import prompt_template
 
 #: Answers longer than this are not read as JSON (no answer of a max_new_tokens-bounded call comes near).
 MAX_JSON_CHARS = 200_000
 #: Deeper nesting than this is refused before any decoding (no schema here nests past 5 levels).
 MAX_JSON_DEPTH = 64
 _JSON_SPECIAL = re.compile(r'[{}\[\]"\\]')
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise _DuplicateKey(f"duplicate key {k!r} in a JSON object")
-        out[k] = v
-    return out
-
-
-class _DuplicateKey(ValueError):
-    pass
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite(text: str) -> float:
-    v = float(text)
-    if v != v or v in (float("inf"), float("-inf")):
-        raise ValueError(f"{text} is not a finite number")
-    return v
-
-
-def loads_strict(text: str) -> Any:
-    """json.loads that refuses what a schema cannot mean: duplicate keys, NaN / Infinity, numbers
-    that overflow to infinity, and nesting past MAX_JSON_DEPTH. Any failure is a ValueError."""
-    try:
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant, parse_float=_finite)
-    except RecursionError:
-        raise ValueError("nested deeper than the decoder allows") from None
 
 
 def _object_spans(t: str) -> list[tuple[int, int]]:
@@ -91,6 +60,14 @@ def check_json_bounds(text: str) -> None:
     _object_spans(text)
 
 
+class _DuplicateKey(ValueError):
+    """A key repeated in an answer's JSON object: never read past (the answer is ambiguous)."""
+
+
+def _loads(text: str) -> Any:
+    return loads_strict(text, duplicate_error=_DuplicateKey)
+
+
 def extract_json(text: str) -> Any:
     """The JSON value in an answer: the whole text, else its first balanced {...} block that
     decodes (models often wrap JSON in prose or code fences). Total and linear in the answer's
@@ -101,7 +78,7 @@ def extract_json(text: str) -> Any:
         raise ValueError(f"the answer is {len(t):,} characters long; at most {MAX_JSON_CHARS:,} are read as JSON")
     spans = _object_spans(t)                   # also the depth check, before any decoding
     try:
-        return loads_strict(t)
+        return _loads(t)
     except _DuplicateKey:
         raise
     except ValueError:
@@ -109,7 +86,7 @@ def extract_json(text: str) -> Any:
     # nested spans are each at most MAX_JSON_DEPTH deep, so all of them together are O(depth x length)
     for start, end in spans:
         try:
-            return loads_strict(t[start:end])
+            return _loads(t[start:end])
         except _DuplicateKey:
             raise
         except ValueError:

@@ -1,7 +1,9 @@
-"""Metrics shared by every system: thresholds, classification metrics, per-type accuracy, McNemar.
+"""The one metrics module: thresholds, accuracy and F1, per-type accuracy, bootstrap intervals,
+McNemar and flip rates.
 
-Every notebook that scores a binary moderator imports these, so "accuracy" or "the official
-threshold" means the same thing in TRACE, the few-shot agents and the debate.
+Every method scores through these (TRACE, CLIP4DM's accuracies, the few-shot agents, the debate,
+the cross-method evaluation), so "accuracy", "macro-F1", "an unanswered item" or "the official
+threshold" mean the same thing everywhere.
 """
 from __future__ import annotations
 
@@ -20,6 +22,19 @@ def metrics_at(probs: np.ndarray, labels: np.ndarray, threshold: float) -> dict[
     auroc = roc_auc_score(labels, probs) if len(set(labels.tolist())) == 2 else float("nan")
     return {"accuracy": float(accuracy_score(labels, pred)), "macro_precision": float(p), "macro_recall": float(r),
             "macro_f1": float(f), "auroc": float(auroc)}
+
+
+def average_precision(scores: Sequence[float], positive: Sequence[bool]) -> float:
+    """Average precision of `scores` ranking the `positive` items first (sklearn)."""
+    from sklearn.metrics import average_precision_score
+    return float(average_precision_score(np.asarray(positive, dtype=int), np.asarray(scores, dtype=float)))
+
+
+def precision_recall_points(scores: Sequence[float], positive: Sequence[bool]) -> tuple[np.ndarray, np.ndarray]:
+    """(precision, recall) along the ranking by `scores` (sklearn's precision_recall_curve), for plotting."""
+    from sklearn.metrics import precision_recall_curve
+    prec, rec, _ = precision_recall_curve(np.asarray(positive, dtype=int), np.asarray(scores, dtype=float))
+    return prec, rec
 
 
 def threshold_sweep(probs: np.ndarray, labels: np.ndarray) -> dict[str, np.ndarray]:
@@ -61,6 +76,38 @@ def pr_best_f1_threshold(probs: np.ndarray, labels: np.ndarray) -> float:
     prec, rec = prec[:-1], rec[:-1]
     f1 = np.divide(2 * prec * rec, prec + rec, out=np.zeros_like(prec), where=(prec + rec) > 0)
     return float(thr[int(np.argmax(f1))])
+
+
+def fill_unanswered(gold: Sequence[int], pred: Sequence[int | None]) -> list[int]:
+    """Predictions with every unanswered one (None or a negative label) replaced by a label that
+    is certainly wrong for its item (1 where the gold label is 0, else 0): an unanswered item
+    counts as an error in every metric, never as a free abstention."""
+    return [(1 if g == 0 else 0) if (p is None or p < 0) else int(p) for g, p in zip(gold, pred)]
+
+
+def classification_report(gold: Sequence[int], pred: Sequence[int | None], labels: Sequence[int] | None = None,
+                          positive: int | None = None) -> dict[str, Any]:
+    """Accuracy, macro- and weighted-F1 of predicted class labels (unanswered ones are wrong, see
+    `fill_unanswered`; sklearn with zero_division=0). `labels`: the classes the F1 averages run
+    over (default: those present in gold or prediction). With `positive`, that class's
+    precision, recall and F1 and the confusion matrix over `labels` (or [0, 1]) too.
+    Empty input gives {}."""
+    from sklearn.metrics import confusion_matrix, f1_score, precision_score, recall_score
+    gold = [int(g) for g in gold]
+    if not gold:
+        return {}
+    p = fill_unanswered(gold, pred)
+    lab = list(labels) if labels is not None else None
+    out: dict[str, Any] = {"accuracy": float(np.mean([g == y for g, y in zip(gold, p)])),
+                           "macro_f1": float(f1_score(gold, p, average="macro", labels=lab, zero_division=0)),
+                           "weighted_f1": float(f1_score(gold, p, average="weighted", labels=lab, zero_division=0))}
+    if positive is not None:
+        kw = {"average": "binary", "pos_label": positive, "zero_division": 0}
+        out.update({"f1_positive": float(f1_score(gold, p, **kw)),
+                    "precision_positive": float(precision_score(gold, p, **kw)),
+                    "recall_positive": float(recall_score(gold, p, **kw)),
+                    "confusion": confusion_matrix(gold, p, labels=lab or [0, 1]).tolist()})
+    return out
 
 
 def per_type_accuracy(predictions: list[dict[str, Any]], types: dict[str, str],
@@ -147,6 +194,32 @@ def bootstrap_ci(statistic, *arrays, n_resamples: int = 1000, confidence: float 
             a = (1 - confidence) / 2
             lo, hi = float(np.quantile(dist, a)), float(np.quantile(dist, 1 - a))
     return value, lo, hi
+
+
+def mean_ci(values: Sequence[float], n_resamples: int = 1000, method: str = "BCa", seed: int = 0,
+            level: float = 0.95) -> tuple[float, float, float, str]:
+    """The mean of per-item scores (NaN left out) with its bootstrap CI: (mean, low, high, method
+    used). BCa is undefined for constant samples and n < 2: constant samples fall back to the
+    percentile method (a zero-width interval), n < 2 gives NaN bounds, and a BCa interval that
+    comes out undefined is recomputed by percentile."""
+    from scipy import stats
+    v = np.asarray([x for x in values if x == x], dtype=float)
+    if len(v) == 0:
+        return float("nan"), float("nan"), float("nan"), "none"
+    m = float(v.mean())
+    if len(v) < 2:
+        return m, float("nan"), float("nan"), "n<2"
+    used = method
+    if method.lower() == "bca" and np.all(v == v[0]):
+        used = "percentile"
+    res = stats.bootstrap((v,), np.mean, n_resamples=n_resamples, method=used, confidence_level=level,
+                          rng=np.random.default_rng(seed))
+    lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
+    if not (lo == lo and hi == hi):
+        res = stats.bootstrap((v,), np.mean, n_resamples=n_resamples, method="percentile", confidence_level=level,
+                              rng=np.random.default_rng(seed))
+        lo, hi, used = float(res.confidence_interval.low), float(res.confidence_interval.high), "percentile"
+    return m, lo, hi, used
 
 
 def metric_rows(frame, method: str, subsets: dict[str, Any], metrics: Sequence[str] = ("accuracy", "macro_f1", "auroc"),

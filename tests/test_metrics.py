@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from lib.evaluation import best_threshold, mcnemar, metrics_at, per_type_accuracy, threshold_sweep
+from lib.metrics import best_threshold, mcnemar, metrics_at, per_type_accuracy, threshold_sweep
 
 
 def test_threshold_sweep_equals_the_definition():
@@ -33,7 +33,7 @@ def test_per_type_accuracy_counts_and_mcnemar_needs_pairs():
 # ----------------------------------------------------------------------------- notebook 06's statistics
 def test_vectorised_statistics_equal_sklearn_on_every_resample_shape():
     from sklearn.metrics import f1_score, roc_auc_score
-    from lib.evaluation import _vec_auroc, _vec_macro_f1
+    from lib.metrics import _vec_auroc, _vec_macro_f1
     rng = np.random.default_rng(1)
     for _ in range(20):
         n = int(rng.integers(4, 60))
@@ -49,7 +49,7 @@ def test_vectorised_statistics_equal_sklearn_on_every_resample_shape():
 
 
 def test_bootstrap_ci_brackets_the_value_narrows_with_n_and_is_reproducible():
-    from lib.evaluation import _vec_accuracy, bootstrap_ci
+    from lib.metrics import _vec_accuracy, bootstrap_ci
     rng = np.random.default_rng(2)
     y = rng.integers(0, 2, 400)
     p = np.where(rng.random(400) < 0.8, y, 1 - y)
@@ -63,7 +63,7 @@ def test_bootstrap_ci_brackets_the_value_narrows_with_n_and_is_reproducible():
 
 def test_metric_rows_count_missing_answers_as_wrong_and_skip_auroc_without_scores():
     import pandas as pd
-    from lib.evaluation import metric_rows
+    from lib.metrics import metric_rows
     f = pd.DataFrame({"id": ["a", "b", "c", "d"], "label": [1, 0, 1, 0], "prediction": [1, None, 1, 0]})
     rows = {(r["subset"], r["metric"]): r for r in metric_rows(f, "m", {"all": np.ones(4, bool), "ab": ["a", "b"]},
                                                               n_resamples=200)}
@@ -75,7 +75,7 @@ def test_metric_rows_count_missing_answers_as_wrong_and_skip_auroc_without_score
 
 
 def test_pairwise_mcnemar_corrects_for_the_number_of_pairs():
-    from lib.evaluation import pairwise_mcnemar
+    from lib.metrics import pairwise_mcnemar
     rng = np.random.default_rng(4)
     a = rng.random(200) < 0.9
     b = rng.random(200) < 0.5
@@ -93,7 +93,7 @@ def test_pairwise_mcnemar_corrects_for_the_number_of_pairs():
 
 
 def test_flip_rate_counts_only_memes_called_hateful_before():
-    from lib.evaluation import flip_rate
+    from lib.metrics import flip_rate
     r = flip_rate([1, 1, 1, 0, 1, None], [0, 1, None, 0, 0, 0], n_resamples=200)
     assert r["n_called_hateful"] == 4                      # the meme called 0 and the unanswered one are out
     assert r["flip_rate"] == 0.5                           # 2 of 4 turned to 0; the unanswered copy is no flip
@@ -102,3 +102,48 @@ def test_flip_rate_counts_only_memes_called_hateful_before():
     assert r["ci_low"] <= 0.5 <= r["ci_high"]
     with pytest.raises(ValueError, match="pair them"):
         flip_rate([1], [1, 0])
+
+
+def test_classification_report_matches_sklearn_and_counts_unanswered_as_wrong():
+    from sklearn.metrics import f1_score, precision_score, recall_score
+    from lib.metrics import classification_report, fill_unanswered
+    gold = [0, 1, 1, 0, 1, 0, 1, 1]
+    pred = [0, 1, None, 1, -1, 0, 1, 0]
+    filled = fill_unanswered(gold, pred)
+    assert filled == [0, 1, 0, 1, 0, 0, 1, 0]          # None and -1 become the wrong class
+    rep = classification_report(gold, pred, labels=[0, 1], positive=1)
+    assert rep["accuracy"] == 4 / 8
+    assert rep["macro_f1"] == pytest.approx(f1_score(gold, filled, average="macro"))
+    assert rep["weighted_f1"] == pytest.approx(f1_score(gold, filled, average="weighted"))
+    assert rep["f1_positive"] == pytest.approx(f1_score(gold, filled))
+    assert rep["precision_positive"] == pytest.approx(precision_score(gold, filled))
+    assert rep["recall_positive"] == pytest.approx(recall_score(gold, filled))
+    assert rep["confusion"] == [[2, 1], [3, 2]]
+    # multiclass: an unanswered item of class 0 is scored as class 1, of any other class as 0
+    assert fill_unanswered([0, 3, 5], [-1, -1, 5]) == [1, 0, 5]
+    six = classification_report([0, 3, 5], [-1, -1, 5], labels=range(6))
+    assert six["accuracy"] == pytest.approx(1 / 3)
+    assert six["macro_f1"] == pytest.approx(f1_score([0, 3, 5], [1, 0, 5], average="macro", labels=list(range(6)),
+                                                     zero_division=0))
+    assert classification_report([], []) == {}
+
+
+def test_mean_ci_and_average_precision():
+    from lib.metrics import average_precision, mean_ci
+    assert average_precision([0.1, 0.9, 0.5], [False, True, True]) == 1.0
+    assert average_precision([0.9, 0.1], [False, True]) == 0.5
+    m, lo, hi, used = mean_ci([1, 2, 3, 4, 5, 6, 7, 8], 500)
+    assert m == 4.5 and lo < 4.5 < hi and used == "BCa"
+    assert mean_ci([float("nan"), 2.0, 2.0])[:3] == (2.0, 2.0, 2.0)
+
+
+def test_one_strict_json_reader_for_answers_and_files():
+    from lib.artifacts import loads_strict
+    from lib.datasets import DataError
+    for bad, why in (('{"a": 1, "a": 2}', "duplicate key 'a'"), ('{"a": NaN}', "NaN is not a JSON number"),
+                     ('{"a": 1e999}', "1e999 is not a finite number"), ("[" * 100_000 + "]" * 100_000, "nested")):
+        with pytest.raises(ValueError, match=why):
+            loads_strict(bad)
+        with pytest.raises(DataError, match=f"data/x.json record 3: .*{why}"):
+            loads_strict(bad, "data/x.json record 3", DataError)
+    assert loads_strict('{"a": [1, 2.5, null]}') == {"a": [1, 2.5, None]}
