@@ -20,7 +20,11 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
+from lib.chat import GenParams, user
+from lib.encoders import load_encoder
+from lib.memeworld_vlm import rouge_l
 from lib.prompts import prompt_line
 
 #: the captioner's question without grounding, and with it ({tags}: the detected objects)
@@ -189,7 +193,6 @@ def load_grounder(spec: dict[str, Any] | None, device: str | None = None):
     spec = dict(spec)
     kind = spec.pop("kind", None)
     if kind == "crops":
-        from lib.encoders import load_encoder
         enc = load_encoder(spec.pop("encoder"), device=device)
         return CropGrounder(enc, **spec)
     if kind == "grounding-dino":
@@ -244,7 +247,6 @@ def tag_caption(tags: Sequence[tuple[str, float]], boxes: Sequence[dict[str, Any
 def caption_many(chat, images: Sequence, prompts: Sequence[str], max_new_tokens: int = 60,
                  temperature: float = 0.0, desc: str = "caption") -> list[Any]:
     """One ChatResult per image (cached; batched or threaded by the chat model)."""
-    from lib.chat import GenParams, user
     if len(images) != len(prompts):
         raise ValueError(f"caption_many: {len(images)} images but {len(prompts)} prompts")
     convs = [[user(im, p)] for im, p in zip(images, prompts)]
@@ -273,7 +275,6 @@ def caption_dataset(records, tagger, grounder, chats: dict[str, Any], captioners
     with each captioner (the grounding in the prompt where its spec says `grounded`), and return
     the TRACE rows (`rows`, each with its boxes under `grounding`) plus what the notebook inspects:
     images, readable indices `ok`, tags, boxes, caption columns, unreadable `bad`, failures."""
-    from tqdm.auto import tqdm
     images, bad = [], []
     for r in records:
         try:
@@ -317,7 +318,6 @@ def caption_quality(run: dict[str, Any], gold: dict[str, dict[str, Any]], object
     of every caption column on held-out memes (dev and test) and on train; tag precision / recall
     against the gold objects; each correct tag's box against the drawn object's (IoU, share with
     IoU >= 0.5, share in the right third)."""
-    from lib.memeworld_vlm import rouge_l
     m: dict[str, float] = {}
     recs = run["records"]
     ids, splits = [r.id for r in recs], [r.split for r in recs]

@@ -24,15 +24,23 @@ raises a clear error because its text attention maps are not reachable.
 """
 from __future__ import annotations
 
+import argparse
+import gc
+import hashlib
+import json
 import os
 import re
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+from PIL import Image
+from tqdm.auto import tqdm
 
-from lib.datasets import CAPTION_WORD_RE
-from lib.datasets import normalize_word as _norm
+from lib.datasets import CAPTION_WORD_RE, caption_words, normalize_word as _norm
 from lib.encoders import AttentionUnavailable, Encoder, load_encoder
 from lib.metrics import average_precision
 from lib.nli import nli_entailment  # noqa: F401  (SeeTRUE's scorer; public here too)
@@ -92,9 +100,7 @@ class CLIP4DM:
         the helper thread competes with torch's own threads and the batched path got slower
         (1,631 -> 1,078 pairs/s from PIL images on memeworld-clip); on a GPU, where the model
         does not use the CPU cores, it can pay."""
-        from concurrent.futures import ThreadPoolExecutor
         import torch
-        from tqdm.auto import tqdm
         if len(images) != len(captions):
             raise ValueError(f"batch: {len(images)} images but {len(captions)} captions")
         chunks = length_batches(captions, batch_size or self.batch_size)
@@ -319,7 +325,6 @@ def evaluate_foil(results: Sequence[dict[str, Any]], records) -> dict[str, float
     string occurs more than once (where the two can differ); AP with the original caption as the
     positive class by CLIPScore, by the sum of negative attributions and by F-CLIPScore;
     LA chance = 1 / mean number of caption words."""
-    from lib.datasets import caption_words
     foil = [(r, rec) for r, rec in zip(results, records) if rec.is_foil]
     la = position_accuracy([r for r, _ in foil], [rec.misaligned_positions for _, rec in foil])
     la_s = localization_accuracy([r for r, _ in foil], [rec.misaligned_words[0] for _, rec in foil])
@@ -503,8 +508,6 @@ def _best_of(fns, repeats: int) -> list[float]:
     """Seconds per call of each function, best of `repeats` rounds after one warm-up round; each
     round calls them in turn, so a change in the machine's load reaches all of them. The garbage
     collector is off while a call is timed, as in timeit."""
-    import gc
-    import time
     best = [float("inf")] * len(fns)
     for rep in range(repeats + 1):
         for j, f in enumerate(fns):
@@ -550,9 +553,7 @@ def reuse_pairs_per_s(model: CLIP4DM, image_paths: Sequence[str], captions: Sequ
     """Benchmark-level throughput with image reuse: every distinct image file read, preprocessed and
     embedded once, then every caption attributed against its image's embedding (what
     `attribute_pairs` does), in pairs per second end to end (the best of `repeats`)."""
-    import time
     import torch
-    from PIL import Image
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -574,7 +575,6 @@ def benchmark(model: CLIP4DM, images, captions, batch_size: int = 32, repeats: i
     """Pairs per second batched vs one pair at a time on the same pairs (best of `repeats` timed
     runs of each, after a warm-up, as timeit does), and the largest difference between the two
     paths' word attributions, sums and CLIPScores."""
-    import time
     model(images[0], captions[0])                                   # warm-up: allocator, kernels
     model.batch(images[:batch_size], captions[:batch_size], batch_size=batch_size)
     t_single = t_batched = float("inf")
@@ -595,9 +595,6 @@ def benchmark(model: CLIP4DM, images, captions, batch_size: int = 32, repeats: i
 
 def main(argv: list[str] | None = None) -> int:
     """Command line, like the official infer.py: print the result dict for one image and caption."""
-    import argparse
-    import json
-    from PIL import Image
     ap = argparse.ArgumentParser(description="CLIP4DM: misaligned words of a caption for an image.")
     ap.add_argument("--model", default="memeworld-clip", help="encoder preset or local Hugging Face CLIP folder")
     ap.add_argument("--image", required=True)
@@ -632,12 +629,7 @@ def attribute_pairs(model: CLIP4DM, pairs: Sequence[tuple[str, str]], cache_path
     """Word attributions and cosine for (image path, caption) pairs, stored as JSON lines in
     `cache_path` chunk by chunk: a rerun (or a run resumed after a crash) computes only the
     pairs not stored yet. The model's settings are part of each line's key."""
-    import hashlib
-    import json
-    from pathlib import Path
     import torch
-    from PIL import Image
-    from tqdm.auto import tqdm
     cache_path = Path(cache_path)
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     tag = json.dumps([model.template, model.start_layer_text,

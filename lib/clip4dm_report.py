@@ -11,6 +11,7 @@ by side with the paper's numbers where the paper reports that backbone.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -20,8 +21,9 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from lib import clip4dm
+from lib import clip4dm, datasets as dsets
 from lib.artifacts import write_text
+from lib.presets import resolve_model_path
 
 FOIL_KEYS = ("la", "la_official_string", "n_repeated_foil_word", "la_chance", "ap_clipscore", "ap_neg_attribution",
              "ap_fclipscore", "ap_chance", "n_pairs")
@@ -149,7 +151,6 @@ def score_foil(run: EncoderRun, data: dict[str, Any]) -> None:
 def choose_epsilon(run: EncoderRun, val_recs: Sequence[Any], grid: Sequence[float]) -> float:
     """The grid value with the best word-level F1 on the validation copy (never on test); the
     run's configured epsilon when there is no validation copy. Writes epsilon_sweep.csv."""
-    from lib import datasets as dsets
     if not val_recs:
         run.epsilon_chosen = run.epsilon
         run.metrics["epsilon_chosen"] = run.epsilon
@@ -229,10 +230,8 @@ def seetrue_controls(records: Sequence[Any], nli_model, device: str | None = Non
 def nli_heldout_accuracy(nli_model) -> float | None:
     """The held-out accuracy an NLI model trained here recorded (memeworld-nli's training.json); None
     for a model from elsewhere (bart-large-mnli reports its own MNLI accuracy)."""
-    import json
     if not isinstance(nli_model, str):
         return None
-    from lib.presets import resolve_model_path
     p = Path(resolve_model_path(nli_model)) / "training.json"
     if not p.exists():
         return None

@@ -13,6 +13,7 @@ few-shot and debate labels have no score.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -20,6 +21,8 @@ import numpy as np
 import pandas as pd
 
 from lib.artifacts import stage_dir
+from lib.data_prep import load_prepared
+from lib.debate import DIFFICULTY
 from lib.metrics import metric_rows
 
 #: system of each method family (the table's first column)
@@ -38,8 +41,6 @@ def gold_table(profile: str) -> pd.DataFrame:
     """One row per test meme: id, split, label, and where known type (SMI interaction type),
     difficulty, confounder_kind / confounder_of (MemeWorld's generator; the H-VLI files give type
     and difficulty for real memes they share with FHM)."""
-    from lib.data_prep import load_prepared
-    from lib.debate import DIFFICULTY
     mw = stage_dir(profile, "00_data_prep", create=False) / "memeworld" / "memeworld.jsonl"
     if mw.exists():
         rows = [json.loads(x) for x in mw.read_text(encoding="utf-8").splitlines()]
@@ -70,8 +71,6 @@ def trace_methods(profile: str, dataset: str = "fhm") -> dict[str, dict[str, Any
     name -> {system, family, frame, run_dir}. The variants are those notebook 02 names in
     `variants.json` when it lists runs of `dataset`; seed replicates (`*_seed<N>`, read through
     `seeds.csv`) are never methods of their own."""
-    import json
-    import re
     stage = stage_dir(profile, "02_finetuning", create=False)
     runs = stage / "runs"
     named = set(json.loads((stage / "variants.json").read_text()).values()) if (stage / "variants.json").exists() else set()

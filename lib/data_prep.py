@@ -9,9 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lib import ROOT
-from lib.artifacts import read_json, relpath, require, stage_dir, write_json, write_manifest
-from lib.datasets import REGISTRY, Dataset, DataError, load_source, memeworld_sources, missing_files
+from tqdm.auto import tqdm
+
+from lib import ROOT, memeworld
+from lib.artifacts import file_digest, read_json, relpath, require, stage_dir, write_json, write_manifest
+from lib.datasets import REGISTRY, DataError, Dataset, load_source, memeworld_sources, missing_files
+from lib.memeworld import load_specs, write_memeworld
 
 STAGE = "00_data_prep"
 
@@ -30,11 +33,8 @@ def _rel_sources(sources: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]
 
 def build_memeworld(profile: str, params: dict[str, Any], force: bool = False) -> Path:
     """Generate MemeWorld under the stage folder; reuse it when its parameters are unchanged."""
-    from lib.memeworld import write_memeworld
     out = stage_dir(profile, STAGE) / "memeworld"
     keys = ("memeworld_n", "memeworld_seed", "memeworld_n_multioff", "image_size", "label_noise", "confounder_rate")
-    from lib import memeworld
-    from lib.artifacts import file_digest
     # the generator's source is part of the cache key: a change to its rules rebuilds the world
     wanted = {**{k: params[k] for k in keys}, "generator_sha256": file_digest(memeworld.__file__)[:16]}
     stamp = out / "params.json"
@@ -92,7 +92,6 @@ def prepare(profile: str, params: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def load_all(sources: dict[str, dict[str, Any]], strict: bool = True, check_images: str = "exists"
              ) -> dict[str, Dataset]:
-    from tqdm.auto import tqdm
     out = {}
     for name, src in tqdm(sources.items(), desc="load datasets"):
         s = dict(src)
@@ -155,7 +154,6 @@ def gallery(records: list, n: int = 16, cols: int = 4, title_fn=None):
 
 def noisy_ids(profile: str) -> set[str]:
     """Ids of MemeWorld memes whose final label was flipped by label noise (not shown as examples)."""
-    from lib.memeworld import load_specs
     mw = stage_dir(profile, STAGE, create=False) / "memeworld"
     if not (mw / "memeworld.jsonl").exists():
         return set()

@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from PIL import Image
+
 from lib.artifacts import loads_strict
 
 FHM_SPLITS = ("train", "dev_seen", "dev_unseen", "test_seen", "test_unseen")
@@ -69,7 +71,6 @@ class MemeRecord:
     meta: dict[str, Any] = field(default_factory=dict)      # dataset-specific fields (type, difficulty, ...)
 
     def image(self):
-        from PIL import Image
         return Image.open(self.img_path).convert("RGB")
 
 
@@ -82,7 +83,6 @@ class ExplanationRecord:
     split: str
 
     def image(self):
-        from PIL import Image
         return Image.open(self.img_path).convert("RGB")
 
 
@@ -97,7 +97,6 @@ class MemeCapRecord:
     split: str
 
     def image(self):
-        from PIL import Image
         return Image.open(self.img_path).convert("RGB")
 
 
@@ -110,7 +109,6 @@ class MemeSenseRecord:
     split: str = "all"
 
     def image(self):
-        from PIL import Image
         return Image.open(self.img_path).convert("RGB")
 
 
@@ -192,7 +190,6 @@ class AlignmentRecord:
         return bool(self.misaligned_words)
 
     def image(self):
-        from PIL import Image
         return Image.open(self.img_path).convert("RGB")
 
 
@@ -327,7 +324,6 @@ class _Ctx:
             problem = f"image {path} does not exist"
         elif self.check_images == "decode":
             try:
-                from PIL import Image
                 with Image.open(path) as im:
                     im.load()                      # every pixel: a truncated file fails here
             except Exception as e:  # PIL raises many types for broken files

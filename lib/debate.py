@@ -36,11 +36,16 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import runpy
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
+
+import json_repair
+import jsonschema
+from tqdm.auto import tqdm
 
 from lib import ROOT
 from lib.chat import Chat, ChatResult, GenParams, check_json_bounds, image, system, text
@@ -193,7 +198,6 @@ class Prompts:
 def read_official_prompts(repo: str | Path, class_mode: str) -> dict[str, str]:
     """The official prompt constants, read from a user's own checkout of the official repository
     (`court_prompts.py`, or `court_prompts_binary.py` for the binary mode). Nothing is copied."""
-    import runpy
     path = Path(repo) / ("court_prompts_binary.py" if class_mode == "binary" else "court_prompts.py")
     if not path.exists():
         raise CourtError(f"official_prompts_repo: {path} does not exist (point it at a checkout of the "
@@ -235,7 +239,6 @@ def official_parse(raw: str | None) -> Any:
     number such as `0` or `4`, a boolean) becomes `EMPTY_RESPONSE`, a refusal: a judge answering
     `4` is refused, and a rapid scan answering `1` fails the gate.
     """
-    import json_repair
     if raw is None:
         return dict(EMPTY_RESPONSE)
     src = str(raw).strip()
@@ -278,7 +281,6 @@ def strict_label(value: Any, class_mode: str) -> int | None:
 
 
 def _fits(value: Any, schema: dict[str, Any] | None) -> bool:
-    import jsonschema
     if schema is None:
         return True
     try:
@@ -498,7 +500,6 @@ class Court:
     # -- many samples
     def run_many(self, samples: Sequence[Any], progress: bool = True, desc: str | None = None) -> list[SampleResult]:
         """Trials in input order; samples concurrently on a bounded pool, each sample's stages in order."""
-        from tqdm.auto import tqdm
         out: list[SampleResult | None] = [None] * len(samples)
         bar = tqdm(total=len(samples), desc=desc or f"court ({self.cfg.run_mode})", disable=not progress)
         lock = threading.Lock()

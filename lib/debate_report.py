@@ -7,20 +7,23 @@ saves a run (per-sample results + report.txt) plus both evaluator views and the 
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
 from lib.artifacts import write_json, write_text
-from lib.debate import DIFFICULTY, LABELS, TYPES, Court, CourtConfig, SampleResult, cost_summary, evaluate, report_text
+from lib.debate import (DIFFICULTY, LABELS, TYPES, CallTrace, Court, CourtConfig, SampleResult, cost_summary, evaluate,
+                        report_text)
 
 
 def run_variant(chat, samples: Sequence[Any], cfg: CourtConfig, out_dir: Path, name: str, model: str,
                 progress: bool = True) -> dict[str, Any]:
     """Run one court configuration over the samples; write results_<name>.jsonl, report_<name>.txt
     (official layout) and eval_<name>.json (both views, cost); return them with the results."""
-    import time
     before = chat.stats.requests
     t0 = time.perf_counter()
     results = Court(chat, cfg).run_many(samples, progress=progress, desc=name)
@@ -92,7 +95,6 @@ def prediction_frame(runs: dict[str, dict[str, Any]], samples_gt: Sequence[int])
 def plot_accuracy(runs: dict[str, dict[str, Any]], view: str = "corrected", chance: float | None = None):
     """Accuracy by difficulty (left) and by interaction type (right), one bar per variant, n under the ticks."""
     import matplotlib.pyplot as plt
-    import numpy as np
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [1, 2]})
     names = list(runs)
     width = 0.8 / len(names)
@@ -121,7 +123,6 @@ def plot_accuracy(runs: dict[str, dict[str, Any]], view: str = "corrected", chan
 def plot_cost(runs: dict[str, dict[str, Any]]):
     """Where samples go (route shares) and what each route costs (calls per sample)."""
     import matplotlib.pyplot as plt
-    import numpy as np
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
     names = [n for n, r in runs.items() if r["config"]["run_mode"] == "arcade"]
     routes = ["track1", "track2", "dismissal", "error"]
@@ -153,7 +154,6 @@ def plot_cost(runs: dict[str, dict[str, Any]]):
 
 def results_from_jsonl(path: Path) -> list[SampleResult]:
     """Read a results_<name>.jsonl back (notebook 07 redraws figures from artifacts alone)."""
-    from lib.debate import CallTrace
     out = []
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         d = json.loads(line)

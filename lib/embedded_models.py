@@ -22,16 +22,25 @@ checkpoint does.
 """
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
+import multiprocessing as mp
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
+from tqdm.auto import tqdm
 
-from lib.artifacts import write_json, write_with
-from lib.memeworld_vlm import save_weights
+from lib.artifacts import file_digest, require, stage_dir, write_json, write_manifest, write_metrics, write_with
+from lib.memeworld_vlm import VlmConfig, save_weights, train_memeworld_vlm
+from lib.nli import NliConfig, train_memeworld_nli
+from lib.params import validate_profile
+from lib.plotting import save_figure, setup
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -98,7 +107,6 @@ def image_processor(cfg: ClipConfig):
 def _load_images(root: Path, rels: list[str], size: int):
     """uint8 tensor [N, 3, size, size] of the images, resized as CLIPImageProcessor would."""
     import torch
-    from PIL import Image
     arr = np.stack([np.asarray(Image.open(root / r).convert("RGB").resize((size, size), Image.BICUBIC))
                     for r in rels])
     return torch.from_numpy(arr).permute(0, 3, 1, 2).contiguous()
@@ -122,7 +130,6 @@ def train_memeworld_clip(memeworld: Path | str, out_dir: Path | str, cfg: ClipCo
     """Train memeworld-clip on MemeWorld's scene captions; save it; return its metrics and curve."""
     import torch
     import torch.nn.functional as F
-    from tqdm.auto import tqdm
     from transformers import CLIPModel
     memeworld, out_dir = Path(memeworld), Path(out_dir)
     torch.manual_seed(cfg.seed)
@@ -259,7 +266,6 @@ CODE_OF = {"clip": ("embedded_models.py",), "vlm": ("embedded_models.py", "memew
 
 
 def _code_digest(kind: str) -> str:
-    import hashlib
     h = hashlib.sha256()
     for mod in CODE_OF[kind]:
         h.update((Path(__file__).parent / mod).read_bytes())
@@ -268,8 +274,6 @@ def _code_digest(kind: str) -> str:
 
 def _cache_key(kind: str, cfg: Any, memeworld: Path, extra: str = "") -> str:
     """What a trained model depends on: its config, the code, MemeWorld's generator parameters."""
-    import hashlib
-    from lib.artifacts import file_digest
     blob = json.dumps({"kind": kind, "config": asdict(cfg), "code": _code_digest(kind),
                        "memeworld": file_digest(memeworld / "params.json"), "extra": extra}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -277,7 +281,6 @@ def _cache_key(kind: str, cfg: Any, memeworld: Path, extra: str = "") -> str:
 
 def _model_files(out_dir: Path) -> dict[str, str]:
     """Every file of a model folder but its training.json, with its digest."""
-    from lib.artifacts import file_digest
     return {p.relative_to(out_dir).as_posix(): file_digest(p) for p in sorted(out_dir.rglob("*"))
             if p.is_file() and p.name != "training.json"}
 
@@ -309,8 +312,6 @@ def _stamp(out_dir: Path, key: str) -> dict[str, Any]:
 
 def train_all(profile: str, params: Config, progress: bool = True) -> dict[str, Any]:
     """Train (or reuse) both embedded models; write metrics.json, the curve figure and models.json."""
-    from lib.artifacts import require, stage_dir, write_manifest, write_metrics
-    from lib.memeworld_vlm import VlmConfig, train_memeworld_vlm
     memeworld = require(profile, "memeworld", f"stage '{STAGE}'")
     out = stage_dir(profile, STAGE)
     ccfg = ClipConfig(epochs=params.clip_epochs, seed=params.seed)
@@ -375,7 +376,6 @@ NLI_MODEL = "memeworld-nli"
 def _train_one(args: tuple[str, str, str, dict[str, Any]]) -> str:
     kind, memeworld, out_dir, cfg = args
     if kind == "nli":
-        from lib.nli import NliConfig, train_memeworld_nli
         train_memeworld_nli(memeworld, out_dir, NliConfig(**cfg), progress=False)
     else:
         train_memeworld_clip(memeworld, out_dir, ClipConfig(**cfg), progress=False)
@@ -386,10 +386,6 @@ def train_side_models(memeworld: Path, out: Path, params: Config, progress: bool
     """The models notebook 03 needs beside memeworld-clip: the hard-negative ablation's two
     leak-free CLIPs and memeworld-nli (SeeTRUE's NLI scorer), trained (or reused) two at a time in
     single-thread processes (on 2 cores, faster than one after the other with two threads each)."""
-    from concurrent.futures import ProcessPoolExecutor
-    import multiprocessing as mp
-    from tqdm.auto import tqdm
-    from lib.nli import NliConfig
     wanted: list[tuple[str, str, Any]] = []
     if params.ablation_epochs:
         wanted += [("clip", name, ClipConfig(epochs=params.ablation_epochs, seed=params.seed, hard_negatives=hard,
@@ -435,7 +431,6 @@ def figure(clip_curve, vlm_curve, metrics: dict[str, Any], profile: str) -> None
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from lib.plotting import save_figure, setup
     setup()
     fig = curve_figure(clip_curve, vlm_curve, metrics, profile)
     save_figure(fig, "models_training_curves", profile)
@@ -443,9 +438,6 @@ def figure(clip_curve, vlm_curve, metrics: dict[str, Any], profile: str) -> None
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-    from lib.artifacts import stage_dir, write_manifest
-    from lib.params import validate_profile
     ap = argparse.ArgumentParser(description="Train (or reuse) the embedded models: memeworld-clip, memeworld-vlm.")
     ap.add_argument("--profile", default="embedded")
     ap.add_argument("--no-progress", action="store_true")

@@ -12,15 +12,25 @@ of them the same way, then writes the index `figures/README.md`.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+from PIL import Image
+from tqdm.auto import tqdm
 
-from lib import ROOT
-from lib.artifacts import ARTIFACTS_ROOT, read_json
+from lib import ROOT, plotting, sei_report as rep, textmetrics as tm
+from lib.artifacts import ARTIFACTS_ROOT, read_json, write_text
+from lib.crosseval import plot_flips, plot_forest, plot_mcnemar, plot_type_heatmap
+from lib.debate_report import plot_accuracy, plot_cost, results_from_jsonl
+from lib.embedded_models import curve_figure
 from lib.metrics import average_precision, mean_ci, precision_recall_points
+from lib.params import load_profile
+from lib.sei import Prediction
+from lib.sei_report import plot_controls
+from lib.serving import throughput_figure
 
 
 @dataclass(frozen=True)
@@ -54,7 +64,6 @@ def available(profile: str) -> list[Figure]:
 
 def show(name: str, profile: str):
     """Draw one registered figure from its artifacts, save it (PNG + PDF) and show it inline."""
-    from lib import plotting
     if name not in REGISTRY:
         raise KeyError(f"no figure {name!r}; registered: {', '.join(REGISTRY)}")
     missing = [a for a in REGISTRY[name].artifacts if not _art(profile, a).exists()]
@@ -93,7 +102,6 @@ def draw_memeworld_unimodal_readers(profile: str):
 def _image_grid(items: list[dict[str, str]], cols: int = 4, title: str = ""):
     """A grid of images (items: {img, title})."""
     import matplotlib.pyplot as plt
-    from PIL import Image
     rows = max(1, (len(items) + cols - 1) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(cols * 2.6, rows * 2.9), squeeze=False)
     for ax in axes.flat:
@@ -119,7 +127,6 @@ def draw_memeworld_gallery(profile: str):
         ("models/memeworld-clip/training.json", "models/memeworld-vlm/training.json", "models/metrics.json"),
         "Training loss of the two embedded models, with their held-out figures", optional=True)
 def draw_models_training_curves(profile: str):
-    from lib.embedded_models import curve_figure
     clip = read_json(_art(profile, "models/memeworld-clip/training.json"))
     vlm = read_json(_art(profile, "models/memeworld-vlm/training.json"))
     return curve_figure(clip["curve"], vlm["curve"], read_json(_art(profile, "models/metrics.json")), profile)
@@ -128,8 +135,6 @@ def draw_models_training_curves(profile: str):
 @figure("serving_throughput", "stage serving (lib.serving)", ("serving/metrics.json",),
         "Completion tokens per second: llama.cpp server vs transformers, same GGUF")
 def draw_serving_throughput(profile: str):
-    from lib.params import load_profile
-    from lib.serving import throughput_figure
     preset = load_profile(profile).get("serving", {}).get("served_preset", "served model")
     return throughput_figure(read_json(_art(profile, "serving/metrics.json")), preset)
 
@@ -140,7 +145,6 @@ def draw_serving_throughput(profile: str):
 def draw_captioning_examples(profile: str):
     import matplotlib.patches as mpatches
     import matplotlib.pyplot as plt
-    from PIL import Image
     ex = read_json(_art(profile, "01_captioning/examples.json"))
     fig, axes = plt.subplots(2, 3, figsize=(12, 7.5))
     for ax in axes.ravel():
@@ -261,7 +265,6 @@ def draw_trace_seeds(profile: str):
 def draw_clip4dm_epsilon_sweep(profile: str):
     import matplotlib.pyplot as plt
     import pandas as pd
-    from lib.params import load_profile
     sweep = pd.read_csv(_art(profile, "03_clip4dm/epsilon_sweep.csv"))
     chosen = float(sweep.loc[sweep["chosen"].astype(bool), "epsilon"].iloc[0])
     encoder = (load_profile(profile).get("03_clip4dm", {}).get("encoders") or ["encoder"])[0]
@@ -354,7 +357,6 @@ def draw_clip4dm_hard_negatives(profile: str):
         "CLIP4DM word attributions of original and foil captions, the swapped word outlined")
 def draw_clip4dm_word_attributions(profile: str):
     import matplotlib.pyplot as plt
-    from PIL import Image
     ex = read_json(_art(profile, "03_clip4dm/examples.json"))
     items = ex["items"]
     fig, axes = plt.subplots(len(items), 3, figsize=(12, 2.3 * len(items)),
@@ -415,7 +417,6 @@ def draw_clip4dm_score_distributions(profile: str):
 # ----------------------------------------------------------------------------- 04 few-shot
 def _fewshot_preds(profile: str, dataset: str = "fhm"):
     """Notebook 04's predictions of its first model (the rows its figures pool)."""
-    from lib.sei import Prediction
     rows = [json.loads(x) for x in _art(profile, f"04_few_shot/predictions_{dataset}.jsonl").read_text().splitlines()]
     first = rows[0].get("model") if rows else None
     fields = Prediction.__dataclass_fields__
@@ -442,7 +443,6 @@ def draw_few_shot_agents(profile: str):
 @figure("few_shot_accuracy", "notebooks/04_few_shot.ipynb", ("04_few_shot/results.json", "04_few_shot/predictions_fhm.jsonl"),
         "Few-shot accuracy per setting and control, with the majority class and the exemplars' own vote")
 def draw_few_shot_accuracy(profile: str):
-    from lib.sei_report import plot_controls
     res = read_json(_art(profile, "04_few_shot/results.json"))
     preds = _fewshot_preds(profile)
     gold = {p.id: p.gold for p in preds}
@@ -459,8 +459,6 @@ def draw_few_shot_accuracy(profile: str):
 @figure("few_shot_lexical", "notebooks/04_few_shot.ipynb", ("04_few_shot/predictions_fhm.jsonl",),
         "Figure 3 analogue: length, type-token ratio and perplexity of generated texts, by outcome")
 def draw_few_shot_lexical(profile: str):
-    from lib import sei_report as rep
-    from lib.params import load_profile
     p4 = load_profile(profile).get("04_few_shot", {})
     pooled = [p for p in _fewshot_preds(profile) if "/" in p.setting]
     ci = rep.ci_frame(rep.analysis_frame(pooled), n_resamples=p4.get("ci_resamples", 1000),
@@ -490,7 +488,6 @@ def draw_few_shot_coherence(profile: str):
 @figure("few_shot_sentiment", "notebooks/04_few_shot.ipynb", ("04_few_shot/predictions_fhm.jsonl",),
         "Figure 5 analogue: VADER sentiment classes of generated texts")
 def draw_few_shot_sentiment(profile: str):
-    from lib import sei_report as rep
     pooled = [p for p in _fewshot_preds(profile) if "/" in p.setting]
     return rep.plot_sentiment(rep.analysis_frame(pooled), "Figure 5 analogue: VADER sentiment of generated texts")
 
@@ -499,7 +496,6 @@ def draw_few_shot_sentiment(profile: str):
         "Figure 6 analogue: Shannon-entropy word shift of explanations, predicted hateful vs not")
 def draw_few_shot_wordshift(profile: str):
     import matplotlib.pyplot as plt
-    from lib import sei_report as rep, textmetrics as tm
     ana = rep.analysis_frame([p for p in _fewshot_preds(profile) if "/" in p.setting])
     expl = ana[ana.kind == "explanation"]
     f_h = tm.word_freqs(expl[expl.subgroup.isin(["cp", "wp"])]["text"])
@@ -516,7 +512,6 @@ def draw_few_shot_wordshift(profile: str):
 
 # ----------------------------------------------------------------------------- 05 debate
 def _debate_runs(profile: str) -> dict[str, dict[str, Any]]:
-    from lib.debate_report import results_from_jsonl
     d = _art(profile, "05_debate")
     runs = {}
     for f in sorted(d.glob("eval_*.json")):
@@ -525,7 +520,6 @@ def _debate_runs(profile: str) -> dict[str, dict[str, Any]]:
             continue
         ev = read_json(f)
         runs[name] = {**ev, "results": results_from_jsonl(d / f"results_{name}.jsonl")}
-    from lib.params import load_profile
     order = list(load_profile(profile).get("05_debate", {}).get("variants", {}))     # notebook 05's order
     return dict(sorted(runs.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])))
 
@@ -533,8 +527,6 @@ def _debate_runs(profile: str) -> dict[str, dict[str, Any]]:
 @figure("debate_accuracy", "notebooks/05_debate.ipynb", ("05_debate/eval_arcade.json",),
         "ARCADE and its variants against the direct baseline, per difficulty and interaction type")
 def draw_debate_accuracy(profile: str):
-    from collections import Counter
-    from lib.debate_report import plot_accuracy
     runs = _debate_runs(profile)
     gts = [r.gt for r in next(iter(runs.values()))["results"]]
     label, count = Counter(gts).most_common(1)[0]
@@ -547,7 +539,6 @@ def draw_debate_accuracy(profile: str):
 @figure("debate_cost", "notebooks/05_debate.ipynb", ("05_debate/eval_arcade.json",),
         "The debate's calls and tokens per sample, by route")
 def draw_debate_cost(profile: str):
-    from lib.debate_report import plot_cost
     return plot_cost(_debate_runs(profile))
 
 
@@ -560,7 +551,6 @@ def _comparison(profile: str):
 @figure("evaluation_accuracy_forest", "notebooks/06_evaluation.ipynb", ("06_evaluation/comparison.csv", "06_evaluation/common.json"),
         "Every method's accuracy with its 95% bootstrap CI, on the common memes and on its own")
 def draw_evaluation_accuracy_forest(profile: str):
-    from lib.crosseval import plot_forest
     c = read_json(_art(profile, "06_evaluation/common.json"))
     return plot_forest(_comparison(profile), "accuracy", chance=c["majority_acc"],
                        title=f"Accuracy with 95% CIs: {len(c['ids'])} common memes (filled) and each method's own "
@@ -570,7 +560,6 @@ def draw_evaluation_accuracy_forest(profile: str):
 @figure("evaluation_per_type", "notebooks/06_evaluation.ipynb", ("06_evaluation/comparison.csv",),
         "Accuracy per interaction type for every method on the common memes")
 def draw_evaluation_per_type(profile: str):
-    from lib.crosseval import plot_type_heatmap
     t = _comparison(profile)
     n = int(t[(t.memes == "common") & (t.subset == "all")].n.max())
     return plot_type_heatmap(t, "common", f"Accuracy per interaction type, {n} common memes")
@@ -580,7 +569,6 @@ def draw_evaluation_per_type(profile: str):
         "McNemar for every pair of methods on the common memes, multiple-comparison corrected")
 def draw_evaluation_mcnemar(profile: str):
     import pandas as pd
-    from lib.crosseval import plot_mcnemar
     return plot_mcnemar(pd.read_csv(_art(profile, "06_evaluation/mcnemar.csv")),
                         "McNemar on the common memes (adjusted; * significant)")
 
@@ -589,7 +577,6 @@ def draw_evaluation_mcnemar(profile: str):
         "Prompt injection: flip rates with the neutral control and the mitigation")
 def draw_evaluation_injection(profile: str):
     import pandas as pd
-    from lib.crosseval import plot_flips
     return plot_flips(pd.read_csv(_art(profile, "06_evaluation/injection.csv")),
                       "Prompt injection: flip rates (red: instruction, grey: neutral control, green: mitigated)")
 
@@ -598,7 +585,6 @@ def draw_evaluation_injection(profile: str):
         "The common memes most methods get wrong")
 def draw_evaluation_error_gallery(profile: str):
     import matplotlib.pyplot as plt
-    from PIL import Image
     gallery = read_json(_art(profile, "06_evaluation/gallery.json"))
     fig, axes = plt.subplots(1, max(1, len(gallery)), figsize=(2.6 * max(1, len(gallery)), 3.4), squeeze=False)
     for ax, g in zip(axes[0], gallery):
@@ -614,8 +600,6 @@ def redraw_all(profile: str, progress: bool = True, root: Path | None = None) ->
     """Draw every figure whose artifacts exist, save it (under `root`/<profile>/, default
     figures/), and return one index row per figure (name, notebook, artifacts, caption, status)."""
     import matplotlib.pyplot as plt
-    from tqdm.auto import tqdm
-    from lib import plotting
     rows = []
     for f in tqdm(list(REGISTRY.values()), desc="figures", disable=not progress):
         missing = [a for a in f.artifacts if not _art(profile, a).exists()]
@@ -635,7 +619,6 @@ def write_index(rows: list[dict[str, Any]], profiles: tuple[str, ...] = ("embedd
                 root: Path | None = None) -> Path:
     """figures/README.md (under `root` when given): a table of every figure, the notebook and
     artifacts it comes from, and a link for each profile that has it."""
-    from lib.artifacts import write_text
     root = Path(root or ROOT / "figures")
     have = {p: {x.stem for x in (root / p).glob("*.png")} for p in profiles}
     lines = ["# Figures", "",

@@ -53,8 +53,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image, ImageDraw
+from tqdm.auto import tqdm
 
 from lib import render
+from lib.artifacts import write_json, write_text
 from lib.datasets import MemeRecord
 from lib.injection import build_injection_set
 
@@ -436,7 +439,6 @@ def _object_row(size: int, style: str) -> tuple[float, float]:
 
 def render_meme(spec: MemeSpec, size: int = 128, text_on_image: bool = True, style: str = "fhm"):
     """The meme's picture (PIL.Image, RGB): scene, then the meme text in top/bottom bands."""
-    from PIL import Image, ImageDraw
     rng = np.random.default_rng(spec.render_seed)
     img = Image.new("RGB", (size, size), BACKGROUNDS[spec.background])
     draw = ImageDraw.Draw(img)
@@ -751,17 +753,14 @@ def misalignment_views(specs: list[MemeSpec], rng: np.random.Generator, img_rel:
 
 # ----------------------------------------------------------------------------- writing
 def _write_json(path: Path, obj: Any) -> None:
-    from lib.artifacts import write_json
     write_json(path, obj, indent=None)
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    from lib.artifacts import write_text
     write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 def _write_csv(path: Path, header: list[str], rows: list[list], delimiter: str = ",") -> None:
-    from lib.artifacts import write_text
     buf = io.StringIO()
     w = csv.writer(buf, delimiter=delimiter, lineterminator="\n")
     w.writerow(header)
@@ -823,7 +822,6 @@ def write_memeworld(out: Path | str, n: int = 10000, seed: int = 0, image_size: 
     (all but the render time, so that the files depend on the parameters only). nocaps-FOIL gets
     `nocaps_per_domain` scenes per domain (default 6% of `n`: 600 for the 10,000-meme world).
     """
-    from tqdm.auto import tqdm
     t0 = time.time()
     out = Path(out)
     (out / "img").mkdir(parents=True, exist_ok=True)

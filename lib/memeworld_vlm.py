@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
+from tqdm.auto import tqdm
 
 from lib.artifacts import write_json
 from lib.prompts import prompt_line
@@ -134,7 +138,6 @@ def _rows(memeworld: Path, splits: tuple[str, ...]) -> list[dict[str, Any]]:
 
 def _pixels(proc, memeworld: Path, rels: list[str]):
     import torch
-    from PIL import Image
     chunks = []
     for k in range(0, len(rels), 512):
         ims = [Image.open(memeworld / r).convert("RGB") for r in rels[k:k + 512]]
@@ -144,7 +147,6 @@ def _pixels(proc, memeworld: Path, rels: list[str]):
 
 def prompt_ids(proc) -> list[int]:
     """Token ids of the caption prompt (image tokens expanded), exactly as chat inference builds them."""
-    from PIL import Image
     enc = proc.apply_chat_template(caption_messages(Image.new("RGB", (8, 8))), add_generation_prompt=True,
                                    tokenize=True, return_dict=True, return_tensors="pt")
     return enc["input_ids"][0].tolist()
@@ -178,7 +180,6 @@ def train_memeworld_vlm(memeworld: Path | str, clip_dir: Path | str, out_dir: Pa
                         cfg: VlmConfig = VlmConfig(), progress: bool = True) -> dict[str, Any]:
     """Train memeworld-vlm to caption MemeWorld; save it; return metrics and the training curve."""
     import torch
-    from tqdm.auto import tqdm
     memeworld, clip_dir, out_dir = Path(memeworld), Path(clip_dir), Path(out_dir)
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
@@ -236,7 +237,6 @@ def save_folder_atomically(out_dir: Path, write: Any) -> None:
     two renames: a reader sees the old folder, no folder, or the new one, never a mix (a kill
     between the renames leaves no folder, so the model is trained again). Leftovers of a killed
     swap (hidden siblings) are removed first."""
-    import shutil
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     for stale in out_dir.parent.glob(f".{out_dir.name}.*.swap"):
@@ -267,7 +267,6 @@ def save_model(model, proc, out_dir: Path, record: dict[str, Any] | None = None)
 
 def evaluate_vlm(model, proc, memeworld: Path, cfg: VlmConfig, train_rows: list[dict[str, Any]]) -> dict[str, Any]:
     """ROUGE-L of greedy captions on held-out test memes, beside the most-frequent-caption baseline."""
-    from collections import Counter
     test = _rows(memeworld, ("test_seen", "test_unseen"))
     rng = np.random.default_rng(cfg.seed)
     test = [test[i] for i in sorted(rng.choice(len(test), size=min(cfg.eval_n, len(test)), replace=False))]

@@ -8,6 +8,8 @@ threshold" mean the same thing everywhere.
 from __future__ import annotations
 
 import collections
+import itertools
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -181,7 +183,6 @@ def bootstrap_ci(statistic, *arrays, n_resamples: int = 1000, confidence: float 
     if arrays[0].shape[-1] < 2:
         return value, float("nan"), float("nan")
     with np.errstate(invalid="ignore", divide="ignore"):
-        import warnings
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             res = stats.bootstrap(arrays, statistic, n_resamples=n_resamples, paired=True, vectorized=True,
@@ -263,7 +264,6 @@ def pairwise_mcnemar(correct: dict[str, Sequence[bool]], correction: str = "holm
     test where the discordant pairs are fewer than 25, else the chi-square with continuity
     correction. Returns a DataFrame: a, b, acc_a, acc_b, b_only (a right, b wrong), c_only,
     statistic, pvalue, p_adjusted, significant."""
-    import itertools
     import pandas as pd
     from statsmodels.stats.contingency_tables import mcnemar as _mc
     from statsmodels.stats.multitest import multipletests

@@ -25,8 +25,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
-from lib.artifacts import write_json
+from lib.artifacts import write_json, write_with
+from lib.memeworld import (BENIGN_OBJECTS, COLOURS, POSITION_PHRASE, POSITIONS, SYMBOLS, SceneObject, _phrase_words,
+                           load_specs)
+from lib.memeworld_vlm import save_weights
+from lib.presets import resolve_model_path
+from lib.textmetrics import resolve_text_model
 
 LABELS = {0: "contradiction", 1: "entailment"}
 FUNCTION_WORDS = {"a", "on", "the", "in"}
@@ -48,7 +54,6 @@ class NliConfig:
 
 def _object_words(obj: dict[str, Any], with_position: bool) -> list[tuple[str, str | None]]:
     """An object's phrase without its article, each word with the field it expresses."""
-    from lib.memeworld import POSITION_PHRASE, SceneObject, _phrase_words
     o = SceneObject(**obj)
     words = [(w, f) for w, f in _phrase_words(o)[1:]]
     if with_position:
@@ -64,7 +69,6 @@ def _content_spans(words: list[tuple[str, str | None]]) -> list[tuple[int, int]]
 
 
 def _changed(word: str, fieldname: str, rng: np.random.Generator) -> str:
-    from lib.memeworld import BENIGN_OBJECTS, COLOURS, POSITIONS, SYMBOLS
     pool = {"colour": list(COLOURS), "kind": BENIGN_OBJECTS, "symbol": SYMBOLS, "position": list(POSITIONS)}[fieldname]
     choices = [w for w in pool if w != word]
     return choices[rng.integers(len(choices))]
@@ -105,7 +109,6 @@ def nli_pairs(rows: Sequence[dict[str, Any]], rng: np.random.Generator, per_meme
 
 
 def _split_rows(memeworld: Path, cfg: NliConfig) -> tuple[list[dict], list[dict]]:
-    from lib.memeworld import load_specs
     rows = load_specs(memeworld)
     train = [r for r in rows if r["split"] == "train"][: cfg.train_memes]
     held = [r for r in rows if r["split"] in ("dev_seen", "dev_unseen")][: cfg.heldout_memes]
@@ -116,11 +119,7 @@ def train_memeworld_nli(memeworld: Path | str, out_dir: Path | str, cfg: NliConf
                         progress: bool = True) -> dict[str, Any]:
     """Fine-tune the cross-encoder on training memes' pairs; save it; return metrics and curve."""
     import torch
-    from tqdm.auto import tqdm
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    from lib.artifacts import write_with
-    from lib.memeworld_vlm import save_weights
-    from lib.textmetrics import resolve_text_model
     memeworld, out_dir = Path(memeworld), Path(out_dir)
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
@@ -192,7 +191,6 @@ def nli_entailment(premises: Sequence[str], hypotheses: Sequence[str], nli_model
     if isinstance(nli_model, (tuple, list)):
         model, tok = nli_model
     else:
-        from lib.presets import resolve_model_path
         path = resolve_model_path(str(nli_model))          # `{artifacts}/...` for the model trained here
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForSequenceClassification.from_pretrained(path)

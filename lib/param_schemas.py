@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lib import ROOT
+from lib.datasets import REGISTRY, loader_options
+from lib.injection import CONTROL_PHRASINGS, MITIGATIONS, PHRASINGS
+from lib.presets import presets
 
 
 class Rule:
@@ -146,7 +149,6 @@ class Preset(Rule):
         self.kind, self.allow_path, self.allow_empty = kind, allow_path, allow_empty
 
     def check(self, v, path):
-        from lib.presets import presets
         if not isinstance(v, str):
             return [f"{path}: {v!r} is {type(v).__name__}, expected a {self.kind} preset name"]
         if self.allow_empty and v == "":
@@ -166,7 +168,6 @@ class DatasetName(Rule):
         self.family = family
 
     def check(self, v, path):
-        from lib.datasets import REGISTRY
         ok = [n for n, d in REGISTRY.items() if self.family is None or d.family == self.family]
         fam = f"{'an' if self.family and self.family[0] in 'aeiou' else 'a'} {self.family}" if self.family else "a"
         return [] if v in ok else [f"{path}: {v!r} is not {fam} dataset "
@@ -176,7 +177,6 @@ class DatasetName(Rule):
 class DatasetSources(Rule):
     """00_data_prep.datasets: name -> {root, <that loader's options>}."""
     def check(self, v, path):
-        from lib.datasets import REGISTRY, loader_options
         if not isinstance(v, dict):
             return [f"{path}: expected a mapping of dataset name -> {{root, options}}"]
         errs = []
@@ -226,8 +226,8 @@ def _dataclass_fields(cls, **extra: Rule) -> Struct:
 
 
 def _trace_recipe(with_backbone: bool = False) -> Rule:
-    from lib.trace import LOSS_CONFIGS, TrainConfig
-    from lib.trace import MODALITIES
+    from lib.trace import (LOSS_CONFIGS, MODALITIES,  # lazy: the method loads torch; check-params needs it only here
+                           TrainConfig)
     extra = {"loss_config": Choice(*LOSS_CONFIGS), "modality": Choice(*MODALITIES),
              "select_on": Choice("auroc", "macro_f1"), "scorer_input": Choice("caption", "image+caption"),
              "scorer_arch": Choice("full", "small"), "gumbel_over": Choice("logits", "probs"),
@@ -242,7 +242,7 @@ def _trace_recipe(with_backbone: bool = False) -> Rule:
 
 
 def _court_variant() -> Rule:
-    from lib.debate import STAGES, CourtConfig
+    from lib.debate import STAGES, CourtConfig  # lazy: first use only, as every method rule (Lazy)
     return _dataclass_fields(CourtConfig, samples=Range(0, integer=True),
                              class_mode=Choice("multiclass", "binary"), run_mode=Choice("arcade", "none"),
                              debate_visibility=Choice("transcript", "official"), parse=Choice("structured", "official"),
@@ -252,19 +252,19 @@ def _court_variant() -> Rule:
 
 
 def _debate_stage() -> Rule:
-    from lib.debate import STAGES
+    from lib.debate import STAGES  # lazy: first use only, as every method rule (Lazy)
     return Choice(*STAGES)
 
 
 def _agent_recipe() -> Rule:
-    from lib.agents import AgentRecipe
+    from lib.agents import AgentRecipe  # lazy: the agent trainer loads torch; check-params needs it only here
     return _dataclass_fields(AgentRecipe, mixed_precision=Choice("no", "bf16", "fp16"),
                              dtype=Choice("float32", "bfloat16", "float16"), lr=Range(0, 1), epochs=Range(1, integer=True),
                              batch_size=Range(1, integer=True), warmup_share=Range(0, 1))
 
 
 def _agent_name() -> Rule:
-    from lib.agents import AGENTS
+    from lib.agents import AGENTS  # lazy: the agent trainer loads torch
     return Choice(*AGENTS)
 
 
@@ -276,17 +276,14 @@ NONNEG = Range(0, integer=True)
 
 #: stage -> key -> rule, for the keys whose content lib.params' type check cannot see.
 def _phrasing():
-    from lib.injection import CONTROL_PHRASINGS, PHRASINGS
     return Choice(*[p for p in PHRASINGS if p not in CONTROL_PHRASINGS])
 
 
 def _control():
-    from lib.injection import CONTROL_PHRASINGS
     return Choice(*CONTROL_PHRASINGS)
 
 
 def _mitigation():
-    from lib.injection import MITIGATIONS
     return Choice(*MITIGATIONS)
 
 

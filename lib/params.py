@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import argparse
 import ast
-import re
 import dataclasses
+import importlib
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +58,6 @@ PYTHON_STAGES: list[tuple[str, str, str]] = [
 
 def _module_schema(module: str) -> Callable[[], dict[str, Any]]:
     def schema() -> dict[str, Any]:
-        import importlib
         cfg = importlib.import_module(module).Config
         return {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
                 for f in dataclasses.fields(cfg)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lib import ROOT
+from lib.artifacts import write_with
 
 
 def setup() -> None:
@@ -26,7 +27,6 @@ def setup() -> None:
 def save_figure(fig, name: str, profile: str, root: Path | None = None) -> list[Path]:
     """Write figures/<profile>/<name>.png and .pdf atomically (under `root` instead of the
     compendium's figures/ when given); metadata without timestamps."""
-    from lib.artifacts import write_with
     out_dir = Path(root or ROOT / "figures") / profile
     paths = []
     for ext, meta in (("png", {"Software": None}), ("pdf", {"CreationDate": None, "Producer": None})):

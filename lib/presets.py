@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field, fields
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from lib import ROOT
+from lib.artifacts import file_digest
 
 PRESETS_DIR = ROOT / "params" / "presets"
 
@@ -73,7 +75,6 @@ _DIGESTS: dict[tuple[str, int, int], str] = {}
 
 def weights_digest(path: Path) -> str:
     """First 16 hex digits of a weights file's sha256, memoized on (path, size, mtime)."""
-    from lib.artifacts import file_digest
     st = path.stat()
     key = (str(path), st.st_size, st.st_mtime_ns)
     if key not in _DIGESTS:
@@ -88,7 +89,6 @@ def resolve_model_path(spec: str) -> str:
     spec = str(spec)
     if spec.startswith("package:"):
         dist, _, rel = spec[len("package:"):].partition("/")
-        from importlib import metadata
         try:
             d = metadata.distribution(dist)
         except metadata.PackageNotFoundError:

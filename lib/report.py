@@ -30,8 +30,12 @@ from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import quote
 
+import bleach
+from markdown_it import MarkdownIt
+
 from lib import ROOT
 from lib.artifacts import ARTIFACTS_ROOT, write_text
+from lib.params import stages
 
 STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;max-width:1100px;margin:0 auto;padding:1.5rem;
@@ -71,7 +75,6 @@ def sanitize_html(fragment: Any) -> str:
     """An HTML fragment with only ALLOWED_TAGS and their safe attributes kept: scripts and styles
     removed with their content, event handlers and javascript: / data: links dropped (data: only
     for images in raster formats)."""
-    import bleach
     text = fragment.decode() if isinstance(fragment, bytes) else str(fragment)
     text = _SCRIPT_STYLE.sub("", text)
     return bleach.clean(text, tags=ALLOWED_TAGS, attributes=_attribute_ok,
@@ -89,18 +92,15 @@ def notebook_dir(profile: str) -> Path:
 
 def notebooks(profile: str) -> list[Path]:
     """The profile's executed notebooks, in stage order (only those that exist)."""
-    from lib.params import stages
     d = notebook_dir(profile)
     return [d / st.notebook.name for st in stages() if st.notebook is not None and (d / st.notebook.name).exists()]
 
 
 def _markdown(text: str) -> str:
-    from markdown_it import MarkdownIt
     return sanitize_html(MarkdownIt("commonmark", {"html": True}).enable("table").render(text))
 
 
 def _markdown_inline(text: str) -> str:
-    from markdown_it import MarkdownIt
     return sanitize_html(MarkdownIt("commonmark").renderInline(text))
 
 

@@ -6,9 +6,11 @@ machine that produced it (recorded in `artifacts/<profile>/machine.json` by the 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import platform
+import re
 from pathlib import Path
 
 from lib import ROOT
@@ -46,7 +48,6 @@ def collect(profile: str) -> list[tuple[str, str, object]]:
 
 def existing_rows(block: str) -> dict[str, list[tuple[str, str, str]]]:
     """Rows already in the README's results block, per profile: (stage, metric, value as shown)."""
-    import re
     out: dict[str, list[tuple[str, str, str]]] = {}
     prof = None
     for line in block.splitlines():
@@ -76,7 +77,6 @@ def _fmt(v) -> str:
 def comparison_tables(profile: str) -> list[str]:
     """Notebook 06's cross-method table (accuracy with its 95% CI on the common memes, each
     method's own memes beside it) and the prompt-injection table, from its CSVs."""
-    import csv
     d = ARTIFACTS_ROOT / profile / "06_evaluation"
     out = []
     comp, inj = d / "comparison.csv", d / "injection.csv"

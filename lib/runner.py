@@ -14,12 +14,17 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from lib import ROOT
+from lib.artifacts import write_text
 from lib.chat.keys import read_dotenv, remembered_env_files
 from lib.params import ProfileError, Stage, select_stages, validate_profile
+from lib.presets import presets
+from lib.results import update_readme
 
 SECRET_ENV = re.compile(r"(API_KEY|TOKEN|SECRET|PASSWORD)", re.I)
 #: An absolute path outside the project and the home folder (those are made relative first): a
@@ -38,7 +43,6 @@ def loaded_secrets() -> list[str]:
         except (OSError, ValueError) as e:    # an unreadable file must not stop the scrubber; say so
             print(f"warning: secrets of {f} cannot be read to scrub saved notebooks ({e})", file=sys.stderr)
     try:
-        from lib.presets import presets
         key_envs = {str(p.options["api_key_env"]) for p in presets("chat").values() if p.options.get("api_key_env")}
     except Exception:  # a broken preset file must not stop the scrubber
         key_envs = set()
@@ -80,7 +84,6 @@ def _env() -> dict[str, str]:
 def scrub_notebook(path: Path, output_path: Path | None = None) -> None:
     """Remove run-to-run churn and machine details from a saved notebook, in place."""
     import nbformat
-    from lib.artifacts import write_text
     nb = nbformat.read(str(path), as_version=4)
     pm = nb.metadata.get("papermill", {})
     for k in ("start_time", "end_time", "duration", "environment_variables", "exception"):
@@ -171,14 +174,12 @@ def reproduce(profile: str, only: str | None) -> int:
             print(f"\nerror: {e}", file=sys.stderr)
             return 1
         print(f"== {st.name} done in {time.time() - t0:.0f}s", flush=True)
-    from lib.results import update_readme
     update_readme(ROOT / "README.md")
     return 0
 
 
 def _junit_counts(path: Path) -> tuple[int, int, int]:
     """(passed, failed, skipped) from a pytest junit-xml report."""
-    import xml.etree.ElementTree as ET
     if not path.exists():
         return 0, 0, 0
     root = ET.parse(path).getroot()
@@ -194,7 +195,6 @@ def test(skip_unit: bool = False) -> int:
 
     Ends with one line `summary: N passed, N failed, N skipped` over all steps.
     """
-    import tempfile
     with tempfile.TemporaryDirectory(prefix="compendium-test-") as tmp:
         return _run_test_steps(Path(tmp), skip_unit)
 

@@ -23,6 +23,7 @@ import hashlib
 import json
 import random
 import re
+import time
 from collections import Counter
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -30,9 +31,17 @@ from typing import Any, Sequence
 
 import numpy as np
 import yaml
+from PIL import Image
+from tqdm.auto import tqdm
 
 from lib import ROOT
+from lib.agents import folder_identity
+from lib.artifacts import atomic_path
+from lib.chat import GenParams, assistant, image, system, text, user
+from lib.encoders import load_encoder
 from lib.metrics import classification_report
+from lib.presets import get_preset
+from lib.textmetrics import score_texts
 
 LABELS = ("non-hateful", "hateful")
 STATUSES = ("ok", "unparseable", "refused", "blocked", "failed")
@@ -62,15 +71,9 @@ def embed_images(encoder: str, memes: Sequence[Meme], cache_file: str | Path, ba
     """L2-normalised image embeddings per meme id, cached in an .npz keyed by the encoder's
     identity and the image files (name and size); only missing ids are computed."""
     import torch
-    from PIL import Image
-    from tqdm.auto import tqdm
-    from lib.artifacts import atomic_path
-    from lib.encoders import load_encoder
-    from lib.presets import get_preset
     try:
         ident = get_preset("encoders", encoder).identity()
     except Exception:                                   # a local folder
-        from lib.agents import folder_identity
         ident = folder_identity(encoder)
     key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
     cache_file = Path(cache_file)
@@ -202,7 +205,6 @@ def build_conversation(query: Meme, shots: Sequence[Meme], tpl: SeiTemplates, de
                        images: bool = True) -> list[dict[str, Any]]:
     """system(definitions); per shot: user(image, caption + OCR) and assistant(label - explanation
     [- intervention]); then user(test image, caption + OCR). Shots are in prompt order."""
-    from lib.chat import assistant, image, system, text, user
 
     def turn(m: Meme):
         parts = ([image(str(m.img_path))] if images else []) + [text(tpl.user_text(m))]
@@ -414,8 +416,6 @@ def run_setting(chat, setting: Setting, queries: Sequence[Meme], pool: Sequence[
                 parser: str = "strict", progress: bool = True) -> tuple[list[Prediction], dict[str, Any]]:
     """Every query through the chat model under one setting. `silver`: captions {pool index: str},
     explanations {(pool index, label): str}, interventions {pool index: str}."""
-    import time
-    from lib.chat import GenParams
     convs = []
     for q in queries:
         shots = [replace(pool[j], label=lab, caption=silver["captions"][j], explanation=silver["explanations"][(j, lab)],
@@ -464,7 +464,6 @@ def generation_scores(preds: Sequence[Prediction], gold_explanations: dict[str, 
                       bertscore=None, stemmer: bool = False) -> dict[str, Any]:
     """Explanations: every query with a gold explanation and a generated one (n beside the mean).
     Interventions: queries with a gold intervention (gold hateful) and a generated one."""
-    from lib.textmetrics import score_texts
     ex = [(p.explanation, gold_explanations[p.id]) for p in preds if p.id in gold_explanations and p.explanation]
     iv = [(p.intervention, gold_interventions[p.id]) for p in preds if p.id in gold_interventions and p.intervention]
     e = score_texts([a for a, _ in ex], [b for _, b in ex], semsim_model, bertscore, stemmer)

@@ -9,16 +9,24 @@
 from __future__ import annotations
 
 import json
+import random
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from lib.agents import AGENTS, AgentExample, AgentRecipe, agent_chat, norm_id, run_agent, train_agent
-from lib.artifacts import write_text
+from lib import sei
+from lib.agents import (AGENTS, LABEL_WORDS, AgentExample, AgentRecipe, agent_chat, build_agent_data,
+                        nearest_train_baseline, norm_id, prompt_templates, run_agent, train_agent)
+from lib.artifacts import stage_dir, write_bytes, write_text
+from lib.chat import ResponseCache, default_cache_path
+from lib.data_prep import load_prepared
 from lib.metrics import mean_ci
+from lib.params import load_profile
 from lib.sei import Meme, Prediction, subgroup
+from lib.textmetrics import pair_semsim, score_texts, token_count, type_token_ratio, unigram_perplexity, vader_label
 
 #: The paper's Table 3 (agents on held-out splits) and Table 2 rows (SigLIP retrieval), for the
 #: paper-profile rows. acc/mF1 in %, texts in [0, 1]; keys (model, n).
@@ -80,7 +88,6 @@ def to_memes(records: Sequence[Any], types: dict[str, str] | None = None) -> lis
 def train_agents(out_root: Path, recipe: AgentRecipe, data: dict[str, list[AgentExample]], templates: dict[str, str],
                  per_agent: dict[str, dict[str, Any]] | None = None, progress: bool = True) -> dict[str, dict[str, Any]]:
     """Fine-tune every agent (cached on its inputs); per_agent overrides recipe fields per agent."""
-    from dataclasses import replace
     out = {}
     for a in AGENTS:
         r = replace(recipe, **(per_agent or {}).get(a, {}))
@@ -96,9 +103,6 @@ def evaluate_agents(agents: dict[str, dict[str, Any]], data: dict[str, list[Agen
     """Table 3: each agent on its held-out examples (a seeded subset of eval_n), beside the
     nearest-training-meme baseline. The intervention agent reads the commonsense agent's output
     (`generated`, as deployed) or the gold commonsense (`gold`)."""
-    import random
-    from lib.agents import nearest_train_baseline
-    from lib.textmetrics import score_texts
     rows, outputs = [], {}
     rng = random.Random(seed)
     chats = {a: agent_chat(agents[a]["dir"], cache, batch_size=batch_size) for a in AGENTS}
@@ -156,7 +160,6 @@ def make_silver(pool: Sequence[Meme], needs: tuple[set[int], set[tuple[int, int]
                 batch_size: int = 32, progress: bool = True) -> dict[str, Any]:
     """Agent outputs for the exemplars a run needs: captions, label-aware explanations, and for the
     memes shown as hateful a commonsense text, then an intervention from it."""
-    from lib.agents import LABEL_WORDS
     caps, expl, iv = needs
     caps, expl, iv = sorted(caps), sorted(expl), sorted(iv)
     chats = {a: agent_chat(agents[a]["dir"], cache, batch_size=batch_size) for a in AGENTS}
@@ -234,7 +237,6 @@ def gold_refs(records: Sequence[Any], kind: str, ids: set[str] | None) -> dict[s
 def coherence_frame(preds: Sequence[Prediction], semsim_model: str = "minilm"):
     """Semantic similarity between each meme's explanation and its own intervention (cp, wp)."""
     import pandas as pd
-    from lib.textmetrics import pair_semsim
     both = [p for p in preds if p.explanation and p.intervention and subgroup(p.gold, p.label) in ("cp", "wp")]
     sims = pair_semsim([p.explanation for p in both], [p.intervention for p in both], semsim_model)
     return pd.DataFrame({"id": [p.id for p in both], "setting": [p.setting for p in both],
@@ -270,7 +272,6 @@ def results_frame(results: dict[str, dict[str, Any]]):
 def analysis_frame(preds: Sequence[Prediction]):
     """One row per generated text with its subgroup and lexical measures (§7)."""
     import pandas as pd
-    from lib.textmetrics import token_count, type_token_ratio, unigram_perplexity, vader_label
     rows = []
     for p in preds:
         g = subgroup(p.gold, p.label)
@@ -412,12 +413,6 @@ class FewShotModerator:
 
     def __init__(self, profile: str, chat, out_dir: Path, section: dict[str, Any] | None = None,
                  progress: bool = False):
-        from lib.agents import build_agent_data, prompt_templates
-        from lib.artifacts import stage_dir
-        from lib.chat import ResponseCache, default_cache_path
-        from lib.data_prep import load_prepared
-        from lib.params import load_profile
-        from lib import sei
         p = section or load_profile(profile)["04_few_shot"]
         nb = "notebooks/04_few_shot.ipynb"
         self.p, self.chat, self.out_dir, self.progress = p, chat, Path(out_dir), progress
@@ -444,8 +439,6 @@ class FewShotModerator:
     def predict(self, memes: Sequence[Meme], setting: str) -> list[Prediction]:
         """Few-shot (or zero-shot) predictions for `memes` (sei.Meme; their caption is written here
         by 04's captioning agent) under one of 04's settings."""
-        from dataclasses import replace
-        from lib import sei
         if setting not in self.settings:
             raise KeyError(f"no few-shot setting {setting!r}; notebook 04's settings: {', '.join(self.settings)}")
         s = self.settings[setting]
@@ -454,7 +447,6 @@ class FewShotModerator:
             fname = f"embeddings_{s.retriever.replace('/', '_')}.npz"
             mine, theirs = self.out_dir / fname, self.stage04 / fname
             if not mine.exists() and theirs.exists():       # start from 04's embeddings: only new memes are embedded
-                from lib.artifacts import write_bytes
                 write_bytes(mine, theirs.read_bytes())
             emb = sei.embed_images(s.retriever, list(self.pool) + list(memes), mine, progress=self.progress)
             P = np.stack([emb[m.id] for m in self.pool])

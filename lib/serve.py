@@ -51,8 +51,10 @@ from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlparse
 
+import httpx
+
 from lib import ROOT
-from lib.artifacts import pid_alive
+from lib.artifacts import pid_alive, write_json
 from lib.presets import Preset, PresetError, get_preset, resolve_model_path
 
 STATE_DIR = ROOT / "artifacts" / "serve"
@@ -123,7 +125,6 @@ def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
 
 def server_answers(base_url: str, model: str | None = None, timeout: float = 1.0) -> bool:
     """True when `base_url` (…/v1) is healthy and, if `model` is given, serves that model name."""
-    import httpx
     root = base_url.rstrip("/").removesuffix("/v1")
     try:
         h = httpx.get(f"{root}/health", timeout=timeout)
@@ -169,7 +170,6 @@ def _state_file(preset_name: str, port: int) -> Path:
 
 
 def _write_state(preset_name: str, port: int, state: dict[str, Any]) -> None:
-    from lib.artifacts import write_json
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     write_json(_state_file(preset_name, port), state)
 

