@@ -45,7 +45,7 @@ from lib.artifacts import MissingInputError
 from lib.chat import Chat, GenParams, image, text, user
 from lib.chat.hf import HFChatBackend
 from lib.memeworld_vlm import save_model
-from lib.presets import Preset, get_preset, torch_dtype
+from lib.presets import folder_identity, get_preset, torch_dtype
 
 AGENTS = ("captioner", "explainer", "commonsense", "intervention")
 AGENT_SOURCES = {"captioner": "memecap", "explainer": "hatred", "commonsense": "memesense", "intervention": "memesense"}
@@ -179,15 +179,6 @@ def _load_base(base: str, dtype: str):
     proc = AutoProcessor.from_pretrained(src, **kw)
     model = AutoModelForImageTextToText.from_pretrained(src, dtype=torch_dtype(dtype), **kw)
     return model, proc, src
-
-
-def folder_identity(src: str | Path) -> dict[str, Any] | str:
-    """A model folder's weights and template digests (a hub id stays a name)."""
-    if not Path(src).is_dir():
-        return str(src)
-    ident = Preset(name=Path(src).name, backend="hf", model=str(src)).identity()
-    ident.pop("model", None)
-    return ident
 
 
 def _messages(img, prompt: str) -> list[dict[str, Any]]:

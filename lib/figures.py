@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image
 from tqdm.auto import tqdm
 
-from lib import ROOT, plotting, sei_report as rep, textmetrics as tm
+from lib import ROOT, plotting, textmetrics as tm
 from lib.artifacts import ARTIFACTS_ROOT, read_json, write_text
 from lib.crosseval import plot_flips, plot_forest, plot_mcnemar, plot_type_heatmap
 from lib.debate_report import plot_accuracy, plot_cost, results_from_jsonl
@@ -29,7 +29,6 @@ from lib.embedded_models import curve_figure
 from lib.metrics import average_precision, mean_ci, precision_recall_points
 from lib.params import load_profile
 from lib.sei import Prediction
-from lib.sei_report import plot_controls
 from lib.serving import throughput_figure
 
 
@@ -443,6 +442,7 @@ def draw_few_shot_agents(profile: str):
 @figure("few_shot_accuracy", "notebooks/04_few_shot.ipynb", ("04_few_shot/results.json", "04_few_shot/predictions_fhm.jsonl"),
         "Few-shot accuracy per setting and control, with the majority class and the exemplars' own vote")
 def draw_few_shot_accuracy(profile: str):
+    from lib.sei_report import plot_controls  # lazy: sei_report loads the agent trainer (torch)
     res = read_json(_art(profile, "04_few_shot/results.json"))
     preds = _fewshot_preds(profile)
     gold = {p.id: p.gold for p in preds}
@@ -459,6 +459,7 @@ def draw_few_shot_accuracy(profile: str):
 @figure("few_shot_lexical", "notebooks/04_few_shot.ipynb", ("04_few_shot/predictions_fhm.jsonl",),
         "Figure 3 analogue: length, type-token ratio and perplexity of generated texts, by outcome")
 def draw_few_shot_lexical(profile: str):
+    from lib import sei_report as rep  # lazy: sei_report loads the agent trainer (torch)
     p4 = load_profile(profile).get("04_few_shot", {})
     pooled = [p for p in _fewshot_preds(profile) if "/" in p.setting]
     ci = rep.ci_frame(rep.analysis_frame(pooled), n_resamples=p4.get("ci_resamples", 1000),
@@ -488,6 +489,7 @@ def draw_few_shot_coherence(profile: str):
 @figure("few_shot_sentiment", "notebooks/04_few_shot.ipynb", ("04_few_shot/predictions_fhm.jsonl",),
         "Figure 5 analogue: VADER sentiment classes of generated texts")
 def draw_few_shot_sentiment(profile: str):
+    from lib import sei_report as rep  # lazy: sei_report loads the agent trainer (torch)
     pooled = [p for p in _fewshot_preds(profile) if "/" in p.setting]
     return rep.plot_sentiment(rep.analysis_frame(pooled), "Figure 5 analogue: VADER sentiment of generated texts")
 
@@ -496,6 +498,8 @@ def draw_few_shot_sentiment(profile: str):
         "Figure 6 analogue: Shannon-entropy word shift of explanations, predicted hateful vs not")
 def draw_few_shot_wordshift(profile: str):
     import matplotlib.pyplot as plt
+
+    from lib import sei_report as rep  # lazy: sei_report loads the agent trainer (torch)
     ana = rep.analysis_frame([p for p in _fewshot_preds(profile) if "/" in p.setting])
     expl = ana[ana.kind == "explanation"]
     f_h = tm.word_freqs(expl[expl.subgroup.isin(["cp", "wp"])]["text"])

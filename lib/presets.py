@@ -118,6 +118,15 @@ def presets(kind: str) -> dict[str, Preset]:
     return _read(kind)
 
 
+def folder_identity(src: str | Path) -> dict[str, Any] | str:
+    """A model folder's weights and template digests (a hub id stays a name)."""
+    if not Path(src).is_dir():
+        return str(src)
+    ident = Preset(name=Path(src).name, backend="hf", model=str(src)).identity()
+    ident.pop("model", None)
+    return ident
+
+
 def get_preset(kind: str, name: str) -> Preset:
     table = _read(kind)
     if name not in table:

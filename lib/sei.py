@@ -35,12 +35,11 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from lib import ROOT
-from lib.agents import folder_identity
 from lib.artifacts import atomic_path
 from lib.chat import GenParams, assistant, image, system, text, user
 from lib.encoders import load_encoder
 from lib.metrics import classification_report
-from lib.presets import get_preset
+from lib.presets import folder_identity, get_preset
 from lib.textmetrics import score_texts
 
 LABELS = ("non-hateful", "hateful")
