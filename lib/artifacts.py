@@ -34,11 +34,11 @@ TRACKED_PACKAGES = ("torch", "torchvision", "transformers", "open_clip_torch", "
 class Artifact:
     """A file or folder one stage writes and later stages read."""
     stage: str        # producing stage, e.g. "00_data_prep"
-    relpath: str      # path inside artifacts/<profile>/<stage>/
+    relpath: str      # path inside artifacts/<profile>/<stage>/ ({fields} filled by path(): one file per dataset, ...)
     make_target: str  # the command that produces it
 
-    def path(self, profile: str) -> Path:
-        return ARTIFACTS_ROOT / profile / self.stage / self.relpath
+    def path(self, profile: str, **fields: str) -> Path:
+        return ARTIFACTS_ROOT / profile / self.stage / (self.relpath.format(**fields) if fields else self.relpath)
 
 
 #: Everything a stage may hand to another stage. Later issues add their entries here.
@@ -48,12 +48,18 @@ ARTIFACTS: dict[str, Artifact] = {
     "trace_captions": Artifact("01_captioning", "trace_captions.json", "make reproduce NB=01"),
     "trace_captions_multioff": Artifact("01_captioning", "trace_captions_multioff.json", "make reproduce NB=01"),
     "trace_seeds": Artifact("02_finetuning", "seeds.csv", "make reproduce NB=02"),
+    "trace_runs": Artifact("02_finetuning", "runs", "make reproduce NB=02"),
+    "trace_variants": Artifact("02_finetuning", "variants.json", "make reproduce NB=02"),
+    "clip4dm_settings": Artifact("03_clip4dm", "settings.json", "make reproduce NB=03"),
     "memeworld-clip": Artifact("models", "memeworld-clip", "make reproduce NB=models"),
     "memeworld-vlm": Artifact("models", "memeworld-vlm", "make reproduce NB=models"),
     "sei_agents": Artifact("04_few_shot", "agents", "make reproduce NB=04"),
     "sei_results": Artifact("04_few_shot", "results.json", "make reproduce NB=04"),
-    "sei_predictions_fhm": Artifact("04_few_shot", "predictions_fhm.jsonl", "make reproduce NB=04"),
+    "sei_predictions": Artifact("04_few_shot", "predictions_{dataset}.jsonl", "make reproduce NB=04"),
     "sei_table3": Artifact("04_few_shot", "table3.json", "make reproduce NB=04"),
+    "sei_settings": Artifact("04_few_shot", "settings.json", "make reproduce NB=04"),
+    "debate_settings": Artifact("05_debate", "settings.json", "make reproduce NB=05"),
+    "debate_results": Artifact("05_debate", "results_{variant}.jsonl", "make reproduce NB=05"),
 }
 
 
@@ -68,16 +74,21 @@ def stage_dir(profile: str, stage: str, create: bool = True) -> Path:
     return d
 
 
-def require(profile: str, name: str, consumer: str) -> Path:
+def require(profile: str, name: str, consumer: str, **fields: str) -> Path:
     """Path of declared artifact `name`, or fail at once naming what produces it."""
     art = ARTIFACTS[name]
-    p = art.path(profile)
+    p = art.path(profile, **fields)
     if not p.exists():
         raise MissingInputError(
             f"{consumer} needs {relpath(p)} (artifact '{name}', profile '{profile}'), which is "
             f"missing. Produce it with `{art.make_target}`"
             + (f" (PROFILE={profile})" if profile != "embedded" else "") + " first.")
     return p
+
+
+def declared(profile: str, name: str, **fields: str) -> Path:
+    """Path of declared artifact `name`, present or not (for readers that accept its absence)."""
+    return ARTIFACTS[name].path(profile, **fields)
 
 
 def relpath(p: Path | str) -> str:

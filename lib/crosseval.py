@@ -19,11 +19,14 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
+from PIL import Image
 
-from lib.artifacts import stage_dir
+from lib.artifacts import declared
 from lib.data_prep import load_prepared
 from lib.debate import DIFFICULTY
-from lib.metrics import metric_rows
+from lib.debate_report import court_config, run_variant as run_court
+from lib.injection import mitigate
+from lib.metrics import flip_rate, metric_rows
 
 #: system of each method family (the table's first column)
 SYSTEMS = {"trace": "TRACE", "fewshot": "See, Explain, Intervene", "debate": "ARCADE"}
@@ -41,7 +44,7 @@ def gold_table(profile: str) -> pd.DataFrame:
     """One row per test meme: id, split, label, and where known type (SMI interaction type),
     difficulty, confounder_kind / confounder_of (MemeWorld's generator; the H-VLI files give type
     and difficulty for real memes they share with FHM)."""
-    mw = stage_dir(profile, "00_data_prep", create=False) / "memeworld" / "memeworld.jsonl"
+    mw = declared(profile, "memeworld") / "memeworld.jsonl"
     if mw.exists():
         rows = [json.loads(x) for x in mw.read_text(encoding="utf-8").splitlines()]
         partners = {str(r["confounder_of"]) for r in rows if r.get("confounder_of") is not None}
@@ -71,9 +74,8 @@ def trace_methods(profile: str, dataset: str = "fhm") -> dict[str, dict[str, Any
     name -> {system, family, frame, run_dir}. The variants are those notebook 02 names in
     `variants.json` when it lists runs of `dataset`; seed replicates (`*_seed<N>`, read through
     `seeds.csv`) are never methods of their own."""
-    stage = stage_dir(profile, "02_finetuning", create=False)
-    runs = stage / "runs"
-    named = set(json.loads((stage / "variants.json").read_text()).values()) if (stage / "variants.json").exists() else set()
+    runs, listed = declared(profile, "trace_runs"), declared(profile, "trace_variants")
+    named = set(json.loads(listed.read_text()).values()) if listed.exists() else set()
     named = {n for n in named if n.startswith(f"{dataset}_")}
     out = {}
     for d in sorted(runs.glob(f"{dataset}_*")) if runs.exists() else []:
@@ -104,7 +106,7 @@ def fewshot_frame(preds: Sequence[Any]) -> pd.DataFrame:
 
 def fewshot_methods(profile: str, dataset: str = "fhm") -> dict[str, dict[str, Any]]:
     """Notebook 04's predictions (predictions_<dataset>.jsonl): one method per setting."""
-    f = stage_dir(profile, "04_few_shot", create=False) / f"predictions_{dataset}.jsonl"
+    f = declared(profile, "sei_predictions", dataset=dataset)
     if not f.exists():
         return {}
     by: dict[str, list[dict[str, Any]]] = {}
@@ -128,9 +130,9 @@ def debate_frame(results: Sequence[Any]) -> pd.DataFrame:
 
 def debate_methods(profile: str, variants: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
     """Notebook 05's results_<variant>.jsonl (the rerun check left out)."""
-    d = stage_dir(profile, "05_debate", create=False)
+    pattern = declared(profile, "debate_results", variant="*")
     out = {}
-    for f in sorted(d.glob("results_*.jsonl")) if d.exists() else []:
+    for f in sorted(pattern.parent.glob(pattern.name)) if pattern.parent.exists() else []:
         v = f.stem[len("results_"):]
         if v == "rerun_check" or (variants is not None and v not in variants):
             continue
@@ -304,3 +306,128 @@ def rekey(method: dict[str, Any], mapping: dict[str, str]) -> dict[str, Any]:
     f = method["frame"]
     f = f[f["id"].isin(list(mapping))].assign(id=lambda x: x["id"].map(mapping)).reset_index(drop=True)
     return {**method, "frame": f}
+
+
+# ----------------------------------------------------------------------------- notebook 06's steps
+def fewshot_on(fs, memes: dict[str, Any], ids: Sequence[str], settings: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Notebook 04's moderator (`fs`, a FewShotModerator) on the memes `ids`, one method per
+    setting ("main": 04's main row), with a line per setting on how many answers parsed."""
+    out = {}
+    for s in settings:
+        name = fs.main_setting() if s == "main" else s
+        preds = fs.predict([memes[i] for i in ids], name)
+        out[f"few-shot {name}"] = {"system": SYSTEMS["fewshot"], "family": "fewshot", "setting": name,
+                                   "frame": fewshot_frame(preds), "preds": preds}
+        print(f"few-shot {name}: {sum(p.status == 'ok' for p in preds)} of {len(preds)} answers parsed")
+    return out
+
+
+def error_gallery(worst: pd.Series, memes: dict[str, Any], gold: pd.DataFrame, selected: pd.DataFrame,
+                  caption_of, clip4dm, epsilon: float, correct: pd.DataFrame) -> list[dict[str, Any]]:
+    """The memes most methods get wrong (`worst`: id -> share of methods wrong), each with its
+    type and label, the caption TRACE's default model selected (and its weight), the VLM
+    caption, the caption words CLIP4DM finds the image does not support (attribution below
+    `epsilon`) and the methods that got it wrong. `caption_of(id)`: the VLM caption."""
+    rows = []
+    for i in worst.index:
+        cap = caption_of(i)
+        with Image.open(memes[i].img_path) as im:
+            att = clip4dm(im.convert("RGB"), cap)
+        rows.append({"id": i, "img": str(memes[i].img_path), "type": gold.loc[i, "type"],
+                     "label": int(gold.loc[i, "label"]), "share wrong": round(float(worst[i]), 2),
+                     "text": memes[i].ocr,
+                     "TRACE selected": f"{selected.loc[i, 'selected']} ({selected.loc[i, 'selected_weight']:.2f})",
+                     "VLM caption": cap,
+                     "unsupported words (CLIP4DM)": ", ".join(f"{w} {s:+.3f}" for w, s in att["all_word_attributions"]
+                                                              if s < epsilon) or "none",
+                     "wrong": ", ".join(short_name(m) for m in correct.columns if not correct.loc[i, m])})
+    return rows
+
+
+class FlipRows:
+    """The rows of injection.csv: one per method, kind of copy (instruction or control) and
+    mitigation, each a flip rate with its bootstrap CI (lib.metrics.flip_rate)."""
+
+    def __init__(self, kind_of: dict[str, str], n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95):
+        self.kind_of, self.n_resamples, self.seed, self.confidence = kind_of, n_resamples, seed, confidence
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, method: str, family: str, original: Sequence[Any], injected: Sequence[Any], ids: Sequence[str],
+            mitigation: str = "none") -> None:
+        """Paired predictions of originals and their injected copies `ids`; one row per kind of copy present."""
+        for kind in ("instruction", "control"):
+            k = [j for j, i in enumerate(ids) if self.kind_of[i] == kind]
+            if k:
+                r = flip_rate([original[j] for j in k], [injected[j] for j in k], self.n_resamples, self.seed,
+                              self.confidence)
+                self.rows.append({"method": method, "family": family, "copies": kind, "mitigation": mitigation, **r})
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows)
+
+
+def attack_fewshot(fs, flips: FlipRows, methods: Sequence[str], fewshot_m: dict[str, dict[str, Any]],
+                   copies: Sequence[Any], src_of: dict[str, str], mitigation: str, mitigated: Sequence[str]) -> None:
+    """Notebook 04's moderator on the injected `copies` (sei.Meme) under each attacked setting
+    ("main": 04's main row), and with `mitigation` for the settings in `mitigated`; flips
+    against its answers on the originals (`fewshot_m`)."""
+    for s in methods:
+        name = fs.main_setting() if s == "main" else s
+        if name not in fs.settings:
+            continue
+        f = fewshot_m[f"few-shot {name}"]["frame"]
+        orig = dict(zip(f["id"], f["prediction"]))
+        instructed = [x for x in copies if flips.kind_of[x.id] == "instruction"]
+        for mitig, qs in [("none", copies)] + ([(mitigation, mitigate(instructed, mitigation))] if s in mitigated else []):
+            preds = fs.predict(qs, name)
+            flips.add(f"few-shot {name}", "fewshot", [orig[src_of[p.id]] for p in preds], [p.label for p in preds],
+                      [p.id for p in preds], mitig)
+
+
+def attack_court(chat, settings: dict[str, Any], flips: FlipRows, methods: Sequence[str],
+                 debate_m: dict[str, dict[str, Any]], copies: Sequence[Any], src_of: dict[str, str],
+                 id_map: dict[str, str], mitigation: str, mitigated: Sequence[str], out_dir: Path) -> None:
+    """Notebook 05's court (its `settings`) on the injected H-VLI `copies` for each attacked
+    variant (and with `mitigation` for those in `mitigated`); flips against its answers on the
+    originals, and for ARCADE whether the rapid scan still routes the meme to Track I."""
+    for v in [x for x in methods if x in settings["variants"]]:
+        f = debate_m[f"debate {v}"]["frame"]
+        orig = dict(zip(f["id"], f["prediction"]))
+        instructed = [x for x in copies if flips.kind_of[x.id] == "instruction"]
+        for mitig, recs in [("none", copies)] + ([(mitigation, mitigate(instructed, mitigation))] if v in mitigated else []):
+            run = run_court(chat, recs, court_config(settings, v), out_dir,
+                            f"injected_{v}" + ("" if mitig == "none" else f"_{mitig}"), model=settings["chat_preset"],
+                            progress=False)
+            g = debate_frame(run["results"])
+            flips.add(f"debate {v}", "debate", [orig[src_of[i]] for i in g["id"]], g["prediction"].tolist(),
+                      list(g["id"]), mitig)
+            if v == "arcade" and mitig == "none":   # the rapid scan (a prosecutor role): explicit cues found before, not after
+                before = {id_map.get(str(r["id"])): r["route"] for r in debate_m["debate arcade"]["results"]}
+                flips.add("debate arcade: rapid scan finds explicit cues", "debate",
+                          [int(before[src_of[r.id]] == "track1") for r in run["results"]],
+                          [int(r.route == "track1") for r in run["results"]], [r.id for r in run["results"]])
+
+
+def metric_key(name: str) -> str:
+    """A method's name as a metrics.json key fragment."""
+    return name.lower().replace("trace memeworld-clip_", "trace_").replace("few-shot ", "fewshot_").replace(
+        "debate ", "debate_").replace("memeworld-clip/", "mwclip").replace(" ", "_").replace(":", "").replace(
+        "(", "").replace(")", "")
+
+
+def stage_metrics(table_common: pd.DataFrame, n_methods: int, n_common: int, majority: float, pairs: pd.DataFrame,
+                  n_injected_llm: int, n_injected_trace: int, llm_calls: int, flips: pd.DataFrame) -> dict[str, Any]:
+    """Notebook 06's metrics.json: sizes, the majority line, significant McNemar pairs, every
+    method's accuracy on the common memes with its CI, and every injection flip rate."""
+    m: dict[str, Any] = {"n_methods_compared": n_methods, "n_common_memes": n_common, "majority_acc_common": float(majority),
+                         "n_significant_pairs": int(pairs.significant.sum()), "n_pairs": len(pairs),
+                         "n_injected_llm": n_injected_llm, "n_injected_trace": n_injected_trace, "llm_calls": int(llm_calls)}
+    acc = table_common[(table_common.metric == "accuracy") & (table_common.subset == "all")].set_index("method")
+    for name, r in acc.iterrows():
+        k = metric_key(name)
+        m[f"acc_common_{k}"] = float(r.value)
+        m[f"acc_common_{k}_ci_low"], m[f"acc_common_{k}_ci_high"] = float(r.ci_low), float(r.ci_high)
+    for _, r in flips.iterrows():
+        m[f"injection_flip_rate_{metric_key(r.method)}" + ("" if r.mitigation == "none" else f"_{r.mitigation}")
+          + ("_control" if r.copies == "control" else "")] = float(r.flip_rate)
+    return m

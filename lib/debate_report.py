@@ -171,3 +171,32 @@ def court_config(section: dict[str, Any], variant: str) -> CourtConfig:
                                     "official_prompts_repo", "workers", "seed")}
     over = {k: v for k, v in section["variants"][variant].items() if k != "samples"}
     return CourtConfig(**{**base, **over})
+
+
+def stage_metrics(runs: dict[str, dict[str, Any]], majority_acc: float, rerun_calls: int) -> dict[str, Any]:
+    """Notebook 05's metrics.json: the main run's (arcade, else the first) corrected accuracies by
+    difficulty and F1, its official-view accuracy, the direct judge's, the majority-class line,
+    the gate's cost figures, and the accuracy of every other variant."""
+    main = runs["arcade"] if "arcade" in runs else next(iter(runs.values()))
+    direct = runs.get("direct")
+    c, o, cost = main["corrected"], main["official"], main["cost"]
+    m: dict[str, Any] = {k: c[k] for k in ("acc", "acc_easy", "acc_normal", "acc_hard", "acc_normal_hard")}
+    m.update({"macro_f1": c.get("macro_f1", float("nan")), "weighted_f1": c.get("weighted_f1", float("nan")),
+              "acc_official": o["acc"], "macro_f1_official": o.get("macro_f1", float("nan")),
+              "direct_acc": direct["corrected"]["acc"] if direct else float("nan"),
+              "direct_acc_official": direct["official"]["acc"] if direct else float("nan"),
+              "majority_acc": majority_acc})
+    m.update({k: cost[k] for k in ("calls_per_sample", "calls_per_sample_track1", "calls_per_sample_track2",
+                                   "share_track1", "share_track2", "share_dismissal", "gate_call_saving",
+                                   "tokens_per_sample")})
+    m.update({"n_eval": c["n"], "n_refused": o["n_refused"],
+              "n_unparseable": sum(r.status == "unparseable" for r in main["results"]), "rerun_calls": rerun_calls})
+    for name, run in runs.items():
+        if run is not main:
+            m[f"acc_{name}"] = run["corrected"]["acc"]
+    return m
+
+
+#: the parameters of notebook 05 that rebuild its court (written to its settings.json; notebook 06 reads them)
+SETTINGS_KEYS = ("dataset", "chat_preset", "serve_preset", "variants", "class_mode", "rounds", "temperatures",
+                 "max_new_tokens", "prompt_dir", "official_prompts_repo", "workers", "seed")

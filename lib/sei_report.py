@@ -20,11 +20,10 @@ import numpy as np
 from lib import sei
 from lib.agents import (AGENTS, LABEL_WORDS, AgentExample, AgentRecipe, agent_chat, build_agent_data,
                         nearest_train_baseline, norm_id, prompt_templates, run_agent, train_agent)
-from lib.artifacts import stage_dir, write_bytes, write_text
+from lib.artifacts import require, stage_dir, write_bytes, write_json, write_text
 from lib.chat import ResponseCache, default_cache_path
 from lib.data_prep import load_prepared
 from lib.metrics import mean_ci
-from lib.params import load_profile
 from lib.sei import Meme, Prediction, subgroup
 from lib.textmetrics import pair_semsim, score_texts, token_count, type_token_ratio, unigram_perplexity, vader_label
 
@@ -400,9 +399,16 @@ def table2_frame(all_preds_keys: Sequence[tuple[str, str, str]], results: dict[s
 
 
 # ----------------------------------------------------------------------------- notebook 06
+#: the parameters of notebook 04 that rebuild its moderator (written to its settings.json)
+SETTINGS_KEYS = ("datasets", "train_split", "agent_base", "agent_recipe", "agent_overrides", "agent_prompt_dir",
+                 "agent_max_new_tokens", "retrievers", "shots", "order", "controls", "models", "serve_preset",
+                 "images", "prompt_dir", "temperature", "max_new_tokens", "parser", "seed")
+
+
 class FewShotModerator:
-    """Notebook 04's few-shot moderator rebuilt from the profile's `04_few_shot` section and 04's
-    artifacts (its fine-tuned agents, reused, never retrained), to moderate memes 04 did not
+    """Notebook 04's few-shot moderator rebuilt from 04's declared artifacts alone: the settings it
+    ran with (`settings.json`, SETTINGS_KEYS) and its fine-tuned agents (reused, never
+    retrained), to moderate memes 04 did not
     evaluate: notebook 06's common memes and their prompt-injected copies. The exemplar pool, the
     retriever, the silver texts, the prompt, the model and the parser are 04's; every call goes
     through the response cache.
@@ -413,7 +419,7 @@ class FewShotModerator:
 
     def __init__(self, profile: str, chat, out_dir: Path, section: dict[str, Any] | None = None,
                  progress: bool = False):
-        p = section or load_profile(profile)["04_few_shot"]
+        p = section or json.loads(require(profile, "sei_settings", "lib.sei_report.FewShotModerator").read_text())
         nb = "notebooks/04_few_shot.ipynb"
         self.p, self.chat, self.out_dir, self.progress = p, chat, Path(out_dir), progress
         self.ds = next(iter(p["datasets"]))
@@ -462,3 +468,106 @@ class FewShotModerator:
                                    self.p["max_new_tokens"], self.p["temperature"], self.p["images"],
                                    parser=self.p["parser"], progress=self.progress)
         return preds
+
+
+# ----------------------------------------------------------------------------- notebook 04's steps
+def retrieve_exemplars(dataset: str, memes: Sequence[Meme], train_split: str, test_split: str, eval_n: int,
+                       eval_seed: int, retrievers: Sequence[str], emb: dict[str, dict[str, np.ndarray]],
+                       ns: Sequence[int], out_dir: Path) -> tuple[list[Meme], list[Meme], dict[str, np.ndarray],
+                                                                  list[dict[str, Any]], str]:
+    """One dataset's exemplar pool (the train split), its balanced evaluation queries, the pool
+    ranked for every query by each retriever (written as exemplars_<dataset>_<retriever>.json,
+    with similarities) and the retrieval quality at each n in `ns`. `emb`: retriever -> the
+    embeddings already computed; memes missing from them are embedded (cached per encoder).
+    Returns (pool, queries, ranked, quality rows, a summary line)."""
+    pool = [m for m in memes if m.split == train_split]
+    test_all = [m for m in memes if m.split == test_split]
+    queries = sei.balanced_subset(test_all, eval_n, eval_seed)
+    ranked, rows = {}, []
+    for r in retrievers:
+        e = emb[r] if all(m.id in emb[r] for m in pool + queries) else \
+            sei.embed_images(r, pool + queries, out_dir / f"embeddings_{r.replace('/', '_')}.npz")
+        idx, sims = sei.top_n(np.stack([e[m.id] for m in queries]), np.stack([e[m.id] for m in pool]), max(ns))
+        ranked[r] = idx
+        write_json(out_dir / f"exemplars_{dataset}_{r.replace('/', '_')}.json",
+                   {q.id: [[pool[j].id, round(float(s), 6)] for j, s in zip(row, srow)]
+                    for q, row, srow in zip(queries, idx, sims)})
+        rows += [{"dataset": dataset, "retriever": r, **sei.retrieval_quality(idx[:, :n], pool, queries)}
+                 for n in sorted(set(ns))]
+    line = (f"{dataset}: pool {len(pool)} {train_split} memes; {len(queries)} of {len(test_all)} "
+            f"{test_split} memes ({sum(q.label for q in queries)} hateful)")
+    return pool, queries, ranked, rows, line
+
+
+def evaluate_setting(chat, setting, queries: Sequence[Meme], pool: Sequence[Meme], plan, silver: dict[str, Any],
+                     tpl, definitions: str, gold: dict[str, dict[str, list[str]]], generation: dict[str, Any],
+                     scoring: dict[str, Any]) -> tuple[dict[str, Any], list[Prediction]]:
+    """One few-shot setting on one dataset: the predictions, and their classification, cost,
+    explanation / intervention scores against `gold` ({"explanation": ..., "intervention": ...})
+    and how often the answer follows the exemplars' labels. `generation`: max_new_tokens,
+    temperature, images, parser; `scoring`: semsim_model, bertscore, stemmer."""
+    preds, cost = sei.run_setting(chat, setting, queries, pool, plan, silver, tpl, definitions, **generation)
+    res = {**sei.classification(preds), **cost}
+    res.update(sei.generation_scores(preds, gold["explanation"], gold["intervention"], **scoring))
+    res.update(exemplar_label_following(preds))
+    return res, preds
+
+
+def knn_result(ranked: np.ndarray, pool: Sequence[Meme], queries: Sequence[Meme]) -> dict[str, Any]:
+    """The label-vote control: each query's label is the majority of its retrieved exemplars' (no model call)."""
+    vote = sei.knn_vote(ranked, pool)
+    return {**sei.classification([Prediction(q.id, q.label, "knn_vote", "ok", v, "", "", False, False, [], [])
+                                  for q, v in zip(queries, vote)]), "calls": 0}
+
+
+#: notebook 04's Table 2 columns
+TABLE2_COLUMNS = ("acc", "macro_f1", "n", "n_unparseable", "n_refused", "support", "pred_hateful_share",
+                  "follows_majority", "expl_rouge_l", "expl_semsim", "expl_bertscore_f1", "expl_n", "int_rouge_l",
+                  "int_semsim", "int_n", "calls", "cache_hits", "prompt_tokens", "completion_tokens", "wall_s",
+                  "model_latency_s")
+
+
+def table2_view(results: dict[str, dict[str, Any]], bertscore_label: str):
+    """Every setting's row with TABLE2_COLUMNS, the BERTScore column named by its model."""
+    return results_frame(results).reindex(columns=list(TABLE2_COLUMNS)).rename(
+        columns={"expl_bertscore_f1": f"expl {bertscore_label}"})
+
+
+def stage_metrics(results: dict[str, dict[str, Any]], row, main_name: str, majority_acc: float, retrieval,
+                  retriever: str, knn_n: int, dataset: str, agent_rows: Sequence[dict[str, Any]],
+                  bertscore_proxy: bool, rerun_calls: int) -> dict[str, Any]:
+    """Notebook 04's metrics.json: the main setting's classification and generation scores, the
+    controls' accuracies (zero-shot, random and shuffled-label exemplars, structured, label vote),
+    the retrieval's label (and MemeWorld type) agreement against its base rate, the agents'
+    scores, the cost, and the accuracy of every other setting. `row(name)`: a setting's results."""
+    main = row(main_name)
+    q = retrieval[(retrieval.retriever == retriever) & (retrieval.n == knn_n) & (retrieval.dataset == dataset)]
+    m: dict[str, Any] = {
+        "acc": main["acc"], "macro_f1": main["macro_f1"], "acc_zero_shot": row("zero_shot").get("acc"),
+        "acc_random_exemplars": row("random_4").get("acc"), "acc_shuffled_labels": row("shuffled_labels_4").get("acc"),
+        "acc_structured": row("structured_4").get("acc"), "acc_knn_vote": row("knn_vote")["acc"],
+        "majority_acc": majority_acc, "retrieval_label_agreement": float(q["label_agreement"].iloc[0]),
+        "retrieval_label_base_rate": float(q["label_base_rate"].iloc[0]),
+        "n_eval": main["n"], "n_unparseable": main["n_unparseable"], "n_refused": main["n_refused"],
+        "support": main["support"], "follows_majority": main["follows_majority"], "expl_rouge_l": main["expl_rouge_l"], "expl_semsim": main["expl_semsim"],
+        "expl_bertscore_f1_proxy" if bertscore_proxy else "expl_bertscore_f1": main["expl_bertscore_f1"],
+        "int_rouge_l": main["int_rouge_l"], "int_semsim": main["int_semsim"],
+        "calls": int(sum(r.get("calls", 0) for r in results.values())),
+        "prompt_tokens": int(sum(r.get("prompt_tokens", 0) for r in results.values())),
+        "completion_tokens": int(sum(r.get("completion_tokens", 0) for r in results.values())),
+        "few_shot_wall_s": float(sum(r.get("wall_s", 0) for r in results.values())),
+        "few_shot_model_latency_s": float(sum(r.get("model_latency_s", 0) for r in results.values())),
+        "rerun_calls": rerun_calls}
+    if "type_agreement" in retrieval:
+        m["retrieval_type_agreement"] = float(q["type_agreement"].iloc[0])
+        m["retrieval_type_base_rate"] = float(q["type_base_rate"].iloc[0])
+    for r in agent_rows:
+        a = r["agent"]
+        m.update({f"agent_{a}_rouge_l": r["rouge_l"], f"agent_{a}_semsim": r["semsim"],
+                  f"agent_{a}_bertscore_f1": r["bertscore_f1"], f"agent_{a}_baseline_rouge_l": r["baseline_rouge_l"],
+                  f"agent_{a}_baseline_semsim": r["baseline_semsim"], f"agent_{a}_n": r["n"],
+                  f"agent_{a}_learned": r["learned"]})
+    for k, r in results.items():
+        if k != main_name and "acc" in r:
+            m[f"acc_{k.replace('/', '_').replace(':', '_')}"] = r["acc"]
+    return {k: (float(v) if isinstance(v, (np.floating, float)) else v) for k, v in m.items()}

@@ -694,7 +694,7 @@ class Trainer:
     def _trainable_state(self) -> dict[str, Any]:
         return {n: p.detach().clone() for n, p in self.encoder.model.named_parameters() if p.requires_grad}
 
-    def _load_trainable(self, state: dict[str, Any]) -> None:
+    def load_trainable(self, state: dict[str, Any]) -> None:
         named = dict(self.encoder.model.named_parameters())
         with torch.no_grad():
             for n, v in state.items():
@@ -711,7 +711,7 @@ class Trainer:
 
     def _restore(self, ck: dict[str, Any]) -> None:
         self.model.load_state_dict(ck["model"])
-        self._load_trainable(ck["trainable"])
+        self.load_trainable(ck["trainable"])
         self.opt.load_state_dict(ck["opt"])
         self.sched.load_state_dict(ck["sched"])
         self.curve = list(ck["curve"])
@@ -770,7 +770,7 @@ class Trainer:
         best_epoch = len(self.curve)
         if cfg.restore_best and best_state is not None:
             self.model.load_state_dict(best_state[0])
-            self._load_trainable(best_state[1])
+            self.load_trainable(best_state[1])
             best_epoch = best_state[2]
         return {"best_val": best, "epochs_run": len(self.curve), "best_epoch": best_epoch}
 

@@ -14,7 +14,6 @@ from lib import artifacts, crosseval as ce
 def fake_artifacts(memeworld_small, tmp_path, monkeypatch):
     """A profile whose 00 holds a small MemeWorld and whose 02 / 04 / 05 hold hand-written predictions."""
     monkeypatch.setattr(artifacts, "ARTIFACTS_ROOT", tmp_path)
-    monkeypatch.setattr(ce, "stage_dir", artifacts.stage_dir)
     root, _ = memeworld_small
     mw = tmp_path / "p" / "00_data_prep" / "memeworld"
     mw.mkdir(parents=True)
@@ -100,3 +99,15 @@ def test_hvli_samples_map_to_fhm_memes_by_image_name(tmp_path):
     meth = {"frame": ce._frame([{"id": "h1", "label": 1, "prediction": 1, "score": np.nan},
                                 {"id": "h2", "label": 0, "prediction": 1, "score": np.nan}])}
     assert list(ce.rekey(meth, m)["frame"]["id"]) == ["42953"]
+
+
+def test_flip_rows_split_instruction_and_control_copies():
+    kind = {"a": "instruction", "b": "instruction", "c": "control"}
+    rows = ce.FlipRows(kind, n_resamples=200, seed=0)
+    rows.add("m", "fewshot", [1, 1, 1], [0, 1, 1], ["a", "b", "c"])
+    f = rows.frame().set_index("copies")
+    assert f.loc["instruction", "flip_rate"] == 0.5 and f.loc["instruction", "n_called_hateful"] == 2
+    assert f.loc["control", "flip_rate"] == 0.0 and set(f["mitigation"]) == {"none"}
+    assert ce.metric_key("TRACE memeworld-clip_cls_rel") == "trace_cls_rel"
+    assert ce.metric_key("few-shot memeworld-clip/4") == "fewshot_mwclip4"
+    assert ce.metric_key("debate arcade: rapid scan finds explicit cues") == "debate_arcade_rapid_scan_finds_explicit_cues"

@@ -552,3 +552,17 @@ def test_a_checkpoint_holds_only_tensors_and_plain_values(tiny, tmp_path):
                 progress=False)
     ck = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
     assert ck["version"] == 2 and isinstance(ck["rng"]["numpy"][1], list)
+
+
+def test_ablation_variants_name_every_run_and_its_folder_tag():
+    from lib.trace_report import ablation_variants, predictions_file
+    v = ablation_variants(["cls+rel", "all"], ["text"], {"cls+con (cos/0.07)": {"loss_config": "cls+con"}},
+                          ["enc-a", "enc-b"])
+    assert list(v) == ["cls+rel", "all", "text_only", "cls+con (cos/0.07)", "cls+rel@enc-b"]
+    assert v["text_only"] == ("enc-a", {"loss_config": "cls+rel", "modality": "text"}, "")
+    assert v["cls+con (cos/0.07)"] == ("enc-a", {"loss_config": "cls+con"}, "cos_0_07")   # the extra's own loss wins
+    assert v["cls+rel@enc-b"] == ("enc-b", {"loss_config": "cls+rel"}, "")
+    # the file names notebook 06 and the README know
+    assert predictions_file("cls+rel") == "predictions_cls_rel.csv"
+    assert predictions_file("cls+con (cos/0.07)", "cos_0_07") == "predictions_cls_con_cos_0_07.csv"
+    assert predictions_file("cls+rel@enc-b") == "predictions_cls_rel_enc-b.csv"
