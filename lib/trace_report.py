@@ -264,16 +264,19 @@ def run_variants(jobs: Sequence[tuple[Any, str, TrainConfig]], src, columns: Seq
             for _ in tqdm(ex.map(_worker_run, todo), total=len(todo), desc="TRACE runs", disable=not progress):
                 pass
     caches: dict[Any, FeatureCache] = {}
-
-    def make_cache_for(backbone, cfg):
-        def make(enc):
-            key = (backbone, lowest_layer(enc, cfg.unfreeze_text_layers))
-            if key not in caches:
-                caches[key] = FeatureCache(enc, data, lowest_unfrozen=key[1], progress=False)
-            return caches[key]
-        return make
-    return [run_variant(d, data, b, c, lambda b=b: load_encoder(b, device=device), make_cache_for(b, c), progress=False)
+    return [run_variant(d, data, b, c, lambda b=b: load_encoder(b, device=device),
+                        lambda enc, b=b, c=c: shared_cache(caches, data, b, c, enc), progress=False)
             for d, b, c in jobs]
+
+
+def shared_cache(caches: dict[Any, FeatureCache], data: MemeBatchData, backbone: str, cfg: TrainConfig,
+                 encoder) -> FeatureCache:
+    """The feature cache runs of one backbone and lowest unfrozen layer share, built once from a
+    fresh (untrained) encoder and kept in `caches`."""
+    key = (backbone, lowest_layer(encoder, cfg.unfreeze_text_layers))
+    if key not in caches:
+        caches[key] = FeatureCache(encoder, data, lowest_unfrozen=key[1], progress=False)
+    return caches[key]
 
 
 def load_trained(run_dir, data: MemeBatchData, make_encoder) -> tuple["Trainer", float]:
@@ -386,10 +389,7 @@ class TraceRuns:
         return run_config(self.section, backbone, self.dataset, **overrides)[1]
 
     def cache_for(self, backbone: str, cfg: TrainConfig, encoder) -> FeatureCache:
-        key = (backbone, lowest_layer(encoder, cfg.unfreeze_text_layers))
-        if key not in self.caches:
-            self.caches[key] = FeatureCache(encoder, self.data, lowest_unfrozen=key[1], progress=False)
-        return self.caches[key]
+        return shared_cache(self.caches, self.data, backbone, cfg, encoder)
 
     def job(self, backbone: str | None = None, overrides: dict[str, Any] | None = None,
             tag: str = "") -> tuple[Path, str, TrainConfig]:
@@ -429,9 +429,9 @@ def ablation_variants(loss_configs: Sequence[str], baselines: Sequence[str], ext
     return out
 
 
-def predictions_file(name: str, tag: str = "", prefix: str = "predictions_") -> str:
+def predictions_file(name: str, tag: str = "") -> str:
     """The csv a variant's predictions are written to (notebook 06 reads them by this name)."""
-    return f"{prefix}{name.split(' ')[0].replace('+', '_').replace('@', '_')}{'_' + tag if tag else ''}.csv"
+    return f"predictions_{name.split(' ')[0].replace('+', '_').replace('@', '_')}{'_' + tag if tag else ''}.csv"
 
 
 def run_summary(name: str, r: dict[str, Any], split: str = "test_seen") -> str:
