@@ -47,6 +47,19 @@ from lib.nli import nli_entailment  # noqa: F401  (SeeTRUE's scorer; public here
 
 PUNCT = {".", ","}
 WORD_RE = CAPTION_WORD_RE          # the same split the benchmark loaders locate words with
+#: function words: a FOIL foil word is always a content word (a noun swapped for another), so the
+#: chance of a localiser that knows only that is 1 / the caption's content words, not 1 / its words
+CLOSED_CLASS_WORDS = frozenset("""a an the this that these those some any each every no another other its their his her
+our your my of in on at to for from with without by about above below under over into onto near beside behind
+between among through across along around up down out off next and or but nor so yet while as than then there
+here is are was were be been being am has have had do does did can could will would shall should may might must
+it they them he she we you i who whom whose which what where when one two three four five several many few more
+most very too also not just only all both either neither""".split())
+
+
+def content_words(words: Sequence[str]) -> list[str]:
+    """The words of a caption that are neither punctuation nor closed-class (CLOSED_CLASS_WORDS)."""
+    return [w for w in words if w not in PUNCT and w.lower().strip(".,") not in CLOSED_CLASS_WORDS]
 
 
 def words_with_spans(text: str) -> list[tuple[str, int, int]]:
@@ -324,15 +337,18 @@ def evaluate_foil(results: Sequence[dict[str, Any]], records) -> dict[str, float
     the official string comparison; `n_repeated_foil_word` = foil captions where the foil word's
     string occurs more than once (where the two can differ); AP with the original caption as the
     positive class by CLIPScore, by the sum of negative attributions and by F-CLIPScore;
-    LA chance = 1 / mean number of caption words."""
+    LA chance = the mean of 1 / caption words (a uniform guess), `la_chance_content` = the mean of
+    1 / content words (a guess among the words a foil can replace: the honest chance line)."""
     foil = [(r, rec) for r, rec in zip(results, records) if rec.is_foil]
     la = position_accuracy([r for r, _ in foil], [rec.misaligned_positions for _, rec in foil])
     la_s = localization_accuracy([r for r, _ in foil], [rec.misaligned_words[0] for _, rec in foil])
     rep = sum(sum(_norm(w) == _norm(rec.misaligned_words[0]) for w in caption_words(rec.caption)) > 1 for _, rec in foil)
     n_words = [len([w for w, _ in _all_words(r)[0] if w not in PUNCT]) for r, _ in foil]
+    n_content = [len(content_words([w for w, _ in _all_words(r)[0]])) for r, _ in foil]
     orig = [not rec.is_foil for rec in records]
     return {"la": la, "la_official_string": la_s, "n_repeated_foil_word": int(rep),
             "la_chance": float(np.mean([1.0 / max(1, n) for n in n_words])) if n_words else float("nan"),
+            "la_chance_content": float(np.mean([1.0 / max(1, n) for n in n_content])) if n_content else float("nan"),
             "ap_clipscore": average_precision([r["clip_score"] for r in results], orig),
             "ap_neg_attribution": average_precision([r["sum_negative_attribution"] for r in results], orig),
             "ap_fclipscore": average_precision([f_clipscore(r) for r in results], orig),

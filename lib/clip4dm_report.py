@@ -25,8 +25,8 @@ from lib import clip4dm, datasets as dsets
 from lib.artifacts import write_text
 from lib.presets import resolve_model_path
 
-FOIL_KEYS = ("la", "la_official_string", "n_repeated_foil_word", "la_chance", "ap_clipscore", "ap_neg_attribution",
-             "ap_fclipscore", "ap_chance", "n_pairs")
+FOIL_KEYS = ("la", "la_official_string", "n_repeated_foil_word", "la_chance", "la_chance_content", "ap_clipscore",
+             "ap_neg_attribution", "ap_fclipscore", "ap_chance", "n_pairs")
 
 #: the paper's tables (REFERENCE.md §2): FOIL and nocaps-FOIL LA / AP per backbone preset
 PAPER_ROWS: dict[str, dict[str, float]] = {
@@ -148,9 +148,17 @@ def score_foil(run: EncoderRun, data: dict[str, Any]) -> None:
         run.ablation = abl
 
 
-def choose_epsilon(run: EncoderRun, val_recs: Sequence[Any], grid: Sequence[float]) -> float:
-    """The grid value with the best word-level F1 on the validation copy (never on test); the
-    run's configured epsilon when there is no validation copy. Writes epsilon_sweep.csv."""
+#: validation word-F1 within this of the best counts as a tie (the grid's F1 moves by less between neighbours)
+EPSILON_TIE = 0.01
+
+
+def choose_epsilon(run: EncoderRun, val_recs: Sequence[Any], grid: Sequence[float], tie: float = EPSILON_TIE) -> float:
+    """Epsilon on the validation copy (never on test): among the grid values whose word-level F1 is
+    within `tie` of the best, the one that abstains least (the smallest share of misaligned
+    validation captions with no word below epsilon), then the best F1. A bare arg-max of F1 on a
+    near tie can pick a threshold so strict that a benchmark scored by its phrases (SeeTRUE) gets
+    no phrase for most captions. The run's configured epsilon when there is no validation copy.
+    Writes epsilon_sweep.csv (every grid value, the tie band and the choice)."""
     if not val_recs:
         run.epsilon_chosen = run.epsilon
         run.metrics["epsilon_chosen"] = run.epsilon
@@ -158,22 +166,38 @@ def choose_epsilon(run: EncoderRun, val_recs: Sequence[Any], grid: Sequence[floa
     as_richhf = [dsets.AlignmentRecord(r.id, r.img_path, r.caption, r.misaligned_words,
                                        misaligned_positions=r.misaligned_positions, score=float(r.is_foil))
                  for r in val_recs]
+    misaligned = [k for k, r in enumerate(val_recs) if r.misaligned_words]
     sweep = []
     for eps in grid:
         rv = run.results("hat_val", "threshold", eps)
         h = clip4dm.evaluate_hat(rv, val_recs, eps)
         tok = clip4dm.evaluate_richhf(rv, as_richhf, eps)
-        share = np.mean([len([w for w, s in x["word_attributions"] if s < eps]) / max(1, len(x["word_attributions"]))
-                         for x in rv])
+        kept = [len([w for w, s in x["word_attributions"] if s < eps]) for x in rv]
+        share = np.mean([k / max(1, len(x["word_attributions"])) for k, x in zip(kept, rv)])
+        abstain = float(np.mean([kept[k] == 0 for k in misaligned])) if misaligned else float("nan")
         sweep.append({"epsilon": eps, "word_f1": tok["richhf_f1"], "word_precision": tok["richhf_precision"],
-                      "word_recall": tok["richhf_recall"], "hat_la": h["hat_la"], "share_of_words_kept": share})
-    sweep = pd.DataFrame(sweep)
-    chosen = float(sweep.loc[sweep["word_f1"].idxmax(), "epsilon"])
-    sweep["chosen"] = sweep["epsilon"] == chosen
+                      "word_recall": tok["richhf_recall"], "hat_la": h["hat_la"], "share_of_words_kept": share,
+                      "share_abstaining": abstain})
+    sweep = pick_epsilon(pd.DataFrame(sweep), tie)
+    chosen = float(sweep.loc[sweep["chosen"], "epsilon"].iloc[0])
     write_text(run.out_dir / "epsilon_sweep.csv", sweep.to_csv(index=False))
     run.sweep, run.epsilon_chosen = sweep, chosen
-    run.metrics["epsilon_chosen"] = chosen
+    row = sweep[sweep["chosen"]].iloc[0]
+    run.metrics.update({"epsilon_chosen": chosen, "epsilon_val_share_abstaining": float(row["share_abstaining"]),
+                        "epsilon_val_word_f1": float(row["word_f1"])})
     return chosen
+
+
+def pick_epsilon(sweep: pd.DataFrame, tie: float = EPSILON_TIE) -> pd.DataFrame:
+    """The rule of choose_epsilon on a sweep (epsilon, word_f1, share_abstaining): marks
+    `within_tie` (F1 within `tie` of the best) and `chosen` (the least abstaining in that band,
+    then the best F1)."""
+    sweep = sweep.copy()
+    sweep["within_tie"] = sweep["word_f1"] >= sweep["word_f1"].max() - tie
+    band = sweep[sweep["within_tie"]].sort_values(["share_abstaining", "word_f1"], ascending=[True, False],
+                                                  na_position="last")
+    sweep["chosen"] = sweep.index == band.index[0]
+    return sweep
 
 
 def score_threshold_benchmarks(run: EncoderRun, data: dict[str, Any], nli_model=None, device: str | None = None) -> None:
@@ -207,9 +231,6 @@ def score_threshold_benchmarks(run: EncoderRun, data: dict[str, Any], nli_model=
     run.threshold_table = pd.DataFrame(rows).set_index("benchmark").T if rows else None
 
 
-CAPTION_FUNCTION_WORDS = {"a", "an", "and", "on", "the", "in", "of", ",", "."}
-
-
 def seetrue_controls(records: Sequence[Any], nli_model, device: str | None = None, seed: int = 0) -> dict[str, float]:
     """Where SeeTRUE's NLI score can lie with this NLI model: the annotation scored against itself
     (`seetrue_nli_oracle`, a perfect localiser) and one random content word of the caption per
@@ -220,7 +241,7 @@ def seetrue_controls(records: Sequence[Any], nli_model, device: str | None = Non
     rng = np.random.default_rng(seed)
     guess = []
     for r in recs:
-        words = [w.strip(",.") for w in r.caption.split() if w.strip(",.").lower() not in CAPTION_FUNCTION_WORDS]
+        words = [w.strip(",.") for w in clip4dm.content_words(r.caption.split())]
         guess.append(words[rng.integers(len(words))] if words else "")
     prem = [r.misaligned_words[0] for r in recs]
     return {"seetrue_nli_oracle": float(np.mean(clip4dm.nli_entailment(prem, prem, nli_model, device))),

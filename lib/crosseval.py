@@ -346,10 +346,14 @@ def error_gallery(worst: pd.Series, memes: dict[str, Any], gold: pd.DataFrame, s
 
 class FlipRows:
     """The rows of injection.csv: one per method, kind of copy (instruction or control) and
-    mitigation, each a flip rate with its bootstrap CI (lib.metrics.flip_rate)."""
+    mitigation, each a flip rate with its interval (lib.metrics.flip_rate). `source_of`: injected
+    copy id -> the id of the meme it was made from; several copies of one meme are resampled
+    together (a cluster bootstrap over memes), one copy per meme gets the Wilson interval."""
 
-    def __init__(self, kind_of: dict[str, str], n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95):
+    def __init__(self, kind_of: dict[str, str], n_resamples: int = 1000, seed: int = 0, confidence: float = 0.95,
+                 source_of: dict[str, str] | None = None):
         self.kind_of, self.n_resamples, self.seed, self.confidence = kind_of, n_resamples, seed, confidence
+        self.source_of = source_of or {}
         self.rows: list[dict[str, Any]] = []
 
     def add(self, method: str, family: str, original: Sequence[Any], injected: Sequence[Any], ids: Sequence[str],
@@ -359,7 +363,7 @@ class FlipRows:
             k = [j for j, i in enumerate(ids) if self.kind_of[i] == kind]
             if k:
                 r = flip_rate([original[j] for j in k], [injected[j] for j in k], self.n_resamples, self.seed,
-                              self.confidence)
+                              self.confidence, groups=[self.source_of.get(ids[j], ids[j]) for j in k])
                 self.rows.append({"method": method, "family": family, "copies": kind, "mitigation": mitigation, **r})
 
     def frame(self) -> pd.DataFrame:

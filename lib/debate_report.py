@@ -18,6 +18,7 @@ import numpy as np
 from lib.artifacts import write_json, write_text
 from lib.debate import (DIFFICULTY, LABELS, TYPES, CallTrace, Court, CourtConfig, SampleResult, cost_summary, evaluate,
                         report_text)
+from lib.metrics import interval_keys
 
 
 def run_variant(chat, samples: Sequence[Any], cfg: CourtConfig, out_dir: Path, name: str, model: str,
@@ -186,6 +187,9 @@ def stage_metrics(runs: dict[str, dict[str, Any]], majority_acc: float, rerun_ca
               "direct_acc": direct["corrected"]["acc"] if direct else float("nan"),
               "direct_acc_official": direct["official"]["acc"] if direct else float("nan"),
               "majority_acc": majority_acc})
+    m.update(interval_keys("acc", c["acc"], c["n"]))                  # Wilson: n is tens of posts
+    if direct:
+        m.update(interval_keys("direct_acc", direct["corrected"]["acc"], direct["corrected"]["n"]))
     m.update({k: cost[k] for k in ("calls_per_sample", "calls_per_sample_track1", "calls_per_sample_track2",
                                    "share_track1", "share_track2", "share_dismissal", "gate_call_saving",
                                    "tokens_per_sample")})

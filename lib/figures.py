@@ -268,8 +268,13 @@ def draw_clip4dm_epsilon_sweep(profile: str):
     chosen = float(sweep.loc[sweep["chosen"].astype(bool), "epsilon"].iloc[0])
     encoder = (load_profile(profile).get("03_clip4dm", {}).get("encoders") or ["encoder"])[0]
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    for col in ("word_f1", "word_precision", "word_recall", "hat_la", "share_of_words_kept"):
-        ax.plot(-sweep["epsilon"], sweep[col], marker="o", ms=3, label=col)
+    for col in ("word_f1", "word_precision", "word_recall", "hat_la", "share_of_words_kept", "share_abstaining"):
+        if col in sweep:
+            ax.plot(-sweep["epsilon"], sweep[col], marker="o", ms=3, label=col,
+                    ls="--" if col == "share_abstaining" else "-")
+    if "within_tie" in sweep:
+        band = -sweep.loc[sweep["within_tie"].astype(bool), "epsilon"]
+        ax.axvspan(band.min(), band.max(), color="grey", alpha=0.15, label="word F1 within the tie of the best")
     ax.axvline(-chosen, color="k", ls="--", lw=0.8, label=f"chosen {chosen:g}")
     ax.axvline(5e-5, color="grey", ls=":", lw=0.8, label="paper -5e-5")
     ax.set(xscale="log", xlabel="-epsilon (words scoring below epsilon are flagged)", ylabel="on hat_val (dev memes)",
@@ -315,7 +320,10 @@ def draw_clip4dm_nocaps_domains(profile: str):
         xs = np.arange(len(t)) + (k - (len(cols) - 1) / 2) * w
         ax.bar(xs, t[c], width=w, color=_tab10(k), label=name)
         if c == "la":
-            ax.scatter(xs, t["la_chance"], marker="_", s=120, color="k", zorder=3, label="LA chance")
+            ax.scatter(xs, t["la_chance"], marker="_", s=120, color="k", zorder=3, label="LA chance (any word)")
+            if "la_chance_content" in t:
+                ax.scatter(xs, t["la_chance_content"], marker="_", s=120, color="tab:red", zorder=3,
+                           label="LA chance (content words)")
     ax.axhline(0.5, color="grey", ls=":", lw=0.8, label="AP chance")
     ax.set_xticks(range(len(t)), labels, fontsize=8)
     ax.set(ylim=(0, 1.02), ylabel="share / AP",

@@ -355,7 +355,7 @@ SCHEMAS: dict[str, dict[str, Rule]] = {
     },
     "06_evaluation": {
         "trace_dataset": Choice("fhm", "multioff"), "n_resamples": Range(100, integer=True),
-        "ci_method": Choice("percentile", "BCa", "basic"), "confidence": Range(0.5, 0.999),
+        "ci_method": Choice("percentile", "BCa", "basic", "wilson", "exact"), "confidence": Range(0.5, 0.999),
         "alpha": Range(0.0001, 0.5), "correction": Choice("holm", "bonferroni", "fdr_bh", "holm-sidak", "sidak"),
         "injection": Struct({"n_llm": NONNEG, "n_trace": NONNEG, "phrasings": ListOf(Lazy(_phrasing), 1),
                              "control": Opt(Lazy(_control)), "llm_per_meme": Choice("one", "all"),

@@ -23,7 +23,7 @@ from lib.agents import (AGENTS, LABEL_WORDS, AgentExample, AgentRecipe, agent_ch
 from lib.artifacts import require, stage_dir, write_bytes, write_json, write_text
 from lib.chat import ResponseCache, default_cache_path
 from lib.data_prep import load_prepared
-from lib.metrics import mean_ci
+from lib.metrics import interval_keys, mean_ci
 from lib.sei import Meme, Prediction, subgroup
 from lib.textmetrics import pair_semsim, score_texts, token_count, type_token_ratio, unigram_perplexity, vader_label
 
@@ -558,6 +558,10 @@ def stage_metrics(results: dict[str, dict[str, Any]], row, main_name: str, major
         "few_shot_wall_s": float(sum(r.get("wall_s", 0) for r in results.values())),
         "few_shot_model_latency_s": float(sum(r.get("model_latency_s", 0) for r in results.values())),
         "rerun_calls": rerun_calls}
+    for key, name in (("acc", main_name), ("acc_zero_shot", "zero_shot"), ("acc_random_exemplars", "random_4"),
+                      ("acc_shuffled_labels", "shuffled_labels_4"), ("acc_structured", "structured_4"),
+                      ("acc_knn_vote", "knn_vote")):
+        m.update(interval_keys(key, m[key], row(name).get("n")))          # Wilson: n is tens of memes
     if "type_agreement" in retrieval:
         m["retrieval_type_agreement"] = float(q["type_agreement"].iloc[0])
         m["retrieval_type_base_rate"] = float(q["type_base_rate"].iloc[0])

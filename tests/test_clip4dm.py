@@ -174,6 +174,9 @@ def test_foil_metrics_on_known_results():
     assert m["la"] == pytest.approx(1 / 3) and m["la_official_string"] == pytest.approx(2 / 3)
     assert m["n_repeated_foil_word"] == 1 and m["n_foil"] == 3
     assert m["ap_clipscore"] == 1.0
+    # chance: any word 1/3, 1/3, 1/7; content words only (the foil is always one): 1/2, 1/2, 1/4
+    assert m["la_chance"] == pytest.approx((1 / 3 + 1 / 3 + 1 / 7) / 3)
+    assert m["la_chance_content"] == pytest.approx((1 / 2 + 1 / 2 + 1 / 4) / 3)
     assert localization_accuracy([{"negative_word": ""}], ["dog"]) == 0.0
     assert average_precision([0.1, 0.9], [False, True]) == 1.0
 
@@ -352,6 +355,7 @@ def test_several_encoders_write_their_own_files_and_sit_side_by_side(memeworld_s
     second its folder; neither overwrites the other, and the side-by-side table and the keyed
     metrics name each encoder (the paper's row appears under a backbone the paper reports)."""
     import pandas as pd
+
     from lib import clip4dm_report as c4r
     from lib.data_prep import load_all
     root, _ = memeworld_small
@@ -387,6 +391,7 @@ def test_nocaps_domains_and_the_hard_negative_ablation(memeworld_small, tiny_cli
     domain's pairs alone), and the hard-negative ablation scores each named model on FOIL and nocaps
     into its own folder, the main model's rows beside them."""
     import pandas as pd
+
     from lib import clip4dm_report as c4r
     from lib.data_prep import load_all
     root, _ = memeworld_small
@@ -441,3 +446,22 @@ def test_tokenising_several_passes_at_once_changes_nothing(tiny_clip_dir):
         assert a["negative_word"] == b["negative_word"]
         np.testing.assert_allclose([s for _, s in a["word_attributions"]], [s for _, s in b["word_attributions"]],
                                    atol=1e-6)
+
+
+def test_content_words_drop_punctuation_and_closed_class_words():
+    from lib.clip4dm import content_words
+    assert content_words(["A", "dog", "is", "on", "the", "red", "sofa", ",", "near", "two", "cats", "."]) == \
+        ["dog", "red", "sofa", "cats"]
+
+
+def test_epsilon_rule_prefers_the_least_abstaining_threshold_among_near_ties():
+    import pandas as pd
+
+    from lib.clip4dm_report import pick_epsilon
+    sweep = pd.DataFrame({"epsilon": [-1e-5, -1e-4, -1e-3, -1e-2], "word_f1": [0.40, 0.47, 0.475, 0.30],
+                          "share_abstaining": [0.05, 0.10, 0.64, 0.90]})
+    picked = pick_epsilon(sweep, tie=0.01)
+    assert picked.loc[picked.chosen, "epsilon"].item() == -1e-4        # the arg-max (-1e-3) abstains on 64%
+    assert list(picked.within_tie) == [False, True, True, False]
+    strict = pick_epsilon(sweep, tie=0.0)
+    assert strict.loc[strict.chosen, "epsilon"].item() == -1e-3        # tie 0: the plain arg-max of F1

@@ -108,6 +108,12 @@ def test_flip_rows_split_instruction_and_control_copies():
     f = rows.frame().set_index("copies")
     assert f.loc["instruction", "flip_rate"] == 0.5 and f.loc["instruction", "n_called_hateful"] == 2
     assert f.loc["control", "flip_rate"] == 0.0 and set(f["mitigation"]) == {"none"}
+    assert f.loc["instruction", "ci"] == "wilson"                      # one copy per meme
+    grouped = ce.FlipRows({f"c{k}": "instruction" for k in range(4)}, n_resamples=200, seed=0,
+                          source_of={"c0": "m1", "c1": "m1", "c2": "m2", "c3": "m2"})
+    grouped.add("m", "trace", [1, 1, 1, 1], [0, 0, 1, 1], ["c0", "c1", "c2", "c3"])
+    g = grouped.frame().iloc[0]
+    assert g["ci"] == "cluster" and g["n_memes_called_hateful"] == 2 and (g["ci_low"], g["ci_high"]) == (0.0, 1.0)
     assert ce.metric_key("TRACE memeworld-clip_cls_rel") == "trace_cls_rel"
     assert ce.metric_key("few-shot memeworld-clip/4") == "fewshot_mwclip4"
     assert ce.metric_key("debate arcade: rapid scan finds explicit cues") == "debate_arcade_rapid_scan_finds_explicit_cues"

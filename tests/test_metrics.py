@@ -147,3 +147,55 @@ def test_one_strict_json_reader_for_answers_and_files():
         with pytest.raises(DataError, match=f"data/x.json record 3: .*{why}"):
             loads_strict(bad, "data/x.json record 3", DataError)
     assert loads_strict('{"a": [1, 2.5, null]}') == {"a": [1, 2.5, None]}
+
+
+def test_proportion_ci_is_honest_at_small_n():
+    from lib.metrics import proportion_ci
+    v, lo, hi = proportion_ci(2, 2)                        # a bootstrap of two memes says [1, 1]
+    assert v == 1.0 and hi == 1.0 and lo < 0.5
+    v, lo, hi = proportion_ci(0, 5, method="exact")       # Clopper-Pearson: 1 - 0.025 ** (1 / 5)
+    assert v == 0.0 and lo == 0.0 and hi == pytest.approx(1 - 0.025 ** 0.2)
+    _, lo_w, hi_w = proportion_ci(48, 96)
+    assert 0.39 < lo_w < 0.41 and 0.59 < hi_w < 0.61       # n = 96: about +-0.1, the size the samples aim at
+    assert all(x != x for x in proportion_ci(0, 0))
+    with pytest.raises(ValueError, match="method"):
+        proportion_ci(1, 2, method="normal")
+    with pytest.raises(ValueError, match="successes"):
+        proportion_ci(3, 2)
+
+
+def test_flip_rate_resamples_memes_not_copies():
+    from lib.metrics import flip_rate
+    orig, inj = [1] * 8, [0, 0, 0, 0, 1, 1, 1, 1]          # meme a's four copies all flip, meme b's none do
+    one = flip_rate(orig, inj, n_resamples=500)            # eight independent memes: a narrow Wilson interval
+    clustered = flip_rate(orig, inj, n_resamples=500, groups=list("aaaabbbb"))
+    assert one["ci"] == "wilson" and clustered["ci"] == "cluster"
+    assert one["flip_rate"] == clustered["flip_rate"] == 0.5 and clustered["n_memes_called_hateful"] == 2
+    assert clustered["ci_low"] == 0.0 and clustered["ci_high"] == 1.0    # two memes: anything from none to all
+    assert one["ci_high"] - one["ci_low"] < 0.7
+    tiny = flip_rate([1, 1], [0, 0])
+    assert tiny["flip_rate"] == 1.0 and tiny["ci_low"] < 0.5                # never 1.000 [1.000, 1.000] on 2 memes
+    with pytest.raises(ValueError, match="groups"):
+        flip_rate([1, 1], [0, 0], groups=["a"])
+
+
+def test_cluster_ratio_ci_counts_each_group_once():
+    from lib.metrics import cluster_ratio_ci
+    v, lo, hi = cluster_ratio_ci([1, 1, 0, 0, 1, 0], [1] * 6, list("aabbcc"), n_resamples=2000, seed=1)
+    assert v == 0.5 and 0.0 <= lo <= 0.5 <= hi <= 1.0
+    v2, lo2, hi2 = cluster_ratio_ci([1, 1, 0, 0, 1, 0], [1] * 6, list("abcdef"), n_resamples=2000, seed=1)
+    assert v2 == v and (hi2 - lo2) <= (hi - lo)            # six independent items are more evidence than three pairs
+    assert cluster_ratio_ci([1], [1], ["a"])[1] != cluster_ratio_ci([1], [1], ["a"])[1]   # one group: no interval
+
+
+def test_metric_rows_wilson_interval_for_accuracy_and_bootstrap_for_the_rest():
+    import pandas as pd
+    from lib.metrics import interval_keys, metric_rows, proportion_ci
+    f = pd.DataFrame({"id": list("abcdef"), "label": [1, 0, 1, 0, 1, 0], "prediction": [1, 0, 0, 0, 1, 1],
+                      "score": [0.9, 0.1, 0.4, 0.2, 0.8, 0.6]})
+    rows = {r["metric"]: r for r in metric_rows(f, "m", {"all": np.ones(6, bool)}, method_ci="wilson", n_resamples=200)}
+    assert rows["accuracy"]["ci"] == "wilson" and rows["macro_f1"]["ci"] == "percentile"
+    assert (rows["accuracy"]["ci_low"], rows["accuracy"]["ci_high"]) == pytest.approx(proportion_ci(4, 6)[1:])
+    k = interval_keys("acc", 4 / 6, 6)
+    assert set(k) == {"acc_ci_low", "acc_ci_high"} and k["acc_ci_low"] == rows["accuracy"]["ci_low"]
+    assert interval_keys("acc", None, 6) == {} and interval_keys("acc", 0.5, 0) == {}

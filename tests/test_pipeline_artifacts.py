@@ -58,11 +58,14 @@ def test_embedded_models_load_through_their_presets():
 
 
 def test_clip4dm_headline_numbers():
+    import pandas as pd
     m = _metrics("03_clip4dm")
     for k in ("la", "la_official_string", "ap_clipscore", "ap_neg_attribution", "ap_fclipscore", "pairs_per_s_batched",
               "pairs_per_s_single", "epsilon_chosen", "hat_la", "hat_la_position_exact", "richhf_spearman_neg_attribution"):
         assert k in m
     assert m["la"] > 3 * m["la_chance"]                    # clearly above chance
+    # a foil is always a content word: guessing among those is the honest chance line, and higher
+    assert m["la_chance_content"] > m["la_chance"]
     # position-exact LA never credits the unchanged copy of a repeated foil word
     assert m["n_repeated_foil_word"] > 0 and m["la"] <= m["la_official_string"]
     assert m["hat_la_position_exact"] <= m["hat_la"] + 1e-9
@@ -70,6 +73,11 @@ def test_clip4dm_headline_numbers():
     from lib.params import load_profile
     grid = load_profile("embedded")["03_clip4dm"]["epsilon_grid"]
     assert m["epsilon_chosen"] in grid
+    sweep = pd.read_csv(EMB / "03_clip4dm" / "epsilon_sweep.csv")
+    band = sweep[sweep.within_tie]
+    assert set(band.epsilon) >= {m["epsilon_chosen"]} and sweep.chosen.sum() == 1
+    # the rule: the least abstaining threshold among the near-ties of the best validation word-F1
+    assert m["epsilon_val_share_abstaining"] == pytest.approx(band.share_abstaining.min())
     # RichHF is graded now: more negative attribution goes with more misaligned words
     assert m["richhf_spearman_neg_attribution"] > 0.05
     # batched attribution is several times faster per pair, both from PIL images; measured 4.8x
@@ -85,7 +93,6 @@ def test_clip4dm_headline_numbers():
     assert 0.5 < m["ap_clipscore"] <= 1.0
     for b in ("foil", "nocaps_foil", "hat", "richhf", "seetrue"):
         assert (EMB / "03_clip4dm" / f"results_{b}.csv").exists(), b
-    import pandas as pd
     by_enc = pd.read_csv(EMB / "03_clip4dm" / "by_encoder.csv")
     assert list(by_enc.encoder) == load_profile("embedded")["03_clip4dm"]["encoders"]
     assert by_enc["FOIL LA"].iloc[0] == pytest.approx(m["la"])
@@ -250,6 +257,8 @@ def test_debate_notebook_outputs():
               "n_unparseable", "rerun_calls"):
         assert k in m, k
     assert m["rerun_calls"] == 0                       # replayed from the response cache
+    for k in ("acc", "direct_acc"):                    # Wilson intervals: the sample is tens of posts
+        assert m[f"{k}_ci_low"] <= m[k] <= m[f"{k}_ci_high"] and m[f"{k}_ci_high"] - m[f"{k}_ci_low"] > 0
     out = EMB / "05_debate"
     res = results_from_jsonl(out / "results_arcade.jsonl")
     assert len(res) == m["n_eval"] and evaluate(res)["acc"] == pytest.approx(m["acc"])
@@ -276,6 +285,8 @@ def test_few_shot_notebook_outputs():
             assert f"agent_{a}_{k}" in m
         assert (EMB / "04_few_shot" / "agents" / a / "config.json").exists()
     assert m["rerun_calls"] == 0
+    for k in ("acc", "acc_zero_shot", "acc_random_exemplars"):     # Wilson intervals beside each accuracy
+        assert m[f"{k}_ci_low"] <= m[k] <= m[f"{k}_ci_high"]
     out = EMB / "04_few_shot"
     rows = [json.loads(l) for l in (out / "predictions_fhm.jsonl").read_text().splitlines()]
     main = [r for r in rows if r["setting"] == "memeworld-clip/4"]
@@ -325,6 +336,11 @@ def test_evaluation_notebook_outputs():
     assert {"instruction", "control"} <= set(fl.copies)
     io = fl[(fl.method == "TRACE memeworld-clip_image_only [OCR text only]") & (fl.copies == "instruction")]
     assert len(io) == 1 and io.flip_rate.iloc[0] == 0.0
+    # several copies of one meme are one cluster: TRACE's rows resample memes, one-copy rows use Wilson
+    trace_rows = fl[fl.method.str.startswith("TRACE") & fl.flip_rate.notna() & (fl.copies == "instruction")]
+    assert (trace_rows.ci == "cluster").all() and (trace_rows.n_memes_called_hateful < trace_rows.n_called_hateful).all()
+    llm_rows = fl[~fl.method.str.startswith("TRACE") & fl.flip_rate.notna()]
+    assert (llm_rows.ci == "wilson").all()
     back = datasets.load("injection", out / "injection" / "llm").records
     assert len(back) == m["n_injected_llm"] and all(r.label == 1 for r in back)
     for name in ("evaluation_accuracy_forest", "evaluation_per_type", "evaluation_mcnemar", "evaluation_injection",
