@@ -309,11 +309,11 @@ SCHEMAS: dict[str, dict[str, Rule]] = {
         "backbones": ListOf(ENC, 1), "recipes": MapOf(ENC, Lazy(_trace_recipe)),
         "caption_columns": ListOf(Type(str)), "unfreeze_text_layers": ListOf(Type(int), 1),
         "loss_configs": ListOf(Lazy(lambda: Choice(*__import__("lib.trace", fromlist=["LOSS_CONFIGS"]).LOSS_CONFIGS))),
-        "baselines": ListOf(Choice("text", "caption", "image")), "multioff": Opt(Lazy(lambda: _trace_recipe(with_backbone=True))),
+        "baselines": ListOf(Choice("text", "caption", "image", "image_text")), "multioff": Opt(Lazy(lambda: _trace_recipe(with_backbone=True))),
         "method": Lazy(_trace_recipe), "max_memes": NONNEG, "extra_variants": MapOf(Type(str), Lazy(_trace_recipe)),
         "lr": Range(0, 1), "epochs": POS, "batch_size": POS, "grad_accum": POS, "patience": POS,
         "lora_rank": NONNEG, "hidden": POS, "device": Opt(Type(str)), "train_workers": POS,
-        "seeds": ListOf(NONNEG), "seed_variants": ListOf(Choice("cls+rel", "cls+con", "all")),
+        "seeds": ListOf(NONNEG), "seed_variants": ListOf(Type(str)),   # run names; checked against the runs by seed_replicates
     },
     "03_clip4dm": {
         "encoders": ListOf(ENC, 1), "benchmarks": ListOf(DatasetName("alignment"), 1), "nli_model": Opt(Type(str)),

@@ -376,7 +376,8 @@ class TrainConfig:
     behaviour except where marked "deliberate" (an improvement kept as the default, with the
     official behaviour one field away)."""
     loss_config: str = "cls+rel"          # cls+rel (default) | cls+con | all
-    modality: str = "both"                # both | text (meme text only) | caption (captions only) | image
+    modality: str = "both"                # both | text (meme text only) | caption (captions only) | image |
+                                          # image_text (image and meme text, no caption: what captions add)
     unfreeze_text_layers: tuple[int, ...] = (-1,)   # relative to the last text layer (-1 = last)
     lora_rank: int = 0                    # > 0: LoRA (peft) on the unfrozen layers' attention instead of full tuning
     hidden: int = 1024
@@ -442,13 +443,16 @@ class TrainConfig:
             raise ValueError("TrainConfig.scorer_dropout takes three rates (first block, middle blocks, last block)")
 
 
-MODALITIES = ("both", "text", "caption", "image")
+MODALITIES = ("both", "text", "caption", "image", "image_text")
+
+
 #: the candidate columns each modality may select ("text" is the meme text)
 def allowed_columns(columns: Sequence[str], modality: str) -> list[bool]:
     """Which candidate columns a model of this modality may select: the text-only baseline reads
     only the meme text, the caption-only baseline only the captioners' columns (which describe the
-    image: not a text-only model), the others every column."""
-    if modality == "text":
+    image: not a text-only model), image_text the image and the meme text but no caption (the
+    default model minus its captions: the test of what captions add), the others every column."""
+    if modality in ("text", "image_text"):
         return [c == "text" for c in columns]
     if modality == "caption":
         return [c != "text" for c in columns]

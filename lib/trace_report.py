@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from lib import datasets
 from lib.artifacts import require, stage_dir, write_json, write_text
 from lib.encoders import load_encoder
-from lib.metrics import per_type_accuracy
+from lib.metrics import mcnemar, per_type_accuracy
 from lib.params import load_profile
 from lib.trace import (CACHE_DTYPES, LOSS_CONFIGS, MODALITIES, MULTIOFF_RECIPE, FeatureCache, MemeBatchData,
                        TrainConfig, Trainer, config_diff, load_checkpoint, unfrozen_layer_indices)
@@ -442,10 +442,27 @@ def run_summary(name: str, r: dict[str, Any], split: str = "test_seen") -> str:
             f"AUROC {ts['auroc']:.3f} | {r['seconds']:.0f}s")
 
 
+def seed_replicates(stage: "TraceRuns", variants: dict[str, tuple[str, dict[str, Any], str]],
+                    seed_variants: Sequence[str], seeds: Sequence[int]
+                    ) -> list[tuple[str, tuple[Path, str, TrainConfig]]]:
+    """(variant name, job) of every further seed of each of `seed_variants` (names of `variants`,
+    as ablation_variants gives them): the variant's overrides with another seed, in its own folder."""
+    unknown = [v for v in seed_variants if v not in variants]
+    if unknown:
+        raise ValueError(f"seed_variants {unknown} are not among the runs {sorted(variants)}")
+    out = []
+    for v in seed_variants:
+        backbone, over, tag = variants[v]
+        out += [(v, stage.job(backbone, {**over, "seed": s}, "_".join(x for x in (tag, f"seed{s}") if x)))
+                for s in seeds]
+    return out
+
+
 def seed_table(runs: dict[str, dict[str, Any]], seed_variants: Sequence[str], first_seed: int,
-               seed_jobs: Sequence[tuple[Path, str, TrainConfig]], seed_runs: Sequence[dict[str, Any]],
+               replicates: Sequence[tuple[str, tuple[Path, str, TrainConfig]]], seed_runs: Sequence[dict[str, Any]],
                types: dict[str, str]) -> pd.DataFrame:
-    """One row per (variant, seed): the seed-`first_seed` runs of `runs` and the replicates."""
+    """One row per (variant, seed): the seed-`first_seed` runs of `runs` and the replicates
+    (seed_replicates, with their results `seed_runs`)."""
     def row(variant, seed_, r):
         ts = r["eval"]["splits"]["test_seen"]
         preds = [p for p in r["eval"]["predictions"] if p["split"] == "test_seen"]
@@ -454,7 +471,7 @@ def seed_table(runs: dict[str, dict[str, Any]], seed_variants: Sequence[str], fi
                 "unseen_accuracy": r["eval"]["splits"].get("test_unseen", {}).get("accuracy", float("nan")),
                 "epochs_run": r["fit"]["epochs_run"]}
     tab = pd.DataFrame([row(v, first_seed, runs[v]) for v in seed_variants if v in runs] +
-                       [row(c.loss_config, c.seed, r) for (_, _, c), r in zip(seed_jobs, seed_runs)])
+                       [row(v, c.seed, r) for (v, (_, _, c)), r in zip(replicates, seed_runs)])
     return tab.sort_values("variant", key=lambda v: v.map(list(seed_variants).index), kind="stable", ignore_index=True)
 
 
@@ -491,6 +508,7 @@ def multioff_runs(stage: "TraceRuns") -> tuple[dict[str, float], pd.DataFrame, p
 
 #: notebook 02's runs whose test_seen numbers metrics.json carries, with their key prefix
 METRIC_RUNS = (("text_only", "text_only_"), ("caption_only", "caption_only_"), ("image_only", "image_only_"),
+               ("image_text_only", "image_text_only_"),
                ("cls+con", "cls_con_"), ("all", "all_"), ("cls+con (cos/0.07)", "cls_con_cos007_"),
                ("cls+rel (image+caption scorer)", "image_caption_scorer_"))
 
@@ -530,4 +548,32 @@ def stage_metrics(runs: dict[str, dict[str, Any]], default: str, times: dict[str
             m[f"trace_seeds_{v.replace('+', '_')}_{col}_mean"] = float(g[col].mean())
             m[f"trace_seeds_{v.replace('+', '_')}_{col}_sd"] = float(g[col].std())
     m["n_seeds"] = int(seed_tab.groupby("variant").size().min()) if len(seed_tab) else 1
+    m.update(caption_benefit(runs, default, seed_tab))
     return m
+
+
+def caption_benefit(runs: dict[str, dict[str, Any]], default: str, seed_tab: pd.DataFrame,
+                    without: str = "image_text_only", split: str = "test_seen") -> dict[str, float]:
+    """TRACE's claim, that captions help, as one test: the default model against the same model
+    without captions (image and meme text only). Per seed: the accuracy difference (mean, sd, the
+    number of seeds where captions help, seeds paired by number); on the first seed's predictions:
+    McNemar over the same memes. Empty when the no-caption run is missing."""
+    if without not in runs or default not in runs:
+        return {}
+    pa = {p["id"]: p for p in runs[default]["eval"]["predictions"] if p["split"] == split}
+    pb = {p["id"]: p for p in runs[without]["eval"]["predictions"] if p["split"] == split}
+    ids = sorted(set(pa) & set(pb))
+    mc = mcnemar([pa[i]["prediction"] == pa[i]["label"] for i in ids],
+                 [pb[i]["prediction"] == pb[i]["label"] for i in ids])
+    out = {"caption_benefit_acc": runs[default]["eval"]["splits"][split]["accuracy"]
+           - runs[without]["eval"]["splits"][split]["accuracy"],
+           "caption_benefit_mcnemar_p": mc["pvalue"], "caption_benefit_n": len(ids),
+           "caption_benefit_only_default_right": mc["b"], "caption_benefit_only_without_right": mc["c"]}
+    a = seed_tab[seed_tab.variant == default].set_index("seed")["accuracy"]
+    b = seed_tab[seed_tab.variant == without].set_index("seed")["accuracy"]
+    both = a.index.intersection(b.index)
+    if len(both):
+        d = a[both] - b[both]
+        out.update({"caption_benefit_seeds_mean": float(d.mean()), "caption_benefit_seeds_sd": float(d.std()),
+                    "caption_benefit_seeds_positive": int((d > 0).sum()), "caption_benefit_n_seeds": int(len(d))})
+    return out

@@ -405,6 +405,13 @@ def test_unimodal_baselines_see_only_their_modality():
     e = m(img, caps, mask, modality="image")
     f = m(img, torch.randn(4, 3, 6), mask, modality="image")
     torch.testing.assert_close(e["logit"], f["logit"])
+    # image_text (the default without captions): the captions change nothing, the image and the meme text do
+    assert allowed_columns(cols, "image_text") == [True, False, False]
+    g = m(img, caps, mask, modality="image_text", allowed=txt)
+    h = m(img, caps2, mask, modality="image_text", allowed=txt)
+    torch.testing.assert_close(g["logit"], h["logit"])
+    assert not torch.allclose(g["logit"], m(torch.randn(4, 8), caps, mask, modality="image_text", allowed=txt)["logit"])
+    assert not torch.allclose(g["logit"], a["logit"])                     # not the text-only model: it sees the image
 
 
 def test_a_killed_run_resumes_to_the_same_metrics(tiny, tmp_path):
@@ -566,3 +573,38 @@ def test_ablation_variants_name_every_run_and_its_folder_tag():
     assert predictions_file("cls+rel") == "predictions_cls_rel.csv"
     assert predictions_file("cls+con (cos/0.07)", "cos_0_07") == "predictions_cls_con_cos_0_07.csv"
     assert predictions_file("cls+rel@enc-b") == "predictions_cls_rel_enc-b.csv"
+
+
+def test_seed_replicates_and_the_caption_benefit_test():
+    """Every seed variant (a loss config, a baseline or an extra) gets its own folder per seed; the
+    caption benefit pairs the default with the no-caption run on the same memes and seeds."""
+    from pathlib import Path
+    import pandas as pd
+    from lib.trace import TrainConfig
+    from lib.trace_report import ablation_variants, caption_benefit, seed_replicates
+
+    class Stage:
+        def job(self, backbone, over, tag):
+            cfg = TrainConfig(**over)
+            return (Path("runs") / f"{cfg.modality}_{cfg.loss_config}_{tag}", backbone, cfg)
+    v = ablation_variants(["cls+rel"], ["image_text"], {"cls+rel (x)": {"scorer_input": "image+caption"}}, ["enc"])
+    reps = seed_replicates(Stage(), v, ["cls+rel", "image_text_only", "cls+rel (x)"], [1, 2])
+    assert [(n, j[2].seed) for n, j in reps] == [("cls+rel", 1), ("cls+rel", 2), ("image_text_only", 1),
+                                                  ("image_text_only", 2), ("cls+rel (x)", 1), ("cls+rel (x)", 2)]
+    assert reps[2][1][2].modality == "image_text" and reps[4][1][0].name.endswith("_x_seed1")
+    assert len({j[0] for _, j in reps}) == 6                                # one folder per run
+    with pytest.raises(ValueError, match="not among the runs"):
+        seed_replicates(Stage(), v, ["cls+con"], [1])
+
+    def run(correct):
+        preds = [{"id": str(i), "split": "test_seen", "prediction": int(c), "label": 1} for i, c in enumerate(correct)]
+        return {"eval": {"predictions": preds, "splits": {"test_seen": {"accuracy": float(np.mean(correct))}}}}
+    runs = {"cls+rel": run([1] * 18 + [0] * 2), "image_text_only": run([1] * 10 + [0] * 10)}
+    tab = pd.DataFrame({"variant": ["cls+rel"] * 3 + ["image_text_only"] * 3, "seed": [0, 1, 2] * 2,
+                        "accuracy": [0.9, 0.8, 0.6, 0.5, 0.7, 0.65]})
+    b = caption_benefit(runs, "cls+rel", tab)
+    assert b["caption_benefit_acc"] == pytest.approx(0.4) and b["caption_benefit_n"] == 20
+    assert b["caption_benefit_only_default_right"] == 8 and b["caption_benefit_mcnemar_p"] < 0.05
+    assert b["caption_benefit_seeds_positive"] == 2 and b["caption_benefit_n_seeds"] == 3
+    assert b["caption_benefit_seeds_mean"] == pytest.approx((0.4 + 0.1 - 0.05) / 3)
+    assert caption_benefit({"cls+rel": runs["cls+rel"]}, "cls+rel", tab) == {}
