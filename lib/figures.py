@@ -430,6 +430,14 @@ def _fewshot_preds(profile: str, dataset: str = "fhm"):
     return [Prediction(**{k: v for k, v in r.items() if k in fields}) for r in rows if r.get("model") == first]
 
 
+def _fewshot_main_answers(profile: str, dataset: str = "fhm"):
+    """The answers of notebook 04's main setting (one per test meme): what its §7 figures analyse."""
+    from lib.sei_report import main_setting_name  # lazy: sei_report loads the agent trainer (torch)
+    st = read_json(_art(profile, "04_few_shot/settings.json"))
+    main = main_setting_name(st["retrievers"], st["shots"])
+    return [p for p in _fewshot_preds(profile, dataset) if p.setting == main], main
+
+
 @figure("few_shot_agents", "notebooks/04_few_shot.ipynb", ("04_few_shot/table3.json",),
         "Table 3: each fine-tuned agent beside the nearest-training-meme baseline")
 def draw_few_shot_agents(profile: str):
@@ -464,15 +472,15 @@ def draw_few_shot_accuracy(profile: str):
                          f"Few-shot accuracy, {model} ({profile}, {len(gold)} test memes)")
 
 
-@figure("few_shot_lexical", "notebooks/04_few_shot.ipynb", ("04_few_shot/predictions_fhm.jsonl",),
+@figure("few_shot_lexical", "notebooks/04_few_shot.ipynb", ("04_few_shot/predictions_fhm.jsonl", "04_few_shot/settings.json"),
         "Figure 3 analogue: length, type-token ratio and perplexity of generated texts, by outcome")
 def draw_few_shot_lexical(profile: str):
     from lib import sei_report as rep  # lazy: sei_report loads the agent trainer (torch)
     p4 = load_profile(profile).get("04_few_shot", {})
-    pooled = [p for p in _fewshot_preds(profile) if "/" in p.setting]
-    ci = rep.ci_frame(rep.analysis_frame(pooled), n_resamples=p4.get("ci_resamples", 1000),
+    answers, main = _fewshot_main_answers(profile)
+    ci = rep.ci_frame(rep.analysis_frame(answers), n_resamples=p4.get("ci_resamples", 1000),
                       method=p4.get("ci_method", "BCa"), seed=p4.get("seed", 0))
-    return rep.plot_lexical(ci, "Figure 3 analogue: retrieved settings pooled")
+    return rep.plot_lexical(ci, f"Figure 3 analogue: {main}, one answer per meme")
 
 
 @figure("few_shot_coherence", "notebooks/04_few_shot.ipynb", ("04_few_shot/coherence.csv",),
@@ -494,21 +502,21 @@ def draw_few_shot_coherence(profile: str):
     return fig
 
 
-@figure("few_shot_sentiment", "notebooks/04_few_shot.ipynb", ("04_few_shot/predictions_fhm.jsonl",),
+@figure("few_shot_sentiment", "notebooks/04_few_shot.ipynb", ("04_few_shot/predictions_fhm.jsonl", "04_few_shot/settings.json"),
         "Figure 5 analogue: VADER sentiment classes of generated texts")
 def draw_few_shot_sentiment(profile: str):
     from lib import sei_report as rep  # lazy: sei_report loads the agent trainer (torch)
-    pooled = [p for p in _fewshot_preds(profile) if "/" in p.setting]
-    return rep.plot_sentiment(rep.analysis_frame(pooled), "Figure 5 analogue: VADER sentiment of generated texts")
+    answers, main = _fewshot_main_answers(profile)
+    return rep.plot_sentiment(rep.analysis_frame(answers), f"Figure 5 analogue: VADER sentiment ({main})")
 
 
-@figure("few_shot_wordshift", "notebooks/04_few_shot.ipynb", ("04_few_shot/predictions_fhm.jsonl",),
+@figure("few_shot_wordshift", "notebooks/04_few_shot.ipynb", ("04_few_shot/predictions_fhm.jsonl", "04_few_shot/settings.json"),
         "Figure 6 analogue: Shannon-entropy word shift of explanations, predicted hateful vs not")
 def draw_few_shot_wordshift(profile: str):
     import matplotlib.pyplot as plt
 
     from lib import sei_report as rep  # lazy: sei_report loads the agent trainer (torch)
-    ana = rep.analysis_frame([p for p in _fewshot_preds(profile) if "/" in p.setting])
+    ana = rep.analysis_frame(_fewshot_main_answers(profile)[0])
     expl = ana[ana.kind == "explanation"]
     f_h = tm.word_freqs(expl[expl.subgroup.isin(["cp", "wp"])]["text"])
     f_n = tm.word_freqs(expl[expl.subgroup.isin(["cn", "wn"])]["text"])

@@ -400,6 +400,13 @@ def table2_frame(all_preds_keys: Sequence[tuple[str, str, str]], results: dict[s
 
 # ----------------------------------------------------------------------------- notebook 06
 #: the parameters of notebook 04 that rebuild its moderator (written to its settings.json)
+def main_setting_name(retrievers: Sequence[str], shots: Sequence[int]) -> str:
+    """The setting notebook 04 reports as its main row: the first retriever with 4 shots (or the
+    largest n). Its answers, one per test meme, are also what the §7 text analyses read (pooling
+    the 2- and 4-shot answers would count every meme twice)."""
+    return f"{retrievers[0]}/{4 if 4 in shots else shots[-1]}"
+
+
 SETTINGS_KEYS = ("datasets", "train_split", "agent_base", "agent_recipe", "agent_overrides", "agent_prompt_dir",
                  "agent_max_new_tokens", "retrievers", "shots", "order", "controls", "models", "serve_preset",
                  "images", "prompt_dir", "temperature", "max_new_tokens", "parser", "seed")
@@ -439,8 +446,7 @@ class FewShotModerator:
 
     def main_setting(self) -> str:
         """The setting notebook 04 reports as its main row (first retriever, 4 shots or the largest n)."""
-        shots = self.p["shots"]
-        return f"{self.p['retrievers'][0]}/{4 if 4 in shots else shots[-1]}"
+        return main_setting_name(self.p["retrievers"], self.p["shots"])
 
     def predict(self, memes: Sequence[Meme], setting: str) -> list[Prediction]:
         """Few-shot (or zero-shot) predictions for `memes` (sei.Meme; their caption is written here

@@ -309,6 +309,10 @@ def test_few_shot_notebook_outputs():
     assert sims == sorted(sims, reverse=True) and len(sims) >= 4
     assert float(np.dot(emb[key], next(v for k, v in emb.items() if k.split("|")[0] == ex[q][0][0]))) == \
         pytest.approx(sims[0], abs=1e-5)
+    # the §7 analyses read one answer per meme (the main setting), never the 2- and 4-shot answers pooled
+    import pandas as pd
+    coh = pd.read_csv(out / "coherence.csv", dtype={"id": str})
+    assert coh.id.is_unique and set(coh.setting) <= {"memeworld-clip/4"}
     for name in ("few_shot_agents", "few_shot_accuracy", "few_shot_lexical", "few_shot_sentiment"):
         assert (ARTIFACTS_ROOT.parent / "figures" / "embedded" / f"{name}.png").exists()
 

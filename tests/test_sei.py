@@ -447,3 +447,9 @@ def test_table2_layout_and_paper_rows():
     assert t.loc[("vllm-internvl3.5-8b", "siglip-so400m", 4), ("fhm", "paper acc")] == pytest.approx(0.7355)
     assert paper_row("gpt-4o", "mami", 8)["support"] == 446 and paper_row("smollm2", "fhm", 4) is None
     assert ("fhm", "paper acc") not in table2_frame(keys, results, key, "embedded").columns
+
+
+def test_the_main_setting_is_the_first_retriever_at_four_shots():
+    from lib.sei_report import main_setting_name
+    assert main_setting_name(["clip", "siglip"], [2, 4, 8]) == "clip/4"
+    assert main_setting_name(["clip"], [2, 8]) == "clip/8"
