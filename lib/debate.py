@@ -103,6 +103,9 @@ class CourtConfig:
     prompt_dir: str = "params/prompts/arcade"
     schema_dir: str = "params/schemas"
     official_prompts_repo: str | None = None  # a checkout of the official repository: its prompts, not ours
+    world_knowledge: str | None = None        # a file of what a moderator of these posts knows (who the groups
+                                              #   are, which category each belongs to, what their symbols mean),
+                                              #   added after the definition; None: the definition alone (official)
     workers: int = 8                          # samples in flight
 
     def __post_init__(self):
@@ -153,6 +156,10 @@ class Prompts:
         self.official = read_official_prompts(cfg.official_prompts_repo, cfg.class_mode) \
             if cfg.official_prompts_repo else None
         definition = self._file(self.base / "common" / "definition.txt")
+        if cfg.world_knowledge:
+            wk = Path(cfg.world_knowledge)
+            world = self._file(wk if wk.is_absolute() else ROOT / wk)
+            definition = Template(f"{definition.text}\n{world.text}", f"{definition.id}+{world.id}")
         self._system = {s: self._system_prompt(s, definition) for s in STAGES}
         self._user = {s: self._file(self.base / "user" / f"{s}.txt") for s in STAGES}
         self.post = self._file(self.base / "user" / "post.txt")

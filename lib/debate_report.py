@@ -170,6 +170,7 @@ def court_config(section: dict[str, Any], variant: str) -> CourtConfig:
         raise KeyError(f"no debate variant {variant!r}; the profile's variants: {', '.join(section['variants'])}")
     base = {k: section[k] for k in ("class_mode", "rounds", "temperatures", "max_new_tokens", "prompt_dir",
                                     "official_prompts_repo", "workers", "seed")}
+    base["world_knowledge"] = section.get("world_knowledge")
     over = {k: v for k, v in section["variants"][variant].items() if k != "samples"}
     return CourtConfig(**{**base, **over})
 
@@ -203,4 +204,4 @@ def stage_metrics(runs: dict[str, dict[str, Any]], majority_acc: float, rerun_ca
 
 #: the parameters of notebook 05 that rebuild its court (written to its settings.json; notebook 06 reads them)
 SETTINGS_KEYS = ("dataset", "chat_preset", "serve_preset", "variants", "class_mode", "rounds", "temperatures",
-                 "max_new_tokens", "prompt_dir", "official_prompts_repo", "workers", "seed")
+                 "max_new_tokens", "prompt_dir", "official_prompts_repo", "world_knowledge", "workers", "seed")

@@ -205,6 +205,15 @@ class Folder(Rule):
         return [] if (p if p.is_absolute() else ROOT / p).is_dir() else [f"{path}: folder {v!r} does not exist"]
 
 
+class File(Rule):
+    """A file inside the repository (relative) or anywhere (absolute) that must exist."""
+    def check(self, v, path):
+        if not isinstance(v, str):
+            return [f"{path}: {v!r} is {type(v).__name__}, expected a file path"]
+        p = Path(v)
+        return [] if (p if p.is_absolute() else ROOT / p).is_file() else [f"{path}: file {v!r} does not exist"]
+
+
 def _dataclass_fields(cls, **extra: Rule) -> Struct:
     """A Struct over a dataclass's fields, typed by their defaults (None defaults accept str or None)."""
     fields: dict[str, Rule] = {}
@@ -352,6 +361,7 @@ SCHEMAS: dict[str, dict[str, Rule]] = {
         "temperatures": Lazy(lambda: MapOf(_debate_stage(), Range(0, 2))),
         "max_new_tokens": Lazy(lambda: MapOf(_debate_stage(), POS)),
         "prompt_dir": Folder(), "official_prompts_repo": Opt(Type(str)), "workers": POS,
+        "world_knowledge": Opt(File()),
     },
     "06_evaluation": {
         "trace_dataset": Choice("fhm", "multioff"), "n_resamples": Range(100, integer=True),

@@ -396,3 +396,24 @@ def test_report_txt_has_the_official_layout():
     assert "[Breakdown by Difficulty]" in txt and "Normal + Hard" in txt and "[Breakdown by Type]" in txt
     row = json.loads(txt.strip().splitlines()[-1].replace("nan", "NaN"))
     assert row[3] == 40.0 and row[6] == 1 and row[7] == pytest.approx(100 / 6, abs=0.01)
+
+
+def test_world_knowledge_follows_the_definition_in_every_system_prompt(tmp_path):
+    """The embedded court is told who MemeWorld's peoples are and which category each belongs to;
+    without the setting (the paper profile, the official code) the definition stands alone."""
+    from lib import ROOT
+    from lib.memeworld import GROUPS, HVLI_LABEL_STR
+    plain = Prompts(CourtConfig())
+    cfg = CourtConfig(world_knowledge="params/prompts/arcade/world/memeworld.txt")
+    world = Prompts(cfg)
+    text = (ROOT / cfg.world_knowledge).read_text()
+    for stage in ("rapid_scan", "prosecutor", "judge", "baseline"):
+        assert "Zorblins" in world.system(stage).text and "Zorblins" not in plain.system(stage).text
+        assert world.system(stage).text.startswith(plain.system(stage).text.split("Hate categories")[0])
+    # the file agrees with the generator: every people, its sigil and its category (the H-VLI code and word)
+    words = {1: "racist", 2: "sexist", 3: "homophobic", 4: "religious", 5: "other hate"}
+    for plural, _, cat, symbol in GROUPS.values():
+        line = next(x for x in text.splitlines() if x.startswith(f"- {plural} "))
+        assert f"({symbol} sigil): category {cat}, {words[cat]}" in line, (line, HVLI_LABEL_STR[cat])
+    with pytest.raises(CourtError, match="does not exist"):
+        Prompts(CourtConfig(world_knowledge=str(tmp_path / "missing.txt")))

@@ -453,3 +453,17 @@ def test_the_main_setting_is_the_first_retriever_at_four_shots():
     from lib.sei_report import main_setting_name
     assert main_setting_name(["clip", "siglip"], [2, 4, 8]) == "clip/4"
     assert main_setting_name(["clip"], [2, 8]) == "clip/8"
+
+
+def test_memeworld_definition_carries_the_world_a_moderator_knows():
+    """MemeWorld's groups are fictional: its definition names every people and sigil the generator
+    draws, the hate gang and the pictures' meanings; the real datasets' definitions name none."""
+    import yaml
+    from lib import ROOT
+    from lib.memeworld import GANG, GROUPS
+    defs = yaml.safe_load((ROOT / "params/prompts/sei/definitions.yaml").read_text())
+    text = " ".join(defs["memeworld"].values())
+    for plural, _, _, symbol in GROUPS.values():
+        assert plural in text and symbol in text, (plural, symbol)
+    assert GANG in text and "sludge rat" in text and "myth stamp" in text
+    assert not any(p in " ".join(defs["fhm"].values()) for p, *_ in GROUPS.values())
