@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from lib import datasets
 from lib.artifacts import require, stage_dir, write_json, write_text
 from lib.encoders import load_encoder
-from lib.metrics import mcnemar, per_type_accuracy
+from lib.metrics import bootstrap_ci, mcnemar, per_type_accuracy
 from lib.params import load_profile
 from lib.trace import (CACHE_DTYPES, LOSS_CONFIGS, MODALITIES, MULTIOFF_RECIPE, FeatureCache, MemeBatchData,
                        TrainConfig, Trainer, config_diff, load_checkpoint, unfrozen_layer_indices)
@@ -557,16 +557,18 @@ def caption_benefit(runs: dict[str, dict[str, Any]], default: str, seed_tab: pd.
     """TRACE's claim, that captions help, as one test: the default model against the same model
     without captions (image and meme text only). Per seed: the accuracy difference (mean, sd, the
     number of seeds where captions help, seeds paired by number); on the first seed's predictions:
-    McNemar over the same memes. Empty when the no-caption run is missing."""
+    McNemar over the same memes and a paired bootstrap CI of the difference (memes resampled).
+    Empty when the no-caption run is missing."""
     if without not in runs or default not in runs:
         return {}
     pa = {p["id"]: p for p in runs[default]["eval"]["predictions"] if p["split"] == split}
     pb = {p["id"]: p for p in runs[without]["eval"]["predictions"] if p["split"] == split}
     ids = sorted(set(pa) & set(pb))
-    mc = mcnemar([pa[i]["prediction"] == pa[i]["label"] for i in ids],
-                 [pb[i]["prediction"] == pb[i]["label"] for i in ids])
-    out = {"caption_benefit_acc": runs[default]["eval"]["splits"][split]["accuracy"]
-           - runs[without]["eval"]["splits"][split]["accuracy"],
+    ca = np.array([pa[i]["prediction"] == pa[i]["label"] for i in ids], float)
+    cb = np.array([pb[i]["prediction"] == pb[i]["label"] for i in ids], float)
+    mc = mcnemar(ca.astype(bool), cb.astype(bool))
+    diff, lo, hi = bootstrap_ci(lambda a, b, axis=-1: a.mean(axis=axis) - b.mean(axis=axis), ca, cb)
+    out = {"caption_benefit_acc": diff, "caption_benefit_ci_low": lo, "caption_benefit_ci_high": hi,
            "caption_benefit_mcnemar_p": mc["pvalue"], "caption_benefit_n": len(ids),
            "caption_benefit_only_default_right": mc["b"], "caption_benefit_only_without_right": mc["c"]}
     a = seed_tab[seed_tab.variant == default].set_index("seed")["accuracy"]

@@ -604,6 +604,7 @@ def test_seed_replicates_and_the_caption_benefit_test():
                         "accuracy": [0.9, 0.8, 0.6, 0.5, 0.7, 0.65]})
     b = caption_benefit(runs, "cls+rel", tab)
     assert b["caption_benefit_acc"] == pytest.approx(0.4) and b["caption_benefit_n"] == 20
+    assert b["caption_benefit_ci_low"] < 0.4 < b["caption_benefit_ci_high"]
     assert b["caption_benefit_only_default_right"] == 8 and b["caption_benefit_mcnemar_p"] < 0.05
     assert b["caption_benefit_seeds_positive"] == 2 and b["caption_benefit_n_seeds"] == 3
     assert b["caption_benefit_seeds_mean"] == pytest.approx((0.4 + 0.1 - 0.05) / 3)
