@@ -84,7 +84,9 @@ class AgentRecipe:
     grad_accum: int = 1
     warmup_share: float = 0.0        # the paper names no schedule: constant lr by default
     max_train: int = 0               # examples per agent (0: all), a seeded random subset
-    max_len: int = 256               # tokens per example (prompt + answer); longer examples are cut
+    max_len: int = 256               # tokens per example (image tokens + prompt + answer); longer examples
+                                     #   lose the end of their answer, never an image token (an error says
+                                     #   how long; PaliGemma-448 puts 1024 image tokens in every prompt)
     mixed_precision: str = "no"      # accelerate: no | bf16 | fp16
     dtype: str = "float32"           # weights dtype for loading (paper: bfloat16)
     seed: int = 0
@@ -185,6 +187,18 @@ def _messages(img, prompt: str) -> list[dict[str, Any]]:
     return [{"role": "user", "content": [{"type": "image", "image": img}, {"type": "text", "text": prompt}]}]
 
 
+def image_token_id(proc) -> int | None:
+    """The id of the placeholder a VLM processor repeats once per image feature (None: no such token)."""
+    tid = getattr(proc, "image_token_id", None)
+    if tid is not None:
+        return int(tid)
+    tok, name = getattr(proc, "tokenizer", proc), getattr(proc, "image_token", None)
+    if name is None or not hasattr(tok, "convert_tokens_to_ids"):
+        return None
+    tid = tok.convert_tokens_to_ids(name)
+    return None if tid is None or tid == getattr(tok, "unk_token_id", None) else int(tid)
+
+
 def encode_example(proc, img, prompt: str, target: str, max_len: int) -> dict[str, Any]:
     """input_ids, labels (-100 outside the answer) and pixel inputs for one example.
 
@@ -216,6 +230,14 @@ def encode_example(proc, img, prompt: str, target: str, max_len: int) -> dict[st
         if "token_type_ids" in enc:                  # PaliGemma: 0 prefix (bidirectional), 1 suffix (causal)
             extra["token_type_ids"] = enc["token_type_ids"][0].tolist()
     if len(ids) > max_len:
+        img_id = image_token_id(proc)
+        last_img = max((k for k, t in enumerate(ids) if t == img_id), default=-1) if img_id is not None else -1
+        if last_img >= max_len - 1:
+            raise ValueError(f"AgentRecipe.max_len={max_len} would cut this example inside its "
+                             f"{ids.count(img_id)} image tokens (the processor puts them in every prompt; "
+                             f"the model then fails with 'image features and image tokens do not match'): "
+                             f"set agent_recipe's max_len above {last_img + 1} plus the text, e.g. "
+                             f"{last_img + 1 + 512}")
         ids, labels = ids[:max_len], labels[:max_len]
         if "token_type_ids" in extra:
             extra["token_type_ids"] = extra["token_type_ids"][:max_len]

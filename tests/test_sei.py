@@ -407,6 +407,16 @@ def test_prefix_models_train_and_answer_without_a_chat_template(tiny_paligemma, 
     tok = proc.tokenizer
     assert ans == tok("it calls them vermin", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     assert enc["labels"][:16] == [-100] * 16                       # image and prefix tokens carry no loss
+    # a max_len shorter than the image tokens is refused with the length to set (it used to cut them,
+    # and the first training batch failed with "image features and image tokens do not match")
+    from lib.agents import image_token_id
+    n_img = enc["input_ids"].count(image_token_id(proc))
+    assert n_img > 0
+    with pytest.raises(ValueError, match=f"{n_img} image tokens"):
+        encode_example(proc, Image.new("RGB", (32, 32)), "explain why", "it calls them vermin", n_img - 2)
+    cut = encode_example(proc, Image.new("RGB", (32, 32)), "explain why", "it calls them vermin",
+                         len(enc["input_ids"]) - 2)                # the answer's end goes, never an image token
+    assert cut["input_ids"].count(image_token_id(proc)) == n_img and len(cut["input_ids"]) == len(enc["input_ids"]) - 2
     memes, cap, hat, sense = _records(tmp_path)
     data = build_agent_data(cap, hat, sense, memes)
     rec = train_agent(data["explainer"], tmp_path / "pg_agent", AgentRecipe(base=str(tiny_paligemma), epochs=1,
