@@ -279,6 +279,20 @@ def shared_cache(caches: dict[Any, FeatureCache], data: MemeBatchData, backbone:
     return caches[key]
 
 
+def run_caption_columns(run_dir) -> list[str]:
+    """The caption columns a finished run selected among (its candidates minus the meme text), in
+    order: what to load beside it, whatever the captioners were called (embedded: vlm_caption,
+    tag_caption; the real TRACE JSON: ivl_8b_new_caption, gemini_caption, ...)."""
+    res = Path(run_dir) / "result.json"
+    if not res.exists():
+        raise FileNotFoundError(f"{res}: missing; the run is not finished (notebook 02 or python -m lib.trace_report)")
+    shares = json.loads(res.read_text()).get("selected_share", {})
+    cols = list(next(iter(shares.values()), {}))
+    if not cols:
+        raise ValueError(f"{res}: no selected_share, so the run's candidate columns are unknown")
+    return [c for c in cols if c != "text"]
+
+
 def load_trained(run_dir, data: MemeBatchData, make_encoder) -> tuple["Trainer", float]:
     """A finished run's model, ready to score other memes: `data` holds them (any memes with the
     run's candidate columns; notebook 06 scores prompt-injected copies this way). The weights are

@@ -38,6 +38,8 @@ def test_code_cells_are_short(path):
 def test_evaluation_reads_only_declared_artifacts():
     src = "\n".join(c.source for c in code_cells(next(p for p in NOTEBOOKS if p.stem == "06_evaluation")))
     assert "load_profile" not in src and "P[" not in src
+    # caption columns come from the runs, never MemeWorld's names (the real TRACE JSON has others)
+    assert "vlm_caption" not in src and "tag_caption" not in src
     # its own folder is the only stage folder it names; everything else comes through require()
     assert set(re.findall(r"stage_dir\(profile, ([^)]+)\)", src)) == {"STAGE"}
     for name in re.findall(r'require\(profile, "([^"]+)"', src) + ["sei_settings", "debate_settings"]:

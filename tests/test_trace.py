@@ -609,3 +609,15 @@ def test_seed_replicates_and_the_caption_benefit_test():
     assert b["caption_benefit_seeds_positive"] == 2 and b["caption_benefit_n_seeds"] == 3
     assert b["caption_benefit_seeds_mean"] == pytest.approx((0.4 + 0.1 - 0.05) / 3)
     assert caption_benefit({"cls+rel": runs["cls+rel"]}, "cls+rel", tab) == {}
+
+
+def test_a_runs_caption_columns_come_from_the_run(tmp_path):
+    """Notebook 06 loads the captions a run was trained with, so the real TRACE JSON's column names
+    (ivl_8b_new_caption, gemini_caption) work as MemeWorld's do."""
+    import json
+    from lib.trace_report import run_caption_columns
+    (tmp_path / "result.json").write_text(json.dumps({"selected_share": {
+        "test_seen": {"text": 0.2, "ivl_8b_new_caption": 0.5, "gemini_caption": 0.3}}}))
+    assert run_caption_columns(tmp_path) == ["ivl_8b_new_caption", "gemini_caption"]
+    with pytest.raises(FileNotFoundError, match="not finished"):
+        run_caption_columns(tmp_path / "missing")
