@@ -7,7 +7,7 @@ only through it (`load_prepared`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
@@ -50,9 +50,10 @@ def build_memeworld(profile: str, params: dict[str, Any], force: bool = False) -
     return out
 
 
-def missing_report(sources: dict[str, dict[str, Any]]) -> str:
-    """One message listing every dataset whose files are absent, what to download and where."""
-    lines = []
+def missing_report(sources: dict[str, dict[str, Any]], also_missing: Sequence[str] = ()) -> str:
+    """One message listing every dataset whose files are absent, what to download and where, and
+    `also_missing`: the profile's other local files that are absent (lib.params.missing_local_files)."""
+    lines = list(also_missing)
     for name, src in sources.items():
         root = _abs(src["root"])
         miss = [str(root)] if not root.exists() else [str(root / f) for f in missing_files(name, root)]
@@ -61,12 +62,15 @@ def missing_report(sources: dict[str, dict[str, Any]]) -> str:
                          f"      get it from: {REGISTRY[name].source}")
     if not lines:
         return ""
-    return ("These datasets are missing for the paper profile (set their roots in params/paper.yaml, "
-            "section 00_data_prep.datasets):\n" + "\n".join(lines))
+    return ("These files are missing for this profile (dataset roots: section 00_data_prep.datasets of its "
+            "params file; the others: the key named):\n" + "\n".join(lines))
 
 
-def prepare(profile: str, params: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Build or validate the datasets; write datasets.json and the manifest; return the sources."""
+def prepare(profile: str, params: dict[str, Any], also_missing: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    """Build or validate the datasets; write datasets.json and the manifest; return the sources.
+    `also_missing`: other files the profile needs that are absent; they fail here, with the datasets."""
+    if also_missing and params["build_memeworld"]:
+        raise FileNotFoundError(missing_report({}, also_missing))
     if params["build_memeworld"]:
         out = build_memeworld(profile, params)
         sources = memeworld_sources(out)
@@ -80,7 +84,7 @@ def prepare(profile: str, params: dict[str, Any]) -> dict[str, dict[str, Any]]:
             src["root"] = str(_abs(src["root"]))
             if "image_root" in src:
                 src["image_root"] = str(_abs(src["image_root"]))
-        msg = missing_report(sources)
+        msg = missing_report(sources, also_missing)
         if msg:
             raise FileNotFoundError(msg)
     d = stage_dir(profile, STAGE)

@@ -224,6 +224,43 @@ def validate_profile(profile: str, only: list[Stage] | None = None) -> dict[str,
     return data
 
 
+#: files and folders a profile names that must exist on this machine before any stage runs
+#: (section, key path) -> where to get it; a value that refers to {artifacts} is made by a stage
+LOCAL_FILES: dict[tuple[str, ...], str] = {
+    ("01_captioning", "tag_vocabulary_file"): "RAM++'s tag list (ram_tag_list.txt in the recognize-anything "
+                                              "repository, one tag per line)",
+    ("04_few_shot", "bertscore", "model"): "a local copy of roberta-large (e.g. `huggingface-cli download "
+                                           "FacebookAI/roberta-large --local-dir data/models/roberta-large`), "
+                                           "or a preset name such as minilm",
+    ("05_debate", "official_prompts_repo"): "a checkout of the official ARCADE repository (its prompt constants)",
+    ("05_debate", "world_knowledge"): "a world-knowledge text file for the court (params/prompts/arcade/world/)",
+    ("03_clip4dm", "nli_model"): "a local NLI model folder (or a hub id such as facebook/bart-large-mnli)",
+}
+
+
+def _looks_local(value: str) -> bool:
+    """A path on this machine, not a hub id ("org/name") or a preset name."""
+    return value.startswith(("/", "./", "../", "~", "data/", "params/", "artifacts/")) or value.endswith(".txt")
+
+
+def missing_local_files(profile: str) -> list[str]:
+    """Every local file or folder the profile names (LOCAL_FILES) that does not exist, each with
+    where to get it: one list, so a first paper run learns everything it lacks before any stage runs."""
+    p = load_profile(profile)
+    out = []
+    for keys, where in LOCAL_FILES.items():
+        v: Any = p
+        for k in keys:
+            v = v.get(k) if isinstance(v, dict) else None
+        if not isinstance(v, str) or "{artifacts}" in v or not _looks_local(v):
+            continue
+        path = Path(v).expanduser()
+        path = path if path.is_absolute() else ROOT / path
+        if not path.exists():
+            out.append(f"  - {'.'.join(keys)}: {v} does not exist\n      get it: {where}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Validate a parameter profile against the stages.")
     ap.add_argument("--profile", default="embedded")
