@@ -45,7 +45,7 @@ from lib.artifacts import MissingInputError
 from lib.chat import Chat, GenParams, image, text, user
 from lib.chat.hf import HFChatBackend
 from lib.memeworld_vlm import save_model
-from lib.presets import folder_identity, get_preset, torch_dtype
+from lib.presets import default_device, folder_identity, get_preset, torch_dtype
 
 AGENTS = ("captioner", "explainer", "commonsense", "intervention")
 AGENT_SOURCES = {"captioner": "memecap", "explainer": "hatred", "commonsense": "memesense", "intervention": "memesense"}
@@ -298,7 +298,7 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
             encoded.append(encode_example(proc, im.convert("RGB"), render_prompt(template, e.inputs), " " + e.target
                                           if _leading_space(proc) else e.target, recipe.max_len))
     acc = Accelerator(mixed_precision=recipe.mixed_precision, gradient_accumulation_steps=recipe.grad_accum,
-                      cpu=not torch.cuda.is_available())
+                      cpu=default_device() == "cpu")
     g = torch.Generator().manual_seed(recipe.seed)
     loader = torch.utils.data.DataLoader(encoded, batch_size=recipe.batch_size, shuffle=True, generator=g,
                                          collate_fn=lambda b: _collate(b, tok.pad_token_id or 0))

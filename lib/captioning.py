@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from lib.chat import GenParams, user
 from lib.encoders import load_encoder
 from lib.memeworld_vlm import rouge_l
+from lib.presets import default_device
 from lib.prompts import prompt_line
 
 #: the captioner's question without grounding, and with it ({tags}: the detected objects)
@@ -141,9 +142,8 @@ class GroundingDinoGrounder:
     @classmethod
     def from_pretrained(cls, model_id: str = "IDEA-Research/grounding-dino-base", revision: str | None = None,
                         device: str | None = None, **kw) -> "GroundingDinoGrounder":
-        import torch
         from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = device or default_device()
         rk = {"revision": revision} if revision else {}
         model = AutoModelForZeroShotObjectDetection.from_pretrained(model_id, **rk).to(device).eval()
         return cls(model, AutoProcessor.from_pretrained(model_id, **rk), device=device, **kw)

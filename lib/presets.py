@@ -10,6 +10,8 @@ the models the compendium trains itself resolve like any local checkpoint.
 from __future__ import annotations
 
 import importlib
+import shutil
+import subprocess
 from dataclasses import dataclass, field, fields
 from importlib import metadata
 from pathlib import Path
@@ -161,10 +163,37 @@ def options_from(cls, options: dict[str, Any], who: str):
     return cls(**kw)
 
 
+class DeviceError(RuntimeError):
+    """The machine has a GPU this torch cannot use (a CPU run would be silent and hours slower)."""
+
+
+def gpu_present() -> bool:
+    """Whether an NVIDIA GPU is attached to this machine, whatever torch can do with it."""
+    if Path("/dev/nvidia0").exists() or Path("/proc/driver/nvidia/gpus").is_dir():
+        return True
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return False
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "GPU" in out
+
+
 def default_device() -> str:
-    """cuda when this torch can use a GPU here, else cpu."""
+    """cuda when this torch can use a GPU here, cpu when there is none. A GPU this torch cannot use
+    (a CPU-only wheel, a driver older than the wheel's CUDA) is an error that says which, never a
+    silent fall back to the CPU; pass device "cpu" (the profile's `device:`) to run there on purpose."""
     import torch  # lazy on purpose: reading presets needs no torch
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    if gpu_present():
+        built = torch.version.cuda or "none (a CPU-only build)"
+        raise DeviceError(f"this machine has an NVIDIA GPU but torch {torch.__version__} (CUDA {built}) cannot use "
+                          f"it: install the torch build that matches the driver (nvidia-smi shows the driver's "
+                          f"CUDA version), or set the profile's device: cpu to run on the CPU on purpose")
+    return "cpu"
 
 
 # ----------------------------------------------------------------------------- backend registries

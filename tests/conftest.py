@@ -42,3 +42,42 @@ def _private_env_files_log(tmp_path_factory, monkeypatch):
     """Env files a test reads keys from are remembered in a log of the test session's own, never in
     the project's artifacts/.env_files."""
     monkeypatch.setattr("lib.chat.keys.ENV_FILES_LOG", tmp_path_factory.getbasetemp() / "env_files.log")
+
+
+@pytest.fixture(scope="session")
+def tiny_paligemma(tmp_path_factory):
+    """A randomly initialised PaliGemma (the paper's agent architecture, no chat template); shared by
+    the agent tests and the GPU tests."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import (GemmaTokenizerFast, PaliGemmaConfig, PaliGemmaForConditionalGeneration,
+                              PaliGemmaProcessor, SiglipImageProcessor)
+    tk = Tokenizer(models.BPE(unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tk.train_from_iterator(["the meme is hateful", "explain why", "it calls them vermin", "text"] * 10,
+                           trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"],
+                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                               show_progress=False))
+    tok = GemmaTokenizerFast(tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+                             unk_token="<unk>")
+    ip = SiglipImageProcessor(size={"height": 32, "width": 32})
+    ip.image_seq_length = 16
+    proc = PaliGemmaProcessor(image_processor=ip, tokenizer=tok)
+    tok = proc.tokenizer
+    cfg = PaliGemmaConfig(vision_config={"model_type": "siglip_vision_model", "hidden_size": 32,
+                                         "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                         "image_size": 32, "patch_size": 8},
+                          text_config={"model_type": "gemma", "vocab_size": len(tok), "hidden_size": 32,
+                                       "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                       "num_key_value_heads": 1, "head_dim": 16, "pad_token_id": tok.pad_token_id,
+                                       "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id},
+                          projection_dim=32, image_token_index=tok.convert_tokens_to_ids("<image>"))
+    torch.manual_seed(0)
+    model = PaliGemmaForConditionalGeneration(cfg)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    out = tmp_path_factory.mktemp("paligemma") / "pg"
+    model.save_pretrained(out)
+    proc.save_pretrained(out)
+    return out

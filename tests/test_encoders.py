@@ -311,3 +311,16 @@ def test_hf_clip_offsets_read_from_the_rust_tokenizer_equal_the_wrapper(clip_tok
             assert torch.equal(tok[k], ref[k]), (k, texts)
         assert torch.equal(off, ref_off), texts
     assert tok["input_ids"].shape[1] == 77                            # truncated like the wrapper
+
+
+def test_a_gpu_this_torch_cannot_use_is_an_error_not_a_silent_cpu_run(monkeypatch):
+    import torch
+    from lib import presets
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(presets, "gpu_present", lambda: True)
+    with pytest.raises(presets.DeviceError, match="cannot use it.*device: cpu"):
+        presets.default_device()
+    monkeypatch.setattr(presets, "gpu_present", lambda: False)
+    assert presets.default_device() == "cpu"                 # no GPU at all: the CPU, as before
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert presets.default_device() == "cuda"

@@ -356,44 +356,6 @@ def test_agent_trains_on_the_answer_only_is_cached_and_answers_through_the_chat_
     assert nearest_train_baseline(test, train, emb) == ["because 1", "because 2", "because 3"]
 
 
-@pytest.fixture(scope="module")
-def tiny_paligemma(tmp_path_factory):
-    """A randomly initialised PaliGemma (the paper's agent architecture, no chat template)."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import (GemmaTokenizerFast, PaliGemmaConfig, PaliGemmaForConditionalGeneration,
-                              PaliGemmaProcessor, SiglipImageProcessor)
-    tk = Tokenizer(models.BPE(unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tk.decoder = decoders.ByteLevel()
-    tk.train_from_iterator(["the meme is hateful", "explain why", "it calls them vermin", "text"] * 10,
-                           trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"],
-                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                               show_progress=False))
-    tok = GemmaTokenizerFast(tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
-                             unk_token="<unk>")
-    ip = SiglipImageProcessor(size={"height": 32, "width": 32})
-    ip.image_seq_length = 16
-    proc = PaliGemmaProcessor(image_processor=ip, tokenizer=tok)
-    tok = proc.tokenizer
-    cfg = PaliGemmaConfig(vision_config={"model_type": "siglip_vision_model", "hidden_size": 32,
-                                         "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-                                         "image_size": 32, "patch_size": 8},
-                          text_config={"model_type": "gemma", "vocab_size": len(tok), "hidden_size": 32,
-                                       "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-                                       "num_key_value_heads": 1, "head_dim": 16, "pad_token_id": tok.pad_token_id,
-                                       "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id},
-                          projection_dim=32, image_token_index=tok.convert_tokens_to_ids("<image>"))
-    torch.manual_seed(0)
-    model = PaliGemmaForConditionalGeneration(cfg)
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.generation_config.pad_token_id = tok.pad_token_id
-    out = tmp_path_factory.mktemp("paligemma") / "pg"
-    model.save_pretrained(out)
-    proc.save_pretrained(out)
-    return out
-
-
 def test_prefix_models_train_and_answer_without_a_chat_template(tiny_paligemma, tmp_path):
     """PaliGemma-pt (the paper's agents): prefix + suffix encoding for training, the prefix alone at
     inference, through the same trainer and chat layer as chat-template models."""

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, Auto
 from lib.artifacts import MissingInputError
 from lib.chat.messages import ChatResult, GenParams, image_bytes, parts_of
 from lib.chat.registry import register_backend
-from lib.presets import Preset, PresetError, options_from, torch_dtype
+from lib.presets import Preset, PresetError, default_device, options_from, torch_dtype
 
 
 @dataclass
@@ -40,7 +40,7 @@ class HFChatBackend:
         if task not in ("image-text-to-text", "causal-lm"):
             raise PresetError(f"hf chat task must be 'image-text-to-text' or 'causal-lm', got {task!r}")
         self.model_id, self.revision, self.task = model_id, revision, task
-        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = device or default_device()
         if model is None:
             kw: dict[str, Any] = {"revision": revision} if revision and not Path(model_id).exists() else {}
             if gguf_file:
