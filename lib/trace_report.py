@@ -483,7 +483,8 @@ def seed_table(runs: dict[str, dict[str, Any]], seed_variants: Sequence[str], fi
         return {"variant": variant, "seed": seed_, "accuracy": ts["accuracy"], "auroc": ts["auroc"],
                 "macro_f1": ts["macro_f1"], "acc_type_001": per_type_accuracy(preds, types).get("001", float("nan")),
                 "unseen_accuracy": r["eval"]["splits"].get("test_unseen", {}).get("accuracy", float("nan")),
-                "epochs_run": r["fit"]["epochs_run"]}
+                "epochs_run": r["fit"]["epochs_run"], "best_epoch": r["fit"]["best_epoch"],
+                "best_val_auroc": r["fit"]["best_val"]}
     tab = pd.DataFrame([row(v, first_seed, runs[v]) for v in seed_variants if v in runs] +
                        [row(v, c.seed, r) for (v, (_, _, c)), r in zip(replicates, seed_runs)])
     return tab.sort_values("variant", key=lambda v: v.map(list(seed_variants).index), kind="stable", ignore_index=True)
