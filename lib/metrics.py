@@ -239,7 +239,8 @@ def proportion_ci(successes: int, n: int, confidence: float = 0.95,
     if not 0 <= successes <= n:
         raise ValueError(f"proportion_ci: {successes} successes out of {n}")
     lo, hi = proportion_confint(int(successes), int(n), alpha=1 - confidence, method=PROPORTION_INTERVALS[method])
-    return successes / n, float(max(0.0, lo)), float(min(1.0, hi))
+    lo, hi = (0.0 if successes == 0 else max(0.0, lo)), (1.0 if successes == n else min(1.0, hi))
+    return successes / n, float(lo), float(hi)
 
 
 def interval_keys(key: str, value: float | None, n: int | None, confidence: float = 0.95,

@@ -400,6 +400,13 @@ def table2_frame(all_preds_keys: Sequence[tuple[str, str, str]], results: dict[s
 
 # ----------------------------------------------------------------------------- notebook 06
 #: the parameters of notebook 04 that rebuild its moderator (written to its settings.json)
+def evaluated(result: dict[str, Any]) -> int | None:
+    """How many memes a setting's accuracy is over: every status counted (an unparseable answer
+    is a wrong one, not a missing one); `n` alone is overwritten by the generation scores."""
+    total = sum(int(result.get(f"n_{s}", 0)) for s in sei.STATUSES)
+    return total or result.get("n")
+
+
 def main_setting_name(retrievers: Sequence[str], shots: Sequence[int]) -> str:
     """The setting notebook 04 reports as its main row: the first retriever with 4 shots (or the
     largest n). Its answers, one per test meme, are also what the §7 text analyses read (pooling
@@ -567,7 +574,7 @@ def stage_metrics(results: dict[str, dict[str, Any]], row, main_name: str, major
     for key, name in (("acc", main_name), ("acc_zero_shot", "zero_shot"), ("acc_random_exemplars", "random_4"),
                       ("acc_shuffled_labels", "shuffled_labels_4"), ("acc_structured", "structured_4"),
                       ("acc_knn_vote", "knn_vote")):
-        m.update(interval_keys(key, m[key], row(name).get("n")))          # Wilson: n is tens of memes
+        m.update(interval_keys(key, m[key], evaluated(row(name))))        # Wilson: n is tens of memes
     if "type_agreement" in retrieval:
         m["retrieval_type_agreement"] = float(q["type_agreement"].iloc[0])
         m["retrieval_type_base_rate"] = float(q["type_base_rate"].iloc[0])

@@ -439,3 +439,11 @@ def test_memeworld_definition_carries_the_world_a_moderator_knows():
         assert plural in text and symbol in text, (plural, symbol)
     assert GANG in text and "sludge rat" in text and "myth stamp" in text
     assert not any(p in " ".join(defs["fhm"].values()) for p, *_ in GROUPS.values())
+
+
+def test_an_accuracy_interval_counts_every_meme_evaluated():
+    """A setting whose answers mostly did not parse is scored over all its memes (unparseable =
+    wrong), so its interval is over all of them too, not over the few that parsed."""
+    from lib.sei_report import evaluated
+    assert evaluated({"n": 5, "n_ok": 5, "n_unparseable": 19, "n_refused": 0}) == 24
+    assert evaluated({"n": 7}) == 7
