@@ -77,7 +77,7 @@ def test_clip4dm_headline_numbers():
     band = sweep[sweep.within_tie]
     assert set(band.epsilon) >= {m["epsilon_chosen"]} and sweep.chosen.sum() == 1
     # the rule: the least abstaining threshold among the near-ties of the best validation word-F1
-    assert m["epsilon_val_share_abstaining"] == pytest.approx(band.share_abstaining.min())
+    assert m["epsilon_val_share_abstaining"] == pytest.approx(band.share_abstaining.min(), abs=1e-5)
     # RichHF is graded now: more negative attribution goes with more misaligned words
     assert m["richhf_spearman_neg_attribution"] > 0.05
     # batched attribution is several times faster per pair, both from PIL images; measured 4.8x
