@@ -198,20 +198,24 @@ class SchemaName(Rule):
 
 class Folder(Rule):
     """A folder inside the repository (relative) or anywhere (absolute) that must exist."""
+    kind = "folder"
+
+    def exists(self, p: Path) -> bool:
+        return p.is_dir()
+
     def check(self, v, path):
         if not isinstance(v, str):
-            return [f"{path}: {v!r} is {type(v).__name__}, expected a folder path"]
+            return [f"{path}: {v!r} is {type(v).__name__}, expected a {self.kind} path"]
         p = Path(v)
-        return [] if (p if p.is_absolute() else ROOT / p).is_dir() else [f"{path}: folder {v!r} does not exist"]
+        return [] if self.exists(p if p.is_absolute() else ROOT / p) else [f"{path}: {self.kind} {v!r} does not exist"]
 
 
-class File(Rule):
+class File(Folder):
     """A file inside the repository (relative) or anywhere (absolute) that must exist."""
-    def check(self, v, path):
-        if not isinstance(v, str):
-            return [f"{path}: {v!r} is {type(v).__name__}, expected a file path"]
-        p = Path(v)
-        return [] if (p if p.is_absolute() else ROOT / p).is_file() else [f"{path}: file {v!r} does not exist"]
+    kind = "file"
+
+    def exists(self, p: Path) -> bool:
+        return p.is_file()
 
 
 def _dataclass_fields(cls, **extra: Rule) -> Struct:
