@@ -235,13 +235,8 @@ def _worker_run(job: tuple[str, str, dict[str, Any]]) -> str:
     run_dir, backbone, cfg_d = job
     cfg, data, caches = TrainConfig(**cfg_d), _WORKER["data"], _WORKER["caches"]
 
-    def make_cache(enc):                     # one cache per backbone and layer, from a fresh (untrained) encoder
-        key = (backbone, lowest_layer(enc, cfg.unfreeze_text_layers))
-        if key not in caches:
-            caches[key] = FeatureCache(enc, data, lowest_unfrozen=key[1], progress=False)
-        return caches[key]
-    run_variant(run_dir, data, backbone, cfg, lambda: load_encoder(backbone, device=_WORKER["device"]), make_cache,
-                progress=False)
+    run_variant(run_dir, data, backbone, cfg, lambda: load_encoder(backbone, device=_WORKER["device"]),
+                lambda enc: shared_cache(caches, data, backbone, cfg, enc), progress=False)
     return run_dir
 
 
@@ -257,24 +252,40 @@ def run_variants(jobs: Sequence[tuple[Any, str, TrainConfig]], src, columns: Seq
     replicates of sequential runs, not copies. workers=1 trains in this process (a GPU: one
     process owns it), exactly as run_variant does."""
     data = subsample(load_trace_data(src, columns), max_memes, seed)
-    todo = [(str(d), b, asdict(c)) for d, b, c in jobs if not is_finished(d, data, b, c)]
+    jobs = list(jobs)
+    order = by_backbone([b for _, b, _ in jobs])          # one backbone's feature cache in memory at a time
+    todo = [(str(d), b, asdict(c)) for d, b, c in (jobs[i] for i in order) if not is_finished(d, data, b, c)]
     if todo and workers > 1:
         with ProcessPoolExecutor(min(workers, len(todo)), mp_context=mp.get_context("spawn"), initializer=_worker_init,
                                  initargs=(str(src), list(columns), max_memes, seed, device)) as ex:
             for _ in tqdm(ex.map(_worker_run, todo), total=len(todo), desc="TRACE runs", disable=not progress):
                 pass
     caches: dict[Any, FeatureCache] = {}
-    return [run_variant(d, data, b, c, lambda b=b: load_encoder(b, device=device),
-                        lambda enc, b=b, c=c: shared_cache(caches, data, b, c, enc), progress=False)
-            for d, b, c in jobs]
+    out: dict[int, dict[str, Any]] = {}
+    for i in order:
+        d, b, c = jobs[i]
+        out[i] = run_variant(d, data, b, c, lambda b=b: load_encoder(b, device=device),
+                             lambda enc, b=b, c=c: shared_cache(caches, data, b, c, enc), progress=False)
+    return [out[i] for i in range(len(jobs))]
+
+
+def by_backbone(backbones: Sequence[str]) -> list[int]:
+    """Job indices grouped by backbone (backbones in order of first appearance, jobs in their order
+    within one), so runs sharing a feature cache run one after another."""
+    first = {b: k for k, b in reversed(list(enumerate(backbones)))}
+    return sorted(range(len(backbones)), key=lambda i: (first[backbones[i]], i))
 
 
 def shared_cache(caches: dict[Any, FeatureCache], data: MemeBatchData, backbone: str, cfg: TrainConfig,
                  encoder) -> FeatureCache:
     """The feature cache runs of one backbone and lowest unfrozen layer share, built once from a
-    fresh (untrained) encoder and kept in `caches`."""
+    fresh (untrained) encoder and kept in `caches`. Only one backbone's caches stay in memory: a
+    cache of another backbone is dropped before this one is built (the paper profile's three
+    backbones would otherwise hold about 30 GiB of host memory at once; `python -m lib.costs`)."""
     key = (backbone, lowest_layer(encoder, cfg.unfreeze_text_layers))
     if key not in caches:
+        for other in [k for k in caches if k[0] != backbone]:
+            del caches[other]
         caches[key] = FeatureCache(encoder, data, lowest_unfrozen=key[1], progress=False)
     return caches[key]
 

@@ -621,3 +621,17 @@ def test_a_runs_caption_columns_come_from_the_run(tmp_path):
     assert run_caption_columns(tmp_path) == ["ivl_8b_new_caption", "gemini_caption"]
     with pytest.raises(FileNotFoundError, match="not finished"):
         run_caption_columns(tmp_path / "missing")
+
+
+def test_one_backbones_feature_cache_in_memory_at_a_time(tiny):
+    """Runs are grouped by backbone and a cache of another backbone is dropped before the next is
+    built: the paper profile's three backbones would otherwise hold their caches' sum of host memory."""
+    from lib.trace_report import by_backbone, shared_cache
+    assert by_backbone(["l14", "xlmr", "l14", "siglip", "xlmr"]) == [0, 2, 1, 4, 3]
+    assert by_backbone([]) == []
+    enc, data = tiny
+    caches = {}
+    first = shared_cache(caches, data, "backbone-a", TrainConfig(), enc)
+    assert shared_cache(caches, data, "backbone-a", TrainConfig(), enc) is first        # shared, not rebuilt
+    shared_cache(caches, data, "backbone-b", TrainConfig(), enc)
+    assert {k[0] for k in caches} == {"backbone-b"}

@@ -1,0 +1,98 @@
+"""The paper profile's cost table (lib/costs.py): token counts, memory formulas and the settings the README prints."""
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lib import costs
+from lib.costs import CHECKPOINTS, GIB, Assumptions, image_tokens
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_image_tokens_follow_each_models_processor():
+    assert image_tokens("paligemma", 300, 2000) == 1024                    # fixed 448-px grid
+    assert image_tokens("internvl", 500, 500) == 2 + 256                  # one tile, no thumbnail
+    assert image_tokens("internvl", 800, 800) == 2 + 256 * 5              # 2 x 2 tiles + thumbnail
+    assert image_tokens("internvl", 4000, 4000) == 2 + 256 * 10           # a square: at most 3 x 3 of the 12 tiles
+    assert image_tokens("internvl", 3000, 4000) == 2 + 256 * 13           # 3 x 4 = 12 tiles + thumbnail
+    # Pixtral: 16-px patches of the image scaled to a 1024-px longest edge, one break token per row;
+    # width and height are not interchangeable
+    assert image_tokens("pixtral", 1000, 500) == (63 + 1) * 32
+    assert image_tokens("pixtral", 500, 1000) == (32 + 1) * 63
+    assert image_tokens("pixtral", 2048, 2048) == (64 + 1) * 64
+    with pytest.raises(ValueError, match="unknown rule"):
+        image_tokens("llava", 10, 10)
+
+
+def test_kv_and_weights_follow_the_configs():
+    ivl = CHECKPOINTS["internvl3.5-8b"]
+    assert costs.kv_bytes_per_token(ivl) == 2 * 36 * 8 * 128 * 2          # K and V, bf16
+    assert costs.kv_bytes_per_token(CHECKPOINTS["paligemma-3b-pt-448"]) == 2 * 18 * 1 * 256 * 2
+    a = Assumptions()
+    u1 = costs.vllm_utilization(ivl, 8192, 1, a)
+    u2 = costs.vllm_utilization(ivl, 32768, 1, a)
+    assert 0 < u1 < u2 < 1
+    need = costs.weight_bytes(ivl) + a.vllm_overhead_gib * GIB + 32768 * costs.kv_bytes_per_token(ivl)
+    assert u2 * a.gpu_gib * GIB >= need > (u2 - 0.01) * a.gpu_gib * GIB
+
+
+def test_the_feature_cache_estimate_is_the_caches_own_size(tiny_clip_dir, tmp_path):
+    from PIL import Image
+    from lib.datasets import MemeRecord
+    from lib.encoders import load_encoder
+    from lib.trace import FeatureCache, MemeBatchData
+    rng = np.random.default_rng(0)
+    recs = []
+    for i in range(11):
+        p = tmp_path / f"{i}.png"
+        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(p)
+        recs.append(MemeRecord(str(i), p, f"meme text {i}", i % 2, "train",
+                               captions={"c": f"a caption {i} " * (1 + i % 4)} if i % 3 else {}))
+    data = MemeBatchData.from_records(recs, ["c"])
+    enc = load_encoder(tiny_clip_dir, device="cpu")
+    for store in ("float32", "float16"):
+        cache = FeatureCache(enc, data, lowest_unfrozen=1, progress=False, store_dtype=store)
+        seq, width = cache.hidden.shape[1:]
+        est = costs.feature_cache_bytes(len(data.ids), len(data.texts), seq, width, cache.image_feat.shape[1],
+                                        cache.image_emb.shape[1], token_fields=len(cache.tokens),
+                                        store_bytes=cache.hidden.element_size())
+        assert est == cache.nbytes
+
+
+def test_training_memory_grows_with_the_batch_and_halving_it_fits_a_48gb_gpu():
+    pg = CHECKPOINTS["paligemma-3b-pt-448"]
+    b8, b4 = costs.training_bytes(pg, 8, 1536, 1024), costs.training_bytes(pg, 4, 1536, 1024)
+    assert b8["weights_grads_adam"] == b4["weights_grads_adam"] == pytest.approx(2.92e9 * 8)
+    assert b8["total"] > b4["total"] and b4["total"] < 46 * GIB < b8["total"]
+
+
+def test_the_table_covers_every_stage_and_says_what_kind_each_number_is():
+    rows = costs.cost_rows("paper")
+    stages = {r.stage.split()[0] for r in rows}
+    assert stages == {"00", "01", "02", "03", "04", "05", "06", "07"}
+    assert all(r.kind in {"exact", "estimated", "cited", "none"} for r in rows)
+    assert all(r.gpu_gib <= Assumptions().gpu_gib for r in rows), "a stage does not fit the named GPU"
+    servers = [r for r in rows if r.stage.startswith("04 few-shot")]
+    assert len(servers) == 2 and "both servers at once" in servers[-1].settings
+    smaller = costs.cost_rows("paper", replace(Assumptions(), image_size=(500, 500)))
+    assert sum(r.gpu_hours for r in smaller) < sum(r.gpu_hours for r in rows)
+    md = costs.markdown(rows, Assumptions())
+    assert md.count("\n") == len(rows) + 1
+
+
+def test_readme_vllm_commands_hold_the_longest_few_shot_prompt():
+    """The serve commands the README prints must fit the profile's 8-shot prompts (default meme size)."""
+    from lib.params import load_profile
+    section = load_profile("paper")["04_few_shot"]
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    for name, served in (("internvl3.5-8b", "internvl3.5-8b"), ("pixtral-12b", "pixtral-12b")):
+        need = costs.vllm_settings(name, section, Assumptions().image_size, Assumptions())
+        cmds = [ln for ln in text.splitlines() if ln.startswith("vllm serve") and f"--served-model-name {served}" in ln]
+        assert cmds, f"README prints no vllm serve command for {served}"
+        for cmd in cmds:
+            m = re.search(r"--max-model-len (\d+)", cmd)
+            assert m and int(m.group(1)) >= need["longest_prompt"], f"{cmd!r}: needs --max-model-len >= {need['longest_prompt']}"
+            assert f"--gpu-memory-utilization {need['utilization']:.2f}" in cmd, cmd
