@@ -4,8 +4,9 @@
 #
 #   make reproduce                  every stage, embedded profile (MemeWorld + tiny models, CPU)
 #   make reproduce PROFILE=paper    the same notebooks with params/paper.yaml
+#   make reproduce PROFILE=paper-smoke   the paper profile's code on tiny stand-in models and data (CPU, ~6 min)
 #   make reproduce NB=03            one stage (by number prefix or stem)
-#   make test                       pytest + nbval over the notebooks (embedded profile)
+#   make test                       pytest + nbval over the notebooks (embedded profile), then PROFILE=paper-smoke
 #   make report                     the executed notebooks as a static HTML site (artifacts/<profile>/report/)
 
 PROFILE ?= embedded
@@ -24,7 +25,7 @@ export MPLBACKEND := Agg
 .PHONY: disk-check reproduce test test-unit test-notebooks test-gpu data venv lock environment.yml check-params results clean-artifacts help report browser
 
 help:
-	@sed -n '1,13p' Makefile
+	@sed -n '1,14p' Makefile
 
 $(STAMP): pyproject.toml requirements.lock requirements-nodeps.txt
 	@echo ">> bootstrapping $(VENV) (python: $$($(PYTHON) --version))"

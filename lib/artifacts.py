@@ -91,6 +91,13 @@ def declared(profile: str, name: str, **fields: str) -> Path:
     return ARTIFACTS[name].path(profile, **fields)
 
 
+def project_path(p: Path | str) -> Path:
+    """A path a profile names: absolute as given, relative to the repository root otherwise (the
+    profiles' convention, whatever folder the notebook or process runs in)."""
+    p = Path(p).expanduser()
+    return p if p.is_absolute() else ROOT / p
+
+
 def relpath(p: Path | str) -> str:
     """A path relative to the repository root when it lies inside it (for messages/outputs)."""
     p = Path(p).resolve()

@@ -17,15 +17,17 @@ profiles:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from lib.artifacts import project_path
 from lib.chat import GenParams, user
 from lib.encoders import load_encoder
 from lib.memeworld_vlm import rouge_l
-from lib.presets import default_device
+from lib.presets import default_device, resolve_model_path
 from lib.prompts import prompt_line
 
 #: the captioner's question without grounding, and with it ({tags}: the detected objects)
@@ -129,6 +131,18 @@ class CropGrounder:
         return out
 
 
+def read_tag_list(path: str | Path) -> list[str]:
+    """A tagger vocabulary file (RAM++'s ram_tag_list.txt: one tag per line), relative to the repository
+    root unless absolute."""
+    p = project_path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"tag_vocabulary_file: {p} does not exist (RAM++'s tag list, one tag per line)")
+    tags = [line.strip() for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if not tags:
+        raise ValueError(f"tag_vocabulary_file: {p} holds no tag")
+    return tags
+
+
 class GroundingDinoGrounder:
     """GroundingDINO (transformers `AutoModelForZeroShotObjectDetection`) prompted with the tags as
     "tag one. tag two.", as TRACE's captioning pipeline does; detected phrases are mapped back to
@@ -145,6 +159,7 @@ class GroundingDinoGrounder:
         from transformers import AutoModelForZeroShotObjectDetection, AutoProcessor
         device = device or default_device()
         rk = {"revision": revision} if revision else {}
+        model_id = resolve_model_path(model_id)               # a hub id, or a local folder under the root
         model = AutoModelForZeroShotObjectDetection.from_pretrained(model_id, **rk).to(device).eval()
         return cls(model, AutoProcessor.from_pretrained(model_id, **rk), device=device, **kw)
 

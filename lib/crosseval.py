@@ -435,3 +435,25 @@ def stage_metrics(table_common: pd.DataFrame, n_methods: int, n_common: int, maj
         m[f"injection_flip_rate_{metric_key(r.method)}" + ("" if r.mitigation == "none" else f"_{r.mitigation}")
           + ("_control" if r.copies == "control" else "")] = float(r.flip_rate)
     return m
+
+
+#: the columns of notebook 06's confounders.csv (written, with its header, even when no row exists)
+CONFOUNDER_COLUMNS = ["method", "subset", "metric", "value", "ci_low", "ci_high", "n", "ci", "system"]
+
+
+def confounder_rows(methods: dict[str, dict[str, Any]], gold: pd.DataFrame, n_resamples: int, seed: int,
+                    confidence: float, ci_method: str) -> pd.DataFrame:
+    """Accuracy of each method on the memes of each benign-confounder kind (MemeWorld annotates
+    them; the real FHM files do not, and then the frame is empty with its columns)."""
+    rows: list[dict[str, Any]] = []
+    has = gold["confounder"].notna() & ~gold["confounder"].isin(["none"]) if "confounder" in gold else None
+    for name, m in methods.items():
+        if has is None:
+            break
+        f = m["frame"]
+        ids = [i for i in f["id"] if i in gold.index and bool(has.loc[i])]
+        if not ids:
+            continue
+        subs = {k: list(v.index) for k, v in gold.loc[ids].groupby("confounder")}
+        rows += metric_rows(f, name, subs, ("accuracy",), n_resamples, seed, confidence, ci_method, system=m["system"])
+    return pd.DataFrame(rows, columns=CONFOUNDER_COLUMNS) if not rows else pd.DataFrame(rows)

@@ -11,8 +11,8 @@ from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
-from lib import ROOT, memeworld
-from lib.artifacts import file_digest, read_json, relpath, require, stage_dir, write_json, write_manifest
+from lib import memeworld
+from lib.artifacts import file_digest, project_path, read_json, relpath, require, stage_dir, write_json, write_manifest
 from lib.datasets import REGISTRY, DataError, Dataset, load_source, memeworld_sources, missing_files
 from lib.memeworld import load_specs, write_memeworld
 
@@ -20,8 +20,7 @@ STAGE = "00_data_prep"
 
 
 def _abs(p: str | Path) -> Path:
-    p = Path(p)
-    return p if p.is_absolute() else ROOT / p
+    return project_path(p)
 
 
 def _rel_sources(sources: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

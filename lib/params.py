@@ -148,7 +148,25 @@ def _construct_mapping(loader, node, deep=False):
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def load_profile(profile: str) -> dict[str, dict[str, Any]]:
+def load_profile(profile: str, _seen: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
+    """A profile's sections. A profile may start with `extends: <profile>`: it then holds only what
+    differs, and each of its sections updates the other profile's section key by key (the
+    paper-smoke profile is the paper profile with small sizes and local stand-ins)."""
+    if profile in _seen:
+        raise ProfileError(f"params/{profile}.yaml: 'extends' loops ({' -> '.join((*_seen, profile))})")
+    data = _load_file(profile)
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str):
+        raise ProfileError(f"params/{profile}.yaml: 'extends' names one profile, got {parent!r}")
+    base = load_profile(parent, (*_seen, profile))
+    for section, values in data.items():
+        base[section] = {**base.get(section, {}), **values}
+    return base
+
+
+def _load_file(profile: str) -> dict[str, Any]:
     path = profile_path(profile)
     if not path.exists():
         known = ", ".join(sorted(p.stem for p in PARAMS_DIR.glob("*.yaml")))
@@ -159,7 +177,7 @@ def load_profile(profile: str) -> dict[str, dict[str, Any]]:
         raise ProfileError(f"params/{path.name}: {e}") from None
     except yaml.YAMLError as e:
         raise ProfileError(f"params/{path.name}: not valid YAML: {e}") from e
-    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for k, v in data.items() if k != "extends"):
         raise ProfileError(f"params/{path.name}: expected a mapping of stage name -> mapping of parameters")
     return data
 

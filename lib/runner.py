@@ -9,6 +9,7 @@ anything that looks like a secret.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -18,14 +19,18 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 from lib import ROOT
 from lib.artifacts import write_text
+from lib.chat import loopback
 from lib.chat.keys import read_dotenv, remembered_env_files
 from lib.params import ProfileError, Stage, select_stages, validate_profile
-from lib.presets import presets
+from lib.presets import OVERLAY_ENV, overlay_path, presets, read_overlay, resolve_model_path
 from lib.results import update_readme
 
+#: the profile `make test` runs after the embedded stages: the paper profile on tiny stand-ins
+SMOKE_PROFILE = "paper-smoke"
 SECRET_ENV = re.compile(r"(API_KEY|TOKEN|SECRET|PASSWORD)", re.I)
 #: An absolute path outside the project and the home folder (those are made relative first): a
 #: "/" that does not continue a word, a URL or a relative path, followed by at least one folder.
@@ -154,6 +159,36 @@ def run_module(stage: Stage, profile: str) -> None:
     subprocess.run(cmd, cwd=ROOT, env=_env(), check=True)
 
 
+@contextlib.contextmanager
+def profile_services(profile: str):
+    """What a profile's preset overlay (params/presets/overlays/<profile>.yaml) declares, for the
+    stages' duration: the overlay itself (in the environment every stage inherits), a `prepare`
+    module run first (the paper-smoke profile's checkpoints and datasets) and a loopback
+    OpenAI-compatible server on `loopback_port`. A profile without an overlay gets nothing."""
+    path = overlay_path(profile)
+    if not path.exists():
+        yield
+        return
+    spec = read_overlay(path)
+    if spec.get("prepare"):
+        cmd = [sys.executable, "-m", *(resolve_model_path(str(a)) for a in spec["prepare"])]
+        print(">>", " ".join(cmd[1:]), flush=True)
+        subprocess.run(cmd, cwd=ROOT, env=_env(), check=True)
+    srv = loopback.start(int(spec["loopback_port"])) if spec.get("loopback_port") else None
+    old = os.environ.get(OVERLAY_ENV)
+    os.environ[OVERLAY_ENV] = str(path)
+    try:
+        yield
+    finally:
+        if srv is not None:
+            srv.shutdown()
+            srv.server_close()
+        if old is None:
+            os.environ.pop(OVERLAY_ENV, None)
+        else:
+            os.environ[OVERLAY_ENV] = old
+
+
 def reproduce(profile: str, only: str | None) -> int:
     try:
         chosen = select_stages(only)
@@ -162,6 +197,11 @@ def reproduce(profile: str, only: str | None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     os.environ.update({k: v for k, v in _env().items() if k not in os.environ})
+    with profile_services(profile):
+        return _run_stages(chosen, profile, sections)
+
+
+def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str, Any]]) -> int:
     for st in chosen:
         t0 = time.time()
         print(f"== {st.name} ({st.label}, profile {profile})", flush=True)
@@ -206,8 +246,8 @@ def _run_test_steps(report_dir: Path, skip_unit: bool) -> int:
     if not skip_unit:
         steps.append(("unit tests", py + ["tests", "-m", "not artifacts and not gpu"]))
     try:
-        validate_profile("embedded")
-        validate_profile("paper")
+        for profile in ("embedded", "paper", SMOKE_PROFILE):
+            validate_profile(profile)
     except ProfileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -218,6 +258,8 @@ def _run_test_steps(report_dir: Path, skip_unit: bool) -> int:
                                 str(st.notebook.relative_to(ROOT))]))
         else:
             steps.append((f"stage {st.name}", [sys.executable, "-m", st.module, "--profile", "embedded"]))
+    # the paper profile's code end to end on tiny stand-ins (params/paper-smoke.yaml): a first GPU run's plumbing
+    steps.append((f"profile {SMOKE_PROFILE}", [sys.executable, "-m", "lib.runner", "reproduce", "--profile", SMOKE_PROFILE]))
     steps.append(("artifact checks", py + ["tests", "-m", "artifacts"]))
     timings = []
     totals = [0, 0, 0]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from lib.embedded_models import build_clip_tokenizer
+from lib.memeworld import tag_vocabulary, write_memeworld
 
 CORPUS = ["a meme with a cat and a dog", "the text says hello to everyone", "hateful non-hateful racist sexist",
           "explain why this picture is offensive", "a red sun over a green field", "two people holding a sign",
@@ -155,6 +156,15 @@ def paligemma(out: Path) -> Path:
 
 
 def _save_generative(model, proc, tok, out: Path) -> Path:
+    import torch
+    # a random decoder's greedy answer is often one whitespace token repeated, which strips to an
+    # empty caption; zeroing the output rows of whitespace-only and special tokens (EOS kept) makes
+    # it write words, so the stages downstream get text to carry
+    head = model.get_output_embeddings()
+    quiet = [i for i in range(len(tok)) if i != tok.eos_token_id
+             and (not tok.decode([i]).strip() or i in tok.all_special_ids)]
+    with torch.no_grad():
+        head.weight[quiet] = 0.0
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     out.mkdir(parents=True, exist_ok=True)
@@ -354,10 +364,67 @@ BUILDERS: dict[str, tuple[Callable[[Path], Path], str]] = {
 }
 
 
+# ----------------------------------------------------------------------------- data under the real names
+
+#: the paper profile's dataset folders, each filled from MemeWorld's copy in the same format:
+#: target folder -> (MemeWorld files or folders copied into it, the image folder it needs)
+DATA_LAYOUT: dict[str, tuple[tuple[str, ...], str | None]] = {
+    "fhm": (("train.jsonl", "dev_seen.jsonl", "dev_unseen.jsonl", "test_seen.jsonl", "test_unseen.jsonl"), "img"),
+    "MultiOFF": (("multioff/Split Dataset", "multioff/Labelled Images"), None),
+    "mami": (("mami/training.csv", "mami/test.csv"), "images"),
+    "hvli": (("hvli/train_set.json", "hvli/test_set.json"), "img"),
+    "hatred": (("hatred/fhm_train_reasonings.jsonl", "hatred/fhm_test_reasonings.jsonl"), None),   # images: ../fhm/img
+    "memecap": (("memecap/memes-trainval.json", "memecap/memes-test.json"), "images"),
+    "memesense": (("memesense/memesense.csv",), "img"),
+    "foil": (("foil/foil_test.json",), None),
+    "coco": ((), "val2014"),                                  # FOIL's images: ../coco/val2014
+    "nocaps_foil": (("nocaps_foil/nocaps_foil.json",), None),
+    "hat": (("hat/hat.json",), "images"),
+    "richhf": (("richhf/richhf.jsonl",), "test"),
+    "seetrue": (("seetrue/seetrue_feedback.json",), "images"),
+}
+
+
+def _copy(src: Path, dst: Path) -> None:
+    import shutil                                            # lazy: only the data builder copies
+    if src.is_dir():
+        shutil.copytree(src, dst, dirs_exist_ok=True)
+    else:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst)
+
+
+def write_data(out: Path, n: int = 400, seed: int = 0) -> Path:
+    """A small MemeWorld written where the paper profile reads each dataset (`data/fhm`,
+    `data/MultiOFF`, `data/mami/images`, `data/coco/val2014`, `data/nocaps/images`, ...), in the
+    datasets' own files, plus RAM++'s tag list file (MemeWorld's objects, one per line). A finished
+    copy (its `.complete` marker written last) is kept."""
+    if (out / ".complete").exists():
+        return out
+    import tempfile                                          # lazy: only the data builder
+    with tempfile.TemporaryDirectory() as tmp:
+        mw = Path(tmp)
+        write_memeworld(mw, n=n, seed=seed, n_multioff=max(60, n // 4), workers=1, progress=False)
+        for target, (files, images) in DATA_LAYOUT.items():
+            (out / target).mkdir(parents=True, exist_ok=True)
+            for f in files:
+                _copy(mw / f, out / target / Path(f).name)
+            if images:
+                _copy(mw / "img", out / target / images)
+        _copy(mw / "nocaps_foil" / "img", out / "nocaps" / "images")
+    (out / "ram_tag_list.txt").write_text("\n".join(tag_vocabulary()) + "\n", encoding="utf-8")
+    (out / ".complete").write_text(json.dumps({"memes": n, "seed": seed}) + "\n")
+    return out
+
+
 def build_all(out: Path, names: Sequence[str] | None = None) -> dict[str, Path]:
+    """Each named checkpoint under `out/<name>`; one already built (its SMOKE.json written last) is kept."""
     made = {}
     for name in names or BUILDERS:
         builder, real = BUILDERS[name]
+        if (out / name / "SMOKE.json").exists():
+            made[name] = out / name
+            continue
         made[name] = builder(out / name)
         (made[name] / "SMOKE.json").write_text(json.dumps({"stands_for": real, "weights": "random"}) + "\n")
     return made
@@ -366,10 +433,14 @@ def build_all(out: Path, names: Sequence[str] | None = None) -> dict[str, Path]:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("artifacts/paper-smoke/models"))
+    ap.add_argument("--data", type=Path, default=None, help="also write the smoke datasets here")
+    ap.add_argument("--memes", type=int, default=400)
     ap.add_argument("names", nargs="*", help=f"some of: {', '.join(BUILDERS)} (default: all)")
     args = ap.parse_args(argv)
     for name, path in build_all(args.out, args.names or None).items():
         print(f"{name:<22} -> {path}")
+    if args.data:
+        print(f"datasets -> {write_data(args.data, args.memes)}")
     return 0
 
 

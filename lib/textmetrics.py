@@ -56,7 +56,7 @@ def resolve_text_model(name: str | Path) -> str:
     s = str(name)
     if s == "minilm":
         s = MINILM
-    p = resolve_model_path(s) if s.startswith("package:") else s
+    p = resolve_model_path(s)
     if not Path(p).exists():
         raise FileNotFoundError(f"text model folder {p} does not exist (from {name!r}); the paper profile needs a "
                                 f"local copy of the checkpoint")

@@ -18,9 +18,10 @@ class OpenClipEncoder(Encoder):
     @classmethod
     def from_preset(cls, preset: Preset, device: str) -> "OpenClipEncoder":
         precision = {"float32": "fp32", "bfloat16": "bf16"}.get(preset.dtype, "fp16")
+        name = preset.resolved_model             # an architecture name, hf-hub:..., or local-dir:{artifacts}/...
         model, _, preprocess = open_clip.create_model_and_transforms(
-            preset.model, pretrained=preset.options.get("pretrained"), precision=precision, device=device)
-        return cls(model.eval(), open_clip.get_tokenizer(preset.model), preprocess, preset, device)
+            name, pretrained=preset.options.get("pretrained"), precision=precision, device=device)
+        return cls(model.eval(), open_clip.get_tokenizer(name), preprocess, preset, device)
 
     def tokenize(self, texts, **kw):
         ids = self.tokenizer(list(texts))
