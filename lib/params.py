@@ -166,6 +166,21 @@ def load_profile(profile: str, _seen: tuple[str, ...] = ()) -> dict[str, dict[st
     return base
 
 
+def is_paper(profile: str) -> bool:
+    """The paper profile or one that extends it (paper-smoke): the paper's own numbers are shown beside
+    its rows, so that code runs wherever the paper profile's does."""
+    seen = []
+    while profile and profile not in seen:
+        if profile == "paper":
+            return True
+        seen.append(profile)
+        try:
+            profile = _load_file(profile).get("extends")
+        except ProfileError:
+            return False
+    return False
+
+
 def _load_file(profile: str) -> dict[str, Any]:
     path = profile_path(profile)
     if not path.exists():

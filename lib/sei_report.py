@@ -24,6 +24,7 @@ from lib.artifacts import require, stage_dir, write_bytes, write_json, write_tex
 from lib.chat import ResponseCache, default_cache_path
 from lib.data_prep import load_prepared
 from lib.metrics import interval_keys, mean_ci
+from lib.params import is_paper
 from lib.sei import Meme, Prediction, subgroup
 from lib.textmetrics import pair_semsim, score_texts, token_count, type_token_ratio, unigram_perplexity, vader_label
 
@@ -54,11 +55,12 @@ PAPER_COLUMNS = ("acc", "macro_f1", "expl_rouge_l", "expl_semsim", "expl_bertsco
                  "int_bertscore_f1", "support")
 
 
-def paper_row(model_preset: str, dataset: str, n: int) -> dict[str, float] | None:
-    """The paper's Table 2 numbers (SigLIP retrieval) for a model preset, dataset and n."""
+def paper_row(model_preset: str, dataset: str, n: int, retriever: str = "siglip") -> dict[str, float] | None:
+    """The paper's Table 2 numbers for a model preset, dataset and n; Table 2 retrieves with SigLIP,
+    so another retriever (CLIP, BLIP: Table 4) gets none."""
     key = next((k for k in ("gpt-4o", "internvl3.5-8b", "pixtral-12b") if k in model_preset), None)
     table = {"fhm": PAPER_TABLE2_FHM, "mami": PAPER_TABLE2_MAMI}.get(dataset)
-    if key is None or table is None or (key, n) not in table:
+    if key is None or table is None or "siglip" not in retriever or (key, n) not in table:
         return None
     v = table[(key, n)]
     return {c: (x / 100 if c in ("acc", "macro_f1") else x) for c, x in zip(PAPER_COLUMNS, v)}
@@ -145,7 +147,7 @@ def evaluate_agents(agents: dict[str, dict[str, Any]], data: dict[str, list[Agen
 def table3_frame(rows: Sequence[dict[str, Any]], profile: str, bertscore_label: str = "BERTScore-F1"):
     import pandas as pd
     df = pd.DataFrame([{k: v for k, v in r.items() if k != "examples"} for r in rows]).set_index("agent")
-    if profile == "paper":
+    if is_paper(profile):
         for a, (data, n, rl, ss, bs) in PAPER_TABLE3.items():
             if a in df.index:
                 df.loc[a, ["paper_data", "paper_n", "paper_rouge_l", "paper_semsim", "paper_bertscore_f1"]] = \
@@ -388,7 +390,7 @@ def table2_frame(all_preds_keys: Sequence[tuple[str, str, str]], results: dict[s
         row = rows.setdefault((model, r, int(n)), {})
         for c in cols:
             row[(ds, c)] = res.get(c)
-        p = paper_row(model, ds, int(n)) if profile == "paper" and "siglip" in r else None
+        p = paper_row(model, ds, int(n), r) if is_paper(profile) else None
         for c in cols if p else ():
             row[(ds, f"paper {c}")] = p[c]
     df = pd.DataFrame.from_dict(rows, orient="index")

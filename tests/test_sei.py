@@ -418,6 +418,11 @@ def test_table2_layout_and_paper_rows():
     assert t.loc[("vllm-internvl3.5-8b", "siglip-so400m", 4), ("mami", "acc")] == pytest.approx(0.8)
     assert t.loc[("vllm-internvl3.5-8b", "siglip-so400m", 4), ("fhm", "paper acc")] == pytest.approx(0.7355)
     assert paper_row("gpt-4o", "mami", 8)["support"] == 446 and paper_row("smollm2", "fhm", 4) is None
+    # Table 2 is SigLIP retrieval: a CLIP or BLIP row never gets its numbers (it did in notebook 04's paper
+    # rows, found by the paper-smoke run)
+    assert paper_row("vllm-internvl3.5-8b", "fhm", 4, "siglip-so400m") is not None
+    assert paper_row("vllm-internvl3.5-8b", "fhm", 4, "clip-vit-l14") is None
+    assert paper_row("vllm-internvl3.5-8b", "fhm", 4, "blip-base") is None
     assert ("fhm", "paper acc") not in table2_frame(keys, results, key, "embedded").columns
 
 
