@@ -114,7 +114,11 @@ def comparison_tables(profile: str) -> list[str]:
     return out
 
 
-def render(profiles: tuple[str, ...] = ("embedded", "paper"), keep: dict[str, list] | None = None) -> str:
+#: the profiles whose results the README shows (paper-smoke's numbers mean nothing and never appear there)
+README_PROFILES: tuple[str, ...] = ("embedded", "paper")
+
+
+def render(profiles: tuple[str, ...] = README_PROFILES, keep: dict[str, list] | None = None) -> str:
     """The results block, per profile and within it per system: notebook 06's cross-method and
     injection tables first, then every stage's metrics under the system it belongs to. A stage
     with no metrics.json here keeps the rows it has in `keep` (the block being replaced), so

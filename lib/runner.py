@@ -27,7 +27,7 @@ from lib.chat import loopback
 from lib.chat.keys import read_dotenv, remembered_env_files
 from lib.params import ProfileError, Stage, select_stages, validate_profile
 from lib.presets import OVERLAY_ENV, overlay_path, presets, read_overlay, resolve_model_path
-from lib.results import update_readme
+from lib.results import README_PROFILES, update_readme
 
 #: the profile `make test` runs after the embedded stages: the paper profile on tiny stand-ins
 SMOKE_PROFILE = "paper-smoke"
@@ -214,7 +214,8 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
             print(f"\nerror: {e}", file=sys.stderr)
             return 1
         print(f"== {st.name} done in {time.time() - t0:.0f}s", flush=True)
-    update_readme(ROOT / "README.md")
+    if profile in README_PROFILES:      # the README's results table; a smoke run must not rewrite it
+        update_readme(ROOT / "README.md")
     return 0
 
 

@@ -162,3 +162,17 @@ def test_real_fhm_without_confounder_annotations_gives_an_empty_table_not_an_err
     gold.loc[["2", "3"], "confounder"] = "image"
     t = ce.confounder_rows(methods, gold, 10, 0, 0.95, "wilson")
     assert t[["subset", "value", "n"]].values.tolist() == [["image", 0.5, 2]]
+
+
+def test_a_smoke_run_never_rewrites_the_readme_results(monkeypatch):
+    """`make test` ends with the paper-smoke profile; its numbers must not replace the README's table."""
+    import contextlib
+    import lib.runner as runner
+    from lib.params import Stage
+    calls = []
+    monkeypatch.setattr(runner, "profile_services", lambda profile: contextlib.nullcontext())
+    monkeypatch.setattr(runner, "run_notebook", lambda st, profile, params: None)
+    monkeypatch.setattr(runner, "update_readme", lambda path: calls.append(path))
+    st = [Stage("07_figures", notebook=ROOT / "notebooks" / "07_figures.ipynb")]
+    assert runner._run_stages(st, "paper-smoke", {"07_figures": {}}) == 0 and calls == []
+    assert runner._run_stages(st, "embedded", {"07_figures": {}}) == 0 and len(calls) == 1
