@@ -164,7 +164,8 @@ def profile_services(profile: str):
     """What a profile's preset overlay (params/presets/overlays/<profile>.yaml) declares, for the
     stages' duration: the overlay itself (in the environment every stage inherits), a `prepare`
     module run first (the paper-smoke profile's checkpoints and datasets) and a loopback
-    OpenAI-compatible server on `loopback_port`. A profile without an overlay gets nothing."""
+    OpenAI-compatible server on `loopback_port` (0: a free one), whose URL replaces "{loopback}" in
+    the overlay's base_urls. A profile without an overlay gets nothing."""
     path = overlay_path(profile)
     if not path.exists():
         yield
@@ -174,19 +175,24 @@ def profile_services(profile: str):
         cmd = [sys.executable, "-m", *(resolve_model_path(str(a)) for a in spec["prepare"])]
         print(">>", " ".join(cmd[1:]), flush=True)
         subprocess.run(cmd, cwd=ROOT, env=_env(), check=True)
-    srv = loopback.start(int(spec["loopback_port"])) if spec.get("loopback_port") else None
-    old = os.environ.get(OVERLAY_ENV)
-    os.environ[OVERLAY_ENV] = str(path)
+    env = {OVERLAY_ENV: str(path)}
+    srv = None
+    if "loopback_port" in spec:                      # 0: a free port (two runs on one machine never collide)
+        srv = loopback.start(int(spec["loopback_port"] or 0))
+        env[loopback.LOOPBACK_ENV] = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         yield
     finally:
         if srv is not None:
             srv.shutdown()
             srv.server_close()
-        if old is None:
-            os.environ.pop(OVERLAY_ENV, None)
-        else:
-            os.environ[OVERLAY_ENV] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def reproduce(profile: str, only: str | None) -> int:

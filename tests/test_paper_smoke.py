@@ -57,7 +57,7 @@ def test_the_overlay_replaces_presets_by_name_only_while_it_is_set(monkeypatch):
     path = overlay_path("paper-smoke")
     monkeypatch.setenv(OVERLAY_ENV, str(path))
     over = read_overlay(path)
-    assert get_preset("chat", "gpt-4o").options["base_url"] == f"http://127.0.0.1:{over['loopback_port']}/v1"
+    assert get_preset("chat", "gpt-4o").options["base_url"] == "{loopback}"
     assert get_preset("encoders", "clip-xlmr-h14").model.startswith("local-dir:{artifacts}/paper-smoke/")
     assert get_preset("chat", "smollm2-135m-instruct").backend      # presets it does not name are unchanged
     # every preset the paper profile names is overlaid: nothing reaches a hub or a paid API
@@ -176,3 +176,17 @@ def test_a_smoke_run_never_rewrites_the_readme_results(monkeypatch):
     st = [Stage("07_figures", notebook=ROOT / "notebooks" / "07_figures.ipynb")]
     assert runner._run_stages(st, "paper-smoke", {"07_figures": {}}) == 0 and calls == []
     assert runner._run_stages(st, "embedded", {"07_figures": {}}) == 0 and len(calls) == 1
+
+
+def test_loopback_presets_reach_the_running_server_and_name_it_not_its_port(server, monkeypatch):
+    from lib.chat.loopback import LOOPBACK_ENV
+    from lib.chat.registry import load_backend
+    monkeypatch.setenv(OVERLAY_ENV, str(overlay_path("paper-smoke")))
+    monkeypatch.delenv(LOOPBACK_ENV, raising=False)
+    with pytest.raises(RuntimeError, match=LOOPBACK_ENV):
+        load_backend(get_preset("chat", "gpt-4o"), None, None, None, None)
+    monkeypatch.setenv(LOOPBACK_ENV, server)
+    b = load_backend(get_preset("chat", "gpt-4o"), None, None, None, None)
+    assert b.base_url == server and "base_url" not in b.identity()      # a rerun on another port hits the cache
+    from lib.chat import GenParams, user
+    assert b.complete([user("is it hateful?")], GenParams(max_new_tokens=8)).status == "ok"

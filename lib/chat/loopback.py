@@ -23,6 +23,7 @@ import base64
 import hashlib
 import io
 import json
+import os
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,6 +33,22 @@ import jsonschema
 from PIL import Image
 
 LABELS = ("hateful", "non-hateful")
+#: the environment variable holding the running loopback server's URL; a preset whose base_url is
+#: "{loopback}" is sent there (lib.runner starts the server on a free port and sets it)
+LOOPBACK_ENV = "COMPENDIUM_LOOPBACK_URL"
+#: what a loopback answer's cache identity names instead of its (per-run) port
+IDENTITY = {"server": "lib.chat.loopback", "answers": "schema-valid by request hash", "version": 1}
+
+
+def loopback_url(spec: str) -> str:
+    """`spec` with "{loopback}" replaced by the running loopback server's URL (LOOPBACK_ENV)."""
+    if "{loopback}" not in spec:
+        return spec
+    url = os.environ.get(LOOPBACK_ENV)
+    if not url:
+        raise RuntimeError(f"base_url {spec!r} needs the loopback server: run the stage through lib.runner, "
+                           f"or start `python -m lib.chat.loopback` and set {LOOPBACK_ENV} to its /v1 URL")
+    return spec.replace("{loopback}", url.rstrip("/"))
 
 
 class BadRequest(ValueError):

@@ -18,6 +18,7 @@ import httpx
 from PIL import Image
 
 from lib.chat.keys import KeyRing, api_keys
+from lib.chat.loopback import IDENTITY as LOOPBACK_IDENTITY, loopback_url
 from lib.chat.messages import ChatResult, GenParams, image_bytes, parts_of
 from lib.chat.registry import register_backend, served_identity
 from lib.presets import Preset, PresetError, options_from
@@ -107,12 +108,14 @@ class OpenAICompatibleBackend:
         if not (base_url or o.base_url):
             raise PresetError(f"chat preset '{preset.name}': options.base_url is missing")
         keys = api_keys(o.api_key_env, env_file) if o.api_key_env else []
-        return cls(preset.model, base_url or o.base_url, keys, revision=preset.revision, timeout_s=o.timeout_s,
+        local = "{loopback}" in o.base_url and not base_url    # paper-smoke's test server: its port changes per run
+        base_url = base_url or loopback_url(o.base_url)
+        return cls(preset.model, base_url, keys, revision=preset.revision, timeout_s=o.timeout_s,
                    total_timeout_s=o.total_timeout_s, max_retries=o.max_retries, price_in=o.price_in,
                    price_out=o.price_out,
                    api_key_optional=o.api_key_optional if o.api_key_optional is not None else served,
                    structured_output=o.structured_output,
-                   identity_extra=served_identity(preset) if served else None)
+                   identity_extra=served_identity(preset) if served else dict(LOOPBACK_IDENTITY) if local else None)
 
     def identity(self) -> dict[str, Any]:
         """Model, revision and endpoint: two servers that share a model name are different models.
