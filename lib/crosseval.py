@@ -446,14 +446,12 @@ def confounder_rows(methods: dict[str, dict[str, Any]], gold: pd.DataFrame, n_re
     """Accuracy of each method on the memes of each benign-confounder kind (MemeWorld annotates
     them; the real FHM files do not, and then the frame is empty with its columns)."""
     rows: list[dict[str, Any]] = []
-    has = gold["confounder"].notna() & ~gold["confounder"].isin(["none"]) if "confounder" in gold else None
+    kind = gold["confounder"] if "confounder" in gold else pd.Series(None, index=gold.index, dtype=object)
+    annotated = kind.notna() & (kind != "none")
     for name, m in methods.items():
-        if has is None:
-            break
-        f = m["frame"]
-        ids = [i for i in f["id"] if i in gold.index and bool(has.loc[i])]
-        if not ids:
-            continue
-        subs = {k: list(v.index) for k, v in gold.loc[ids].groupby("confounder")}
-        rows += metric_rows(f, name, subs, ("accuracy",), n_resamples, seed, confidence, ci_method, system=m["system"])
-    return pd.DataFrame(rows, columns=CONFOUNDER_COLUMNS) if not rows else pd.DataFrame(rows)
+        ids = [i for i in m["frame"]["id"] if i in gold.index and annotated.loc[i]]
+        if ids:
+            subs = {k: list(v.index) for k, v in gold.loc[ids].groupby("confounder")}
+            rows += metric_rows(m["frame"], name, subs, ("accuracy",), n_resamples, seed, confidence, ci_method,
+                                system=m["system"])
+    return pd.DataFrame(rows, columns=CONFOUNDER_COLUMNS)

@@ -19,10 +19,6 @@ from lib.memeworld import load_specs, write_memeworld
 STAGE = "00_data_prep"
 
 
-def _abs(p: str | Path) -> Path:
-    return project_path(p)
-
-
 def _rel_sources(sources: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out = {}
     for name, src in sources.items():
@@ -54,7 +50,7 @@ def missing_report(sources: dict[str, dict[str, Any]], also_missing: Sequence[st
     `also_missing`: the profile's other local files that are absent (lib.params.missing_local_files)."""
     lines = list(also_missing)
     for name, src in sources.items():
-        root = _abs(src["root"])
+        root = project_path(src["root"])
         miss = [str(root)] if not root.exists() else [str(root / f) for f in missing_files(name, root)]
         if miss:
             lines.append(f"  - {name}: missing {', '.join(relpath(m) for m in miss)}\n"
@@ -80,9 +76,9 @@ def prepare(profile: str, params: dict[str, Any], also_missing: Sequence[str] = 
             raise DataError(f"params/{profile}.yaml: 00_data_prep.datasets names unknown datasets {unknown}; "
                             f"registered: {sorted(REGISTRY)}")
         for src in sources.values():
-            src["root"] = str(_abs(src["root"]))
+            src["root"] = str(project_path(src["root"]))
             if "image_root" in src:
-                src["image_root"] = str(_abs(src["image_root"]))
+                src["image_root"] = str(project_path(src["image_root"]))
         msg = missing_report(sources, also_missing)
         if msg:
             raise FileNotFoundError(msg)
@@ -98,9 +94,9 @@ def load_all(sources: dict[str, dict[str, Any]], strict: bool = True, check_imag
     out = {}
     for name, src in tqdm(sources.items(), desc="load datasets"):
         s = dict(src)
-        s["root"] = str(_abs(s["root"]))
+        s["root"] = str(project_path(s["root"]))
         if "image_root" in s:
-            s["image_root"] = str(_abs(s["image_root"]))
+            s["image_root"] = str(project_path(s["image_root"]))
         out[name] = load_source(name, s, strict=strict, check_images=check_images)
     return out
 

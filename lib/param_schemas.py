@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from lib import ROOT
+from lib.artifacts import project_path
 from lib.datasets import REGISTRY, loader_options
 from lib.injection import CONTROL_PHRASINGS, MITIGATIONS, PHRASINGS
 from lib.presets import presets
@@ -206,8 +207,7 @@ class Folder(Rule):
     def check(self, v, path):
         if not isinstance(v, str):
             return [f"{path}: {v!r} is {type(v).__name__}, expected a {self.kind} path"]
-        p = Path(v)
-        return [] if self.exists(p if p.is_absolute() else ROOT / p) else [f"{path}: {self.kind} {v!r} does not exist"]
+        return [] if self.exists(project_path(v)) else [f"{path}: {self.kind} {v!r} does not exist"]
 
 
 class File(Folder):

@@ -175,13 +175,13 @@ def _save_generative(model, proc, tok, out: Path) -> Path:
 
 # ----------------------------------------------------------------------------- encoders
 
-def clip(out: Path, patch: int = 32, image_size: int = 224) -> Path:
+def clip(out: Path, patch: int = 32, image_size: int = 224, text_layers: int = 12) -> Path:
     """openai/clip-vit-* and laion/CLIP-ViT-H-14's classes: CLIPModel (12 text layers, as every
     one of them has: TRACE unfreezes layers n-2, n-5, n-8) with CLIP's own BPE tokenizer (built
     offline from open_clip's vocabulary) and CLIPImageProcessor at 224 px."""
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
     tok = build_clip_tokenizer()
-    cfg = CLIPConfig(text_config=dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=12,
+    cfg = CLIPConfig(text_config=dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=text_layers,
                                       num_attention_heads=2, bos_token_id=49406, eos_token_id=49407, pad_token_id=49407),
                      vision_config=dict(image_size=image_size, patch_size=patch, hidden_size=32, intermediate_size=64,
                                         num_hidden_layers=2, num_attention_heads=2), projection_dim=16)

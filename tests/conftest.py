@@ -20,21 +20,28 @@ def memeworld_small(tmp_path_factory):
 def tiny_clip_dir(tmp_path_factory):
     """A randomly initialised Hugging Face CLIP (3 text layers, eager attention) saved with the
     offline CLIP tokenizer and an image processor: the architecture of every CLIP preset."""
-    import torch
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
-    from lib.embedded_models import build_clip_tokenizer
-    tok = build_clip_tokenizer()
-    cfg = CLIPConfig(text_config=dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                                      num_attention_heads=2, bos_token_id=49406, eos_token_id=49407, pad_token_id=49407),
-                     vision_config=dict(image_size=32, patch_size=8, hidden_size=32, intermediate_size=64,
-                                        num_hidden_layers=2, num_attention_heads=2), projection_dim=16)
-    torch.manual_seed(0)
-    model = CLIPModel(cfg)
-    out = tmp_path_factory.mktemp("tiny_clip")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(out)
-    return out
+    from lib.smoke_models import clip
+    return clip(tmp_path_factory.mktemp("tiny_clip"), patch=8, image_size=32, text_layers=3)
+
+
+@pytest.fixture()
+def tiny(tiny_clip_dir, tmp_path):
+    """The tiny CLIP and 24 memes (train / dev_seen / test_seen in turn; every third has no caption)."""
+    import numpy as np
+    from PIL import Image
+    from lib.datasets import MemeRecord
+    from lib.encoders import load_encoder
+    from lib.trace import MemeBatchData
+    rng = np.random.default_rng(0)
+    recs = []
+    for i in range(24):
+        p = tmp_path / f"{i}.png"
+        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(p)
+        caps = {"vlm_caption": f"a red sun number {i % 5}"} if i % 3 else {}
+        recs.append(MemeRecord(str(i), p, f"meme text {i} about zorblins", i % 2, ["train", "dev_seen", "test_seen"][i % 3],
+                               captions=caps))
+    data = MemeBatchData.from_records(recs, ["vlm_caption"])
+    return load_encoder(tiny_clip_dir, device="cpu"), data
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,6 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from lib import costs
@@ -39,20 +38,9 @@ def test_kv_and_weights_follow_the_configs():
     assert u2 * a.gpu_gib * GIB >= need > (u2 - 0.01) * a.gpu_gib * GIB
 
 
-def test_the_feature_cache_estimate_is_the_caches_own_size(tiny_clip_dir, tmp_path):
-    from PIL import Image
-    from lib.datasets import MemeRecord
-    from lib.encoders import load_encoder
-    from lib.trace import FeatureCache, MemeBatchData
-    rng = np.random.default_rng(0)
-    recs = []
-    for i in range(11):
-        p = tmp_path / f"{i}.png"
-        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(p)
-        recs.append(MemeRecord(str(i), p, f"meme text {i}", i % 2, "train",
-                               captions={"c": f"a caption {i} " * (1 + i % 4)} if i % 3 else {}))
-    data = MemeBatchData.from_records(recs, ["c"])
-    enc = load_encoder(tiny_clip_dir, device="cpu")
+def test_the_feature_cache_estimate_is_the_caches_own_size(tiny):
+    from lib.trace import FeatureCache
+    enc, data = tiny
     for store in ("float32", "float16"):
         cache = FeatureCache(enc, data, lowest_unfrozen=1, progress=False, store_dtype=store)
         seq, width = cache.hidden.shape[1:]

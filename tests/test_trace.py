@@ -12,21 +12,6 @@ from lib.trace import (CLIPClassifier, FeatureCache, MemeBatchData, TrainConfig,
                        gumbel_tau, trace_loss)
 
 
-@pytest.fixture()
-def tiny(tiny_clip_dir, tmp_path):
-    from PIL import Image
-    rng = np.random.default_rng(0)
-    recs = []
-    for i in range(24):
-        p = tmp_path / f"{i}.png"
-        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(p)
-        caps = {"vlm_caption": f"a red sun number {i % 5}"} if i % 3 else {}
-        recs.append(MemeRecord(str(i), p, f"meme text {i} about zorblins", i % 2, ["train", "dev_seen", "test_seen"][i % 3],
-                               captions=caps))
-    data = MemeBatchData.from_records(recs, ["vlm_caption"])
-    return load_encoder(tiny_clip_dir, device="cpu"), data
-
-
 def _cached_equals_uncached(enc, data, rows, cache):
     with torch.no_grad():
         a = batch_features(enc, data, rows, cache)
