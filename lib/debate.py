@@ -27,6 +27,9 @@ compendium's own wording), `params/prompts/arcade/user/<stage>.txt` (the user tu
 schemas `params/schemas/arcade_<stage>.json`. A profile can point `prompt_dir` at other files, or
 `official_prompts_repo` at a checkout of the official repository, whose prompt constants are then
 read from its `court_prompts.py` / `court_prompts_binary.py` (nothing of them is copied here).
+`prompt_layout: definition_first` (a named option; `role_first`, the files as written, is the
+default) moves the definition and world knowledge to the head of every role's system prompt, so
+one shared prefix is reused by the server's prompt cache across roles.
 
 Every call goes through the response cache: a rerun makes zero calls and a crash loses nothing.
 Samples run concurrently on a bounded pool; the stages of one sample run in order.
@@ -106,6 +109,10 @@ class CourtConfig:
     world_knowledge: str | None = None        # a file of what a moderator of these posts knows (who the groups
                                               #   are, which category each belongs to, what their symbols mean),
                                               #   added after the definition; None: the definition alone (official)
+    prompt_layout: str = "role_first"         # role_first (each role's system prompt names the role, then the
+                                              #   definition, as the official prompts do) | definition_first (the
+                                              #   definition and world knowledge open every role's prompt: one
+                                              #   shared prefix the server's prompt cache reuses across roles)
     workers: int = 8                          # samples in flight
 
     def __post_init__(self):
@@ -113,7 +120,8 @@ class CourtConfig:
                                      ("run_mode", self.run_mode, ("arcade", "none")),
                                      ("debate_visibility", self.debate_visibility, ("transcript", "official")),
                                      ("parse", self.parse, ("structured", "official")),
-                                     ("debater_failure", self.debater_failure, ("stop", "pass_on"))):
+                                     ("debater_failure", self.debater_failure, ("stop", "pass_on")),
+                                     ("prompt_layout", self.prompt_layout, ("role_first", "definition_first"))):
             if value not in allowed:
                 raise CourtError(f"court setting {name}={value!r}; expected one of {', '.join(allowed)}")
         if self.rounds < 1:
@@ -155,6 +163,9 @@ class Prompts:
         self.schema_dir = schemas if schemas.is_absolute() else ROOT / schemas
         self.official = read_official_prompts(cfg.official_prompts_repo, cfg.class_mode) \
             if cfg.official_prompts_repo else None
+        if self.official is not None and cfg.prompt_layout != "role_first":
+            raise CourtError("prompt_layout definition_first rearranges the compendium's prompt files; the official "
+                             "prompts (official_prompts_repo) are used as written: set prompt_layout: role_first")
         definition = self._file(self.base / "common" / "definition.txt")
         if cfg.world_knowledge:
             wk = Path(cfg.world_knowledge)
@@ -180,6 +191,11 @@ class Prompts:
             p = self.base / d / f"{stage}.txt"
             if p.exists():
                 tpl = self._file(p)
+                if self.cfg.prompt_layout == "definition_first" and "{definition}" in tpl.text:
+                    rest = "\n".join(line for line in tpl.text.split("\n") if line.strip() != "{definition}")
+                    if "{definition}" in rest:
+                        raise CourtError(f"{p}: prompt_layout definition_first needs {{definition}} on a line of its own")
+                    return Template(f"{definition.text}\n{rest}", f"{tpl.id}+definition_first")
                 return Template(tpl.text.replace("{definition}", definition.text), tpl.id)
         raise CourtError(f"no prompt for stage '{stage}' in {self.base}/{self.cfg.class_mode} or {self.base}/common")
 

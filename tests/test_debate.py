@@ -417,3 +417,31 @@ def test_world_knowledge_follows_the_definition_in_every_system_prompt(tmp_path)
         assert f"({symbol} sigil): category {cat}, {words[cat]}" in line, (line, HVLI_LABEL_STR[cat])
     with pytest.raises(CourtError, match="does not exist"):
         Prompts(CourtConfig(world_knowledge=str(tmp_path / "missing.txt")))
+
+
+def test_definition_first_layout_opens_every_role_with_one_shared_prefix(tmp_path):
+    """prompt_layout definition_first: the same definition and world knowledge open every role's
+    system prompt (one prefix the server's prompt cache reuses across roles); the role's own lines
+    follow unchanged. role_first (the default, the official layout) is the prompt files as written."""
+    from lib.debate import STAGES
+    wk = "params/prompts/arcade/world/memeworld.txt"
+    first = Prompts(CourtConfig(prompt_layout="definition_first", world_knowledge=wk))
+    roles = Prompts(CourtConfig(world_knowledge=wk))
+    shared = first.system("rapid_scan").text.split("\nYou are", 1)[0]
+    assert "Zorblins" in shared and len(shared) > 500
+    for s in STAGES:
+        a, b = first.system(s).text, roles.system(s).text
+        assert sorted(a.splitlines()) == sorted(b.splitlines())          # the same lines, rearranged
+        if s != "baseline" and not a == b:
+            assert a.startswith(shared) and not b.startswith(shared)
+        assert a.startswith(shared) or "Zorblins" not in b                # every prompt with the definition shares it
+        assert first.system(s).id != roles.system(s).id or a == b
+    # the official prompts are used as written
+    consts = {c: c for c in ("PROSECUTOR_DIRECT_PROMPT", "PROSECUTOR_PROMPT", "DEFENDER_PROMPT", "JUDGE_PROMPT",
+                             "PROSECUTOR_INDIRECT_PROMPT", "DEFENDER_INDIRECT_PROMPT", "PROSECUTOR_ROUND_2_PROMPT",
+                             "DEFENSE_ROUND_2_PROMPT", "JUDGE_PROMPT_INDIRECT", "SAFETY_PROMPT")}
+    (tmp_path / "court_prompts.py").write_text("".join(f"{k} = {v!r}\n" for k, v in consts.items()))
+    with pytest.raises(CourtError, match="role_first"):
+        Prompts(CourtConfig(official_prompts_repo=str(tmp_path), prompt_layout="definition_first"))
+    with pytest.raises(CourtError, match="prompt_layout"):
+        CourtConfig(prompt_layout="middle")

@@ -9,10 +9,11 @@ import sys
 import threading
 import time
 
+import jsonschema
 import pytest
 
 from lib import ROOT
-from lib.chat import Chat, GenParams, ResponseCache, load_backend, load_chat, user
+from lib.chat import Chat, GenParams, OpenAICompatibleBackend, ResponseCache, load_backend, load_chat, user
 from lib.presets import get_preset
 from lib.serve import find_running, port_open, serve, server_answers
 
@@ -72,6 +73,23 @@ def test_schema_constrained_output_parses(served, tmp_path):
     # the schema is part of the key: the same conversation without it is another request
     assert chat.key(convs[0], GenParams(max_new_tokens=120)) != chat.key(convs[0], GenParams(max_new_tokens=120,
                                                                                              json_schema=LABEL_SCHEMA))
+
+
+def test_compact_mode_answers_one_line_json_valid_against_the_schema(served, tmp_path):
+    """llama.cpp's server reads the compact grammar (llguidance): the answer fits the schema and has
+    no whitespace between JSON tokens, so it equals its own compact serialisation."""
+    backend = OpenAICompatibleBackend(served.model, served.base_url, api_key_optional=True,
+                                      structured_output="llguidance_compact")
+    chat = Chat(backend, cache=ResponseCache(tmp_path / "c.sqlite"))
+    convs = [[user(f"Is this meme hateful? Its text: 'the {w} people of the valley are vermin'")]
+             for w in ("blue", "green", "tall")]
+    for schema, n in ((LABEL_SCHEMA, 120), (CUES_SCHEMA, 400)):
+        for r in chat.generate_many(convs, GenParams(max_new_tokens=n, json_schema=schema), progress=False):
+            if r.finish_reason == "length":          # cut at the cap: nothing to check about its layout
+                continue
+            assert r.status == "ok", r
+            jsonschema.validate(r.parsed, schema)
+            assert r.text == json.dumps(r.parsed, ensure_ascii=False, separators=(",", ":"))
 
 
 def test_requests_in_flight_are_batched_by_the_server(served):

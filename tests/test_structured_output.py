@@ -11,6 +11,7 @@ from PIL import Image
 
 from lib.chat import (CaptionedBackend, Chat, ChatResult, GenParams, OpenAICompatibleBackend, ResponseCache,
                       extract_json, image_bytes, parse_structured, prompt_template, user)
+from lib.presets import PresetError
 
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string", "enum": ["hateful", "non-hateful"]},
                                             "explanation": {"type": "string"}},
@@ -124,6 +125,26 @@ def test_the_http_body_carries_the_schema_only_for_servers_that_constrain():
     # the prompt-side instruction and retry policy join the key only where they are used
     assert Chat(prompt).key([user("q")], GenParams(json_schema=SCHEMA)) != \
         Chat(prompt, schema_retries=0).key([user("q")], GenParams(json_schema=SCHEMA))
+
+
+def test_the_compact_mode_sends_the_schema_as_a_one_line_json_grammar():
+    compact = OpenAICompatibleBackend("m", "http://127.0.0.1:9/v1", api_key_optional=True,
+                                      structured_output="llguidance_compact")
+    body = compact._body([user("q")], GenParams(json_schema=SCHEMA))
+    assert "response_format" not in body and Chat(compact).native_schema
+    head, _, spec = body["grammar"].partition("\nstart: %json ")
+    assert head == "%llguidance {}"
+    sent = json.loads(spec)
+    assert sent.pop("x-guidance") == {"whitespace_flexible": False} and sent == SCHEMA
+    # a choices request becomes the same one-field object as in json_schema mode
+    choice = json.loads(compact._body([user("q")], GenParams(choices=("x", "y")))["grammar"].split("%json ", 1)[1])
+    assert choice["properties"]["answer"]["enum"] == ["x", "y"]
+    # a plain JSON-mode request is unchanged, and the mode is part of the cache identity
+    assert compact._body([user("q")], GenParams(json_mode=True))["response_format"] == {"type": "json_object"}
+    native = OpenAICompatibleBackend("m", "http://127.0.0.1:9/v1", api_key_optional=True)
+    assert native.identity() != compact.identity() and "structured_output" not in native.identity()
+    with pytest.raises(PresetError, match="llguidance_compact"):
+        OpenAICompatibleBackend("m", "http://127.0.0.1:9/v1", api_key_optional=True, structured_output="grammar")
 
 
 # ----------------------------------------------------------------------------- captioned adapter

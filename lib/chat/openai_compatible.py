@@ -35,7 +35,18 @@ class HTTPOptions:
     price_in: float = 0.0                  # USD per million prompt tokens
     price_out: float = 0.0                 # USD per million completion tokens
     api_key_optional: bool | None = None   # None: optional exactly for a model served here (`serve:`)
-    structured_output: str = "json_schema"  # or "prompt" for servers without response_format
+    structured_output: str = "json_schema"  # or "prompt" for servers without response_format, or
+                                            #   "llguidance_compact" (llama.cpp: the schema as a compact-JSON grammar)
+
+
+STRUCTURED_OUTPUT = ("json_schema", "prompt", "llguidance_compact")
+
+
+def compact_json_grammar(schema: dict[str, Any]) -> str:
+    """An llguidance grammar (llama.cpp's `grammar` field) for answers valid against `schema`,
+    written as compact JSON: no whitespace between tokens (llguidance's `x-guidance` option)."""
+    spec = {**schema, "x-guidance": {**schema.get("x-guidance", {}), "whitespace_flexible": False}}
+    return "%llguidance {}\nstart: %json " + json.dumps(spec, ensure_ascii=False, separators=(",", ":"))
 
 
 RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
@@ -63,7 +74,11 @@ class OpenAICompatibleBackend:
     `structured_output`: "json_schema" sends a structured request's schema as OpenAI's
     `response_format: {"type": "json_schema", ...}` (the server constrains decoding: OpenAI,
     vLLM, llama.cpp); "prompt" leaves the schema to the prompt and the parse-and-retry path of
-    `Chat`, for servers that lack it. `identity_extra` joins the cache identity (a served
+    `Chat`, for servers that lack it. "llguidance_compact" (llama.cpp's server built with
+    llguidance, as xllamacpp is) sends the same schema as a `grammar` that also forbids whitespace
+    between JSON tokens: the constraint is the schema's, the answer is one line, and the tokens a
+    small model spends indenting pretty-printed JSON (about a third of a short answer) are not
+    generated. It is part of the cache identity. `identity_extra` joins the cache identity (a served
     model's weights digest and engine, so the cache does not depend on its ephemeral port).
     """
 
@@ -73,10 +88,11 @@ class OpenAICompatibleBackend:
                  sleep: Callable[[float], None] = time.sleep, structured_output: str = "json_schema",
                  identity_extra: dict[str, Any] | None = None, max_connections: int = 64,
                  total_timeout_s: float | None = None):
-        if structured_output not in ("json_schema", "prompt"):
-            raise PresetError(f"structured_output must be 'json_schema' or 'prompt', got {structured_output!r}")
+        if structured_output not in STRUCTURED_OUTPUT:
+            raise PresetError(f"structured_output must be one of {', '.join(map(repr, STRUCTURED_OUTPUT))}, "
+                              f"got {structured_output!r}")
         self.structured_output = structured_output
-        self.native_schema = structured_output == "json_schema"
+        self.native_schema = structured_output != "prompt"
         self.identity_extra = dict(identity_extra or {})
         self.model = model
         self.revision = revision
@@ -120,11 +136,12 @@ class OpenAICompatibleBackend:
     def identity(self) -> dict[str, Any]:
         """Model, revision and endpoint: two servers that share a model name are different models.
         A model served here names its weights' digest instead (its port changes every run)."""
+        mode = {} if self.structured_output == "json_schema" else {"structured_output": self.structured_output}
         if self.identity_extra:
             return {"model": self.model, "revision": self.revision, "endpoint": "openai_compatible",
-                    **self.identity_extra}
+                    **self.identity_extra, **mode}
         return {"model": self.model, "revision": self.revision, "endpoint": "openai_compatible",
-                "base_url": self.base_url}
+                "base_url": self.base_url, **mode}
 
     @staticmethod
     def _wire_messages(messages) -> list[dict[str, Any]]:
@@ -152,7 +169,9 @@ class OpenAICompatibleBackend:
     def _body(self, messages, params: GenParams) -> dict[str, Any]:
         body = {"model": self.model, "messages": self._wire_messages(messages), "temperature": params.temperature,
                 "max_tokens": params.max_new_tokens, "seed": params.seed, "top_p": params.top_p}
-        if params.structured and self.native_schema:
+        if params.structured and self.structured_output == "llguidance_compact":
+            body["grammar"] = compact_json_grammar(params.schema())
+        elif params.structured and self.native_schema:
             body["response_format"] = {"type": "json_schema",
                                        "json_schema": {"name": "response", "schema": params.schema(), "strict": True}}
         elif params.json_mode:
