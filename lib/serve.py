@@ -78,6 +78,8 @@ class ServeConfig:
     cache_reuse: int = 0            # min chunk for KV shifting reuse (0 = off)
     threads_http: int = 8           # HTTP worker threads (>= concurrent clients)
     startup_timeout_s: float = 120.0
+    lora: str | None = None         # a LoRA adapter GGUF applied over the base (lib.llm_adapt writes one)
+    lora_scale: float = 1.0
 
     @classmethod
     def from_preset(cls, preset: Preset, **overrides: Any) -> "ServeConfig":
@@ -92,6 +94,15 @@ class ServeConfig:
                               f"(known: {', '.join(sorted(known))})")
         section.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**section)
+
+    @property
+    def lora_path(self) -> Path | None:
+        if not self.lora:
+            return None
+        p = Path(resolve_model_path(self.lora))
+        if not p.is_file():
+            raise ServeError(f"LoRA adapter {p} (from {self.lora!r}) does not exist: the models stage writes it")
+        return p
 
     @property
     def gguf_path(self) -> Path:
@@ -160,6 +171,8 @@ def server_params(cfg: ServeConfig, model_alias: str, host: str, port: int):
         p.cpuparams.n_threads = cfg.threads
     if cfg.threads_batch:
         p.cpuparams_batch.n_threads = cfg.threads_batch
+    if cfg.lora_path is not None:
+        p.lora_adapters = [xlc.CommonAdapterLoraInfo(str(cfg.lora_path), float(cfg.lora_scale))]
     p.endpoint_metrics = True
     p.warmup = True
     return p
@@ -352,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         if f.name in ("gguf", "startup_timeout_s"):
             continue
         typ = (lambda s: s.lower() in ("1", "true", "yes")) if f.type in ("bool", bool) else \
-            (float if f.type in ("float", float) else int)
+            float if f.type in ("float", float) else str if "str" in str(f.type) else int
         ap.add_argument(f"--{f.name.replace('_', '-')}", type=typ, default=None)
     args = ap.parse_args(argv)
     try:

@@ -14,7 +14,7 @@ LIB = Path(__file__).resolve().parents[1] / "lib"
 LAYERS = {
     0: {"lib", "lib.artifacts", "lib.prompts", "lib.presets", "lib.metrics", "lib.plotting", "lib.envfiles"},
     1: {"lib.datasets", "lib.render", "lib.injection", "lib.memeworld", "lib.data_prep"},
-    2: {"lib.chat", "lib.encoders", "lib.serve", "lib.memeworld_vlm", "lib.nli", "lib.textmetrics"},
+    2: {"lib.chat", "lib.encoders", "lib.serve", "lib.llm_adapt", "lib.memeworld_vlm", "lib.nli", "lib.textmetrics"},
     3: {"lib.captioning", "lib.trace", "lib.clip4dm", "lib.agents", "lib.sei", "lib.debate"},
     4: {"lib.trace_report", "lib.clip4dm_report", "lib.agents_report", "lib.sei_report", "lib.debate_report",
         "lib.embedded_models", "lib.serving", "lib.crosseval", "lib.figures", "lib.results", "lib.report",
@@ -25,7 +25,7 @@ LAYERS = {
 #: third-party packages imported inside the functions that use them, on purpose (lib/README.md says
 #: why: importing a lib module stays cheap where no model, plot or notebook machinery is needed)
 LAZY_PACKAGES = {"torch", "transformers", "tokenizers", "safetensors", "open_clip", "sentence_transformers", "peft",
-                 "accelerate", "xllamacpp", "bert_score", "rouge_score", "vaderSentiment", "sklearn", "scipy",
+                 "accelerate", "xllamacpp", "gguf", "bert_score", "rouge_score", "vaderSentiment", "sklearn", "scipy",
                  "statsmodels", "pandas", "matplotlib", "seaborn", "IPython", "nbformat", "nbconvert", "papermill"}
 
 

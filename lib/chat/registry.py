@@ -19,7 +19,13 @@ def served_identity(preset: Preset) -> dict[str, Any]:
         engine = f"llama.cpp (xllamacpp {metadata.version('xllamacpp')})"
     except metadata.PackageNotFoundError:
         engine = "llama.cpp"
-    return {"gguf": weights_digest(gguf) if gguf.exists() else str(gguf), "engine": engine}
+    out = {"gguf": weights_digest(gguf) if gguf.exists() else str(gguf), "engine": engine}
+    lora = preset.options["serve"].get("lora")
+    if lora:                                       # an adapter changes the model: its weights join the identity
+        path = Path(resolve_model_path(lora))
+        out["lora"] = weights_digest(path) if path.exists() else str(path)
+        out["lora_scale"] = float(preset.options["serve"].get("lora_scale", 1.0))
+    return out
 
 
 #: Preset `backend:` name -> "module:Class" (imported when a preset names it, so a backend's heavy
