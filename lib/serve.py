@@ -287,8 +287,9 @@ def serve(preset_name: str, port: int | None = None, host: str = "127.0.0.1", lo
     The server's log (llama.cpp is verbose) goes to `log`, by default a file under artifacts/serve/.
     """
     preset = get_preset("chat", preset_name)
+    overrides = {k: v for k, v in overrides.items() if v is not None}   # None: the preset's own setting
     cfg = ServeConfig.from_preset(preset, **overrides)
-    cfg.gguf_path  # noqa: B018 - fail here, with the path, before starting anything
+    cfg.gguf_path, cfg.lora_path  # noqa: B018 - fail here, with the path, before starting anything
     if reuse and not overrides:
         found = find_running(preset_name)
         if found is not None:

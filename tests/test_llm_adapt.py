@@ -65,6 +65,10 @@ def test_a_served_preset_with_an_adapter_is_another_model_in_the_cache(tmp_path)
     assert "lora" not in plain and adapted["gguf"] == plain["gguf"] and adapted["lora"] != plain["gguf"]
     with pytest.raises(ServeError, match="models stage writes it"):
         ServeConfig(gguf=BASE, lora=str(tmp_path / "missing.gguf")).lora_path
+    # serve() names a missing adapter before starting a server; lora=None is the preset's own (none)
+    with pytest.raises(ServeError, match="missing.gguf"):
+        with serve("smollm2-135m-instruct", reuse=False, lora=str(tmp_path / "missing.gguf")):
+            pass
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +106,7 @@ def test_the_served_model_answers_what_the_adapter_taught(smollm, tmp_path):
 
     with serve("smollm2-135m-instruct", reuse=False, n_parallel=1, lora=str(path)) as s:
         adapted = ask(s.base_url)
-    with serve("smollm2-135m-instruct", reuse=False, n_parallel=1) as s:
+    with serve("smollm2-135m-instruct", reuse=False, n_parallel=1, lora=None) as s:
         plain = ask(s.base_url)
     assert adapted.startswith("The Quaxi sigil is a green lantern"), adapted
     assert "green lantern" not in plain, plain
