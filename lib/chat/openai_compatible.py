@@ -136,7 +136,8 @@ class OpenAICompatibleBackend:
     def identity(self) -> dict[str, Any]:
         """Model, revision and endpoint: two servers that share a model name are different models.
         A model served here names its weights' digest instead (its port changes every run)."""
-        mode = {} if self.structured_output == "json_schema" else {"structured_output": self.structured_output}
+        # the compact grammar asks for other tokens than response_format does: another cache entry
+        mode = {"structured_output": self.structured_output} if self.structured_output == "llguidance_compact" else {}
         if self.identity_extra:
             return {"model": self.model, "revision": self.revision, "endpoint": "openai_compatible",
                     **self.identity_extra, **mode}
