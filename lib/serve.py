@@ -97,19 +97,19 @@ class ServeConfig:
 
     @property
     def lora_path(self) -> Path | None:
-        if not self.lora:
-            return None
-        p = Path(resolve_model_path(self.lora))
-        if not p.is_file():
-            raise ServeError(f"LoRA adapter {p} (from {self.lora!r}) does not exist: the models stage writes it")
-        return p
+        return _existing(self.lora, "LoRA adapter", ": the models stage writes it") if self.lora else None
 
     @property
     def gguf_path(self) -> Path:
-        p = Path(resolve_model_path(self.gguf))
-        if not p.is_file():
-            raise ServeError(f"GGUF file {p} (from {self.gguf!r}) does not exist")
-        return p
+        return _existing(self.gguf, "GGUF file")
+
+
+def _existing(spec: str, what: str, hint: str = "") -> Path:
+    """The file a serve option names (resolved as presets resolve model paths), or a ServeError."""
+    p = Path(resolve_model_path(spec))
+    if not p.is_file():
+        raise ServeError(f"{what} {p} (from {spec!r}) does not exist{hint}")
+    return p
 
 
 def alias(preset: Preset) -> str:
