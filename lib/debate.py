@@ -113,6 +113,9 @@ class CourtConfig:
                                               #   definition, as the official prompts do) | definition_first (the
                                               #   definition and world knowledge open every role's prompt: one
                                               #   shared prefix the server's prompt cache reuses across roles)
+    string_max_length: int | None = None      # caps every string field's maxLength in the court's schemas (a
+                                              #   short-answer option for a small model that fills each field to
+                                              #   its limit); None: the schemas as written (official)
     workers: int = 8                          # samples in flight
 
     def __post_init__(self):
@@ -126,6 +129,11 @@ class CourtConfig:
                 raise CourtError(f"court setting {name}={value!r}; expected one of {', '.join(allowed)}")
         if self.rounds < 1:
             raise CourtError(f"court setting rounds={self.rounds}; at least 1 round is needed")
+        if self.string_max_length is not None and (isinstance(self.string_max_length, bool)
+                                                   or not isinstance(self.string_max_length, int)
+                                                   or self.string_max_length < 1):
+            raise CourtError(f"court setting string_max_length={self.string_max_length!r}; expected a positive "
+                             f"integer or null (the schemas as written)")
         for name, table in (("temperatures", self.temperatures), ("max_new_tokens", self.max_new_tokens)):
             unknown = set(table) - set(STAGES)
             if unknown:
@@ -215,7 +223,24 @@ class Prompts:
         path = self.schema_dir / f"{name}.json"
         if not path.exists():
             raise CourtError(f"schema {path} does not exist")
-        return json.loads(path.read_text(encoding="utf-8"))
+        schema = json.loads(path.read_text(encoding="utf-8"))
+        return cap_string_lengths(schema, self.cfg.string_max_length) if self.cfg.string_max_length else schema
+
+
+def cap_string_lengths(schema: Any, cap: int) -> Any:
+    """A copy of a JSON schema whose every string field allows at most `cap` characters
+    (an existing smaller maxLength, an enum or a pattern is kept as it is)."""
+    if isinstance(schema, list):
+        return [cap_string_lengths(x, cap) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: cap_string_lengths(v, cap) for k, v in schema.items()}
+    if out.get("type") == "string" and "enum" not in out and "const" not in out:
+        out["maxLength"] = min(int(out.get("maxLength", cap)), cap)
+        out["minLength"] = min(int(out.get("minLength", 0)), out["maxLength"])
+        if out["minLength"] == 0:
+            out.pop("minLength")
+    return out
 
 
 def read_official_prompts(repo: str | Path, class_mode: str) -> dict[str, str]:

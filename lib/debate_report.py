@@ -165,17 +165,42 @@ def results_from_jsonl(path: Path) -> list[SampleResult]:
 
 def court_config(section: dict[str, Any], variant: str) -> CourtConfig:
     """The CourtConfig of one of notebook 05's variants from the profile's `05_debate` section
-    (the base settings, then the variant's overrides; a variant's `samples` is not a court setting)."""
+    (the base settings, then the variant's overrides; a variant's `samples` and `types` choose its posts
+    and are not court settings)."""
     if variant not in section["variants"]:
         raise KeyError(f"no debate variant {variant!r}; the profile's variants: {', '.join(section['variants'])}")
     base = {k: section[k] for k in ("class_mode", "rounds", "temperatures", "max_new_tokens", "prompt_dir",
                                     "official_prompts_repo", "workers", "seed")}
     base["world_knowledge"] = section.get("world_knowledge")
-    over = {k: v for k, v in section["variants"][variant].items() if k != "samples"}
+    over = {k: v for k, v in section["variants"][variant].items() if k not in VARIANT_SAMPLE_KEYS}
     return CourtConfig(**{**base, **over})
 
 
-def stage_metrics(runs: dict[str, dict[str, Any]], majority_acc: float, rerun_calls: int) -> dict[str, Any]:
+#: a variant's keys that choose its posts rather than configure the court
+VARIANT_SAMPLE_KEYS = ("samples", "types")
+
+
+def variant_posts(variant: dict[str, Any], chosen: Sequence[Any], records_by_id: dict[str, Any],
+                  items: Sequence[tuple[str, str]], samples: int, sample_seed: int) -> list[Any]:
+    """The posts one variant of notebook 05 judges: the main sample, or the official sampler's
+    balanced N (`samples`; with the same seed a smaller N that divides by the types is a subset of
+    the main sample), then only the posts of the interaction types named in `types` (e.g. the
+    emergent-hate type 001 for a Track II ablation), in sample order."""
+    from lib.debate import balanced_sample
+    n = variant.get("samples", samples)
+    posts = list(chosen) if n == samples else [records_by_id[i] for i in balanced_sample(items, n, sample_seed)]
+    types = variant.get("types")
+    if types:
+        wanted = {str(t) for t in types}
+        posts = [r for r in posts if str(r.meta["type"]) in wanted]
+        if not posts:
+            raise ValueError(f"variant types={list(types)}: no post of those interaction types among its "
+                             f"{n or 'all'} sampled posts")
+    return posts
+
+
+def stage_metrics(runs: dict[str, dict[str, Any]], majority_acc: float, rerun_calls: int,
+                  claims: "pd.DataFrame | None" = None) -> dict[str, Any]:
     """Notebook 05's metrics.json: the main run's (arcade, else the first) corrected accuracies by
     difficulty and F1, its official-view accuracy, the direct judge's, the majority-class line,
     the gate's cost figures, and the accuracy of every other variant."""
@@ -199,9 +224,88 @@ def stage_metrics(runs: dict[str, dict[str, Any]], majority_acc: float, rerun_ca
     for name, run in runs.items():
         if run is not main:
             m[f"acc_{name}"] = run["corrected"]["acc"]
+            m[f"n_{name}"] = run["corrected"]["n"]
+    for row in ([] if claims is None else claims.to_dict("records")):   # claim_frame's paired tests
+        if row.get("exact McNemar p") == row.get("exact McNemar p"):      # not the gate's row (no test)
+            key = f"claim_{row['A']}_vs_{row['B']}"
+            m.update({f"{key}_n": int(row["n"]), f"{key}_acc_a": row["acc A"], f"{key}_acc_b": row["acc B"],
+                      f"{key}_p": row["exact McNemar p"], f"{key}_majority": row["majority line"]})
     return m
 
 
 #: the parameters of notebook 05 that rebuild its court (written to its settings.json; notebook 06 reads them)
 SETTINGS_KEYS = ("dataset", "chat_preset", "serve_preset", "variants", "class_mode", "rounds", "temperatures",
                  "max_new_tokens", "prompt_dir", "official_prompts_repo", "world_knowledge", "workers", "seed")
+
+
+def post_correct(results: Sequence[SampleResult], class_mode: str = "multiclass") -> dict[str, bool]:
+    """Post id -> right or wrong, as `evaluate`'s corrected view counts it (a refused, failed or
+    unreadable verdict is wrong)."""
+    out = {}
+    for r in results:
+        gt, pred = (int(r.gt > 0), int(r.label > 0)) if class_mode == "binary" else (r.gt, r.label)
+        out[r.id] = r.status == "ok" and r.label >= 0 and pred == gt
+    return out
+
+
+def paired_test(correct_a: dict[str, bool], correct_b: dict[str, bool], truth: dict[str, int],
+                confidence: float = 0.95) -> dict[str, Any]:
+    """Two variants on the posts both judged: each accuracy with its Wilson interval, the
+    difference, and the exact McNemar test (a two-sided binomial test on the discordant posts,
+    which is what a sample of tens of posts needs); the majority-class line of those posts."""
+    from scipy.stats import binomtest
+    from lib.metrics import proportion_ci
+    ids = [i for i in correct_a if i in correct_b]
+    a = np.array([correct_a[i] for i in ids], bool)
+    b = np.array([correct_b[i] for i in ids], bool)
+    n = len(ids)
+    acc_a, lo_a, hi_a = proportion_ci(int(a.sum()), n, confidence)
+    acc_b, lo_b, hi_b = proportion_ci(int(b.sum()), n, confidence)
+    only_a, only_b = int((a & ~b).sum()), int((~a & b).sum())
+    p = binomtest(only_a, only_a + only_b, 0.5).pvalue if only_a + only_b else 1.0
+    labels = Counter(truth[i] for i in ids)
+    return {"n": n, "acc_a": acc_a, "ci_a": (lo_a, hi_a), "acc_b": acc_b, "ci_b": (lo_b, hi_b),
+            "difference": acc_a - acc_b, "only_a_right": only_a, "only_b_right": only_b,
+            "mcnemar_exact_p": float(p), "majority_acc": labels.most_common(1)[0][1] / n if n else float("nan")}
+
+
+#: notebook 05's claims: (the paper's claim, variant A, variant B, what the comparison isolates)
+CLAIMS = (
+    ("debate beats a direct judge", "arcade", "direct",
+     "the court (gate, prosecutor, defender, judge) against one judge call on the same posts"),
+    ("Track II's debate reads emergent hate (type 001)", "track2_transcript", "direct",
+     "every post through Track II against one judge call, on the emergent-hate posts"),
+    ("Track II with the transcript vs blind debaters", "track2_transcript", "track2_blind",
+     "the compendium's debaters see the debate so far; the official code's do not"),
+    ("the gate sends emergent hate to the right track", "arcade", "track2_transcript",
+     "the gated court against the same posts forced through Track II"),
+    ("the compendium's settings vs the official code's", "arcade", "arcade_official",
+     "structured answers, a stopped trial on a failed debater, the two cost options, against the official code"),
+)
+
+
+def claim_frame(runs: dict[str, dict[str, Any]], class_mode: str = "multiclass",
+                confidence: float = 0.95) -> "pd.DataFrame":
+    """One row per claim in CLAIMS whose two variants ran: the paired test on the posts both judged,
+    then the gate's saving on the arcade run (no test: a count of calls)."""
+    import pandas as pd
+    rows = []
+    correct = {k: post_correct(v["results"], class_mode) for k, v in runs.items()}
+    truth = {r.id: (int(r.gt > 0) if class_mode == "binary" else r.gt) for v in runs.values() for r in v["results"]}
+    for claim, a, b, what in CLAIMS:
+        if a not in runs or b not in runs:
+            continue
+        t = paired_test(correct[a], correct[b], truth, confidence)
+        rows.append({"claim": claim, "A": a, "B": b, "n": t["n"],
+                     "acc A": round(t["acc_a"], 3), "95% CI A": f"[{t['ci_a'][0]:.2f}, {t['ci_a'][1]:.2f}]",
+                     "acc B": round(t["acc_b"], 3), "95% CI B": f"[{t['ci_b'][0]:.2f}, {t['ci_b'][1]:.2f}]",
+                     "A-B": round(t["difference"], 3), "only A right": t["only_a_right"],
+                     "only B right": t["only_b_right"], "exact McNemar p": round(t["mcnemar_exact_p"], 4),
+                     "majority line": round(t["majority_acc"], 3), "what it isolates": what})
+    if "arcade" in runs:
+        cost = runs["arcade"]["cost"]
+        rows.append({"claim": "the gate saves calls", "A": "arcade", "B": "every post through Track II",
+                     "n": runs["arcade"]["corrected"]["n"], "A-B": round(cost["gate_call_saving"], 3),
+                     "what it isolates": (f"{cost['calls_per_sample']:.2f} calls per post against "
+                                          f"{cost['calls_all_track2']:.0f} for Track II on every post")})
+    return pd.DataFrame(rows)

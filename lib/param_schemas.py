@@ -256,7 +256,9 @@ def _trace_recipe(with_backbone: bool = False) -> Rule:
 
 def _court_variant() -> Rule:
     from lib.debate import STAGES, CourtConfig  # lazy: first use only, as every method rule (Lazy)
-    return _dataclass_fields(CourtConfig, samples=Range(0, integer=True),
+    return _dataclass_fields(CourtConfig, samples=Range(0, integer=True), types=ListOf(Type(str), 1),
+                             string_max_length=Opt(Range(1, integer=True)),
+                             prompt_layout=Choice("role_first", "definition_first"),
                              class_mode=Choice("multiclass", "binary"), run_mode=Choice("arcade", "none"),
                              debate_visibility=Choice("transcript", "official"), parse=Choice("structured", "official"),
                              debater_failure=Choice("stop", "pass_on"),

@@ -1,0 +1,156 @@
+"""Notebook 05's named cost options, its variant subsets and its claim tests."""
+import json
+from dataclasses import dataclass, field
+
+import pytest
+
+from lib.debate import STAGES, Court, CourtConfig, CourtError, Prompts, SampleResult, cap_string_lengths, cost_summary
+from lib.debate_report import claim_frame, court_config, paired_test, post_correct, stage_metrics, variant_posts
+from tests.test_debate import CourtScript, Sample, default_answers
+
+
+def strings(schema):
+    """Every string sub-schema of a JSON schema."""
+    if isinstance(schema, list):
+        for x in schema:
+            yield from strings(x)
+    elif isinstance(schema, dict):
+        if schema.get("type") == "string":
+            yield schema
+        for v in schema.values():
+            yield from strings(v)
+
+
+@pytest.mark.parametrize("class_mode", ["multiclass", "binary"])
+def test_string_max_length_caps_every_free_string_of_every_schema(class_mode):
+    plain, capped = Prompts(CourtConfig(class_mode=class_mode)), Prompts(CourtConfig(class_mode=class_mode,
+                                                                                        string_max_length=20))
+    n_free = 0
+    for stage in STAGES:
+        before, after = plain.schema(stage), capped.schema(stage)
+        for b, a in zip(strings(before), strings(after)):
+            if "enum" in b:
+                assert a == b                                  # a closed vocabulary is left as it is
+            else:
+                n_free += 1
+                assert a["maxLength"] == min(b.get("maxLength", 20), 20)
+                assert {k: v for k, v in a.items() if k != "maxLength"} == {k: v for k, v in b.items()
+                                                                          if k != "maxLength"}
+    assert n_free > 0
+    # without a cap the files are read as written
+    assert all(plain.schema(s) == json.loads((plain.schema_dir / f"{name}.json").read_text())
+               for s, name in (("rapid_scan", "arcade_rapid_scan"), ("prosecutor", "arcade_prosecutor")))
+
+
+def test_cap_string_lengths_keeps_a_smaller_limit_and_a_min_length_below_the_cap():
+    s = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 5},
+                                          "b": {"type": "string", "minLength": 30, "maxLength": 90},
+                                          "c": {"type": "string"}, "d": {"type": "string", "enum": ["x" * 50]}}}
+    out = cap_string_lengths(s, 10)
+    p = out["properties"]
+    assert p["a"]["maxLength"] == 5 and p["b"] == {"type": "string", "minLength": 10, "maxLength": 10}
+    assert p["c"]["maxLength"] == 10 and p["d"] == s["properties"]["d"]
+    assert "maxLength" not in s["properties"]["c"]          # the input is not changed
+
+
+@pytest.mark.parametrize("bad", [0, -3, True, 2.5, "48"])
+def test_string_max_length_must_be_a_positive_integer(bad):
+    with pytest.raises(CourtError, match="string_max_length"):
+        CourtConfig(string_max_length=bad)
+
+
+def test_the_court_sends_the_capped_schema_and_an_answer_over_the_cap_is_not_read():
+    cfg = CourtConfig(string_max_length=12, repair_fallback=False)
+    long_claim = dict(default_answers()["prosecutor"]["cues"][0], claim="a claim far longer than twelve")
+    script = CourtScript(Prompts(cfg), default_answers(prosecutor={"cues": [long_claim]}))
+    sent = []
+    complete = script.complete
+
+    def spy(messages, params):
+        sent.append(params.json_schema)
+        return complete(messages, params)
+    script.complete = spy
+    from lib.chat import Chat
+    r = Court(Chat(script, None), cfg).run(Sample())
+    assert sent and all(x["maxLength"] <= 12 for s in sent for x in strings(s) if "enum" not in x)
+    # the same answer fits the uncapped schema and is read; over the cap it is the prosecutor's unreadable answer
+    assert [c.status for c in r.calls if c.stage == "prosecutor"] == ["unparseable"]
+    plain = CourtConfig(repair_fallback=False)
+    script = CourtScript(Prompts(plain), default_answers(prosecutor={"cues": [long_claim]}))
+    assert [c.status for c in Court(Chat(script, None), plain).run(Sample()).calls if c.stage == "prosecutor"] == ["ok"]
+
+
+@dataclass
+class Rec:
+    id: str
+    meta: dict = field(default_factory=dict)
+
+
+def test_variant_posts_take_the_main_sample_a_smaller_balanced_n_and_named_types():
+    from lib.debate import balanced_sample
+    recs = [Rec(f"p{i}", {"type": t}) for i in range(12) for t in ("000", "001", "100", "110")]
+    by_id = {r.id + r.meta["type"]: r for r in recs}
+    recs = [Rec(k, r.meta) for k, r in by_id.items()]
+    by_id = {r.id: r for r in recs}
+    items = [(r.id, r.meta["type"]) for r in recs]
+    chosen = [by_id[i] for i in balanced_sample(items, 24, 7)]
+    assert variant_posts({}, chosen, by_id, items, 24, 7) == chosen
+    small = variant_posts({"samples": 8}, chosen, by_id, items, 24, 7)
+    assert len(small) == 8 and {r.id for r in small} <= {r.id for r in chosen}   # the same seed: a subset
+    emergent = variant_posts({"types": ["001"]}, chosen, by_id, items, 24, 7)
+    assert [r.id for r in emergent] == [r.id for r in chosen if r.meta["type"] == "001"] and len(emergent) == 6
+    with pytest.raises(ValueError, match="types"):
+        variant_posts({"types": ["011"]}, chosen, by_id, items, 24, 7)
+
+
+def test_samples_and_types_choose_posts_and_are_not_court_settings():
+    section = {"class_mode": "multiclass", "rounds": 3, "temperatures": {}, "max_new_tokens": {},
+               "prompt_dir": "params/prompts/arcade", "official_prompts_repo": None, "workers": 2, "seed": 0,
+               "variants": {"t2": {"gate": False, "types": ["001"], "samples": 8, "string_max_length": 40,
+                                   "prompt_layout": "definition_first"}}}
+    cfg = court_config(section, "t2")
+    assert cfg.gate is False and cfg.string_max_length == 40 and cfg.prompt_layout == "definition_first"
+
+
+def result(i, gt, label, status="ok", type_="001"):
+    return SampleResult(id=str(i), gt=gt, type=type_, difficulty="Hard", route="track1", label=label, status=status)
+
+
+def test_paired_test_counts_discordant_posts_and_gives_the_exact_mcnemar_p():
+    truth = {str(i): 1 for i in range(10)}
+    a = {str(i): True for i in range(10)}
+    b = {str(i): i >= 8 for i in range(10)}                  # A right on 8 posts where B is wrong, never the reverse
+    t = paired_test(a, b, truth)
+    assert (t["n"], t["only_a_right"], t["only_b_right"]) == (10, 8, 0)
+    assert t["mcnemar_exact_p"] == pytest.approx(2 * 0.5 ** 8)
+    assert t["ci_a"][1] == 1.0 and 0.6 < t["ci_a"][0] < 0.8 and t["majority_acc"] == 1.0
+    same = paired_test(a, a, truth)
+    assert same["mcnemar_exact_p"] == 1.0 and same["difference"] == 0
+
+
+def test_post_correct_counts_a_refused_verdict_wrong_and_reads_binary_mode():
+    rs = [result(0, 2, 2), result(1, 2, 3), result(2, 0, 0, status="refused"), result(3, 0, -1)]
+    assert post_correct(rs) == {"0": True, "1": False, "2": False, "3": False}
+    assert post_correct(rs, "binary") == {"0": True, "1": True, "2": False, "3": False}
+
+
+def test_claim_frame_pairs_variants_on_the_posts_both_judged_and_feeds_the_metrics():
+    arcade = [result(i, 1, 1 if i % 2 else 0, type_="001" if i < 6 else "100") for i in range(12)]
+    direct = [result(i, 1, 0, type_="001" if i < 6 else "100") for i in range(12)]
+    track2 = [result(i, 1, 1, type_="001") for i in range(6)]
+    runs = {k: {"results": v, "cost": cost_summary(v, 2), "corrected": {"n": len(v), "acc": 0.5},
+                "official": {"acc": 0.5, "n_refused": 0}}
+            for k, v in (("arcade", arcade), ("direct", direct), ("track2_transcript", track2))}
+    for k in runs:
+        runs[k]["corrected"].update({"acc_easy": 0, "acc_normal": 0, "acc_hard": 0, "acc_normal_hard": 0})
+    cf = claim_frame(runs).set_index("claim")
+    assert cf.loc["debate beats a direct judge", "n"] == 12
+    assert cf.loc["debate beats a direct judge", "only A right"] == 6
+    row = cf.loc["Track II's debate reads emergent hate (type 001)"]
+    assert row["n"] == 6 and row["acc A"] == 1.0 and row["acc B"] == 0.0
+    assert cf.loc["the gate sends emergent hate to the right track", "n"] == 6
+    assert "the gate saves calls" in cf.index
+    assert "Track II with the transcript vs blind debaters" not in cf.index     # track2_blind did not run
+    m = stage_metrics(runs, 0.5, 0, claim_frame(runs))
+    assert m["claim_arcade_vs_direct_n"] == 12 and m["claim_track2_transcript_vs_direct_acc_a"] == 1.0
+    assert m["n_track2_transcript"] == 6
