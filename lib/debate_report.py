@@ -7,6 +7,7 @@ saves a run (per-sample results + report.txt) plus both evaluator views and the 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter
 from dataclasses import asdict
@@ -16,9 +17,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from lib.artifacts import write_json, write_text
-from lib.debate import (DIFFICULTY, LABELS, TYPES, CallTrace, Court, CourtConfig, SampleResult, cost_summary, evaluate,
-                        report_text)
-from lib.metrics import interval_keys
+from lib.debate import (DIFFICULTY, LABELS, TYPES, CallTrace, Court, CourtConfig, SampleResult, balanced_sample,
+                        cost_summary, evaluate, report_text)
+from lib.metrics import interval_keys, proportion_ci
 
 
 def run_variant(chat, samples: Sequence[Any], cfg: CourtConfig, out_dir: Path, name: str, model: str,
@@ -97,7 +98,7 @@ def plot_accuracy(runs: dict[str, dict[str, Any]], view: str = "corrected", chan
     """Accuracy by difficulty (left) and by interaction type (right), one bar per variant, n under the ticks."""
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [1, 2]})
-    names = list(runs)
+    names = [n for n in runs if not is_seed_repeat(n, runs)]       # seed repeats: seed_spread's table
     width = 0.8 / len(names)
     first = runs[names[0]][view]
     groups = [("Easy", "easy"), ("Normal", "normal"), ("Hard", "hard"), ("All", None)]
@@ -125,7 +126,7 @@ def plot_cost(runs: dict[str, dict[str, Any]]):
     """Where samples go (route shares) and what each route costs (calls per sample)."""
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
-    names = [n for n, r in runs.items() if r["config"]["run_mode"] == "arcade"]
+    names = [n for n, r in runs.items() if r["config"]["run_mode"] == "arcade" and not is_seed_repeat(n, runs)]
     routes = ["track1", "track2", "dismissal", "error"]
     left = np.zeros(len(names))
     for route in routes:
@@ -186,7 +187,6 @@ def variant_posts(variant: dict[str, Any], chosen: Sequence[Any], records_by_id:
     balanced N (`samples`; with the same seed a smaller N that divides by the types is a subset of
     the main sample), then only the posts of the interaction types named in `types` (e.g. the
     emergent-hate type 001 for a Track II ablation), in sample order."""
-    from lib.debate import balanced_sample
     n = variant.get("samples", samples)
     posts = list(chosen) if n == samples else [records_by_id[i] for i in balanced_sample(items, n, sample_seed)]
     types = variant.get("types")
@@ -200,7 +200,7 @@ def variant_posts(variant: dict[str, Any], chosen: Sequence[Any], records_by_id:
 
 
 def stage_metrics(runs: dict[str, dict[str, Any]], majority_acc: float, rerun_calls: int,
-                  claims: "pd.DataFrame | None" = None) -> dict[str, Any]:
+                  claims: "pd.DataFrame | None" = None, spread: "pd.DataFrame | None" = None) -> dict[str, Any]:
     """Notebook 05's metrics.json: the main run's (arcade, else the first) corrected accuracies by
     difficulty and F1, its official-view accuracy, the direct judge's, the majority-class line,
     the gate's cost figures, and the accuracy of every other variant."""
@@ -230,6 +230,10 @@ def stage_metrics(runs: dict[str, dict[str, Any]], majority_acc: float, rerun_ca
             key = f"claim_{row['A']}_vs_{row['B']}"
             m.update({f"{key}_n": int(row["n"]), f"{key}_acc_a": row["acc A"], f"{key}_acc_b": row["acc B"],
                       f"{key}_p": row["exact McNemar p"], f"{key}_majority": row["majority line"]})
+    for row in ([] if spread is None else spread.to_dict("records")):  # seed_spread: accuracy over seeds
+        v = row["variant"]
+        m.update({f"{v}_n_seeds": len(row["seeds"]), f"{v}_seed_mean": row["mean"], f"{v}_seed_sd": row["sd"],
+                  f"{v}_seed_min": row["min"], f"{v}_seed_max": row["max"]})
     return m
 
 
@@ -254,7 +258,6 @@ def paired_test(correct_a: dict[str, bool], correct_b: dict[str, bool], truth: d
     difference, and the exact McNemar test (a two-sided binomial test on the discordant posts,
     which is what a sample of tens of posts needs); the majority-class line of those posts."""
     from scipy.stats import binomtest
-    from lib.metrics import proportion_ci
     ids = [i for i in correct_a if i in correct_b]
     a = np.array([correct_a[i] for i in ids], bool)
     b = np.array([correct_b[i] for i in ids], bool)
@@ -300,7 +303,7 @@ def claim_frame(runs: dict[str, dict[str, Any]], class_mode: str = "multiclass",
                      "acc A": round(t["acc_a"], 3), "95% CI A": f"[{t['ci_a'][0]:.2f}, {t['ci_a'][1]:.2f}]",
                      "acc B": round(t["acc_b"], 3), "95% CI B": f"[{t['ci_b'][0]:.2f}, {t['ci_b'][1]:.2f}]",
                      "A-B": round(t["difference"], 3), "only A right": t["only_a_right"],
-                     "only B right": t["only_b_right"], "exact McNemar p": round(t["mcnemar_exact_p"], 4),
+                     "only B right": t["only_b_right"], "exact McNemar p": float(f"{t['mcnemar_exact_p']:.3g}"),
                      "majority line": round(t["majority_acc"], 3), "what it isolates": what})
     if "arcade" in runs:
         cost = runs["arcade"]["cost"]
@@ -308,4 +311,31 @@ def claim_frame(runs: dict[str, dict[str, Any]], class_mode: str = "multiclass",
                      "n": runs["arcade"]["corrected"]["n"], "A-B": round(cost["gate_call_saving"], 3),
                      "what it isolates": (f"{cost['calls_per_sample']:.2f} calls per post against "
                                           f"{cost['calls_all_track2']:.0f} for Track II on every post")})
+    return pd.DataFrame(rows)
+
+
+def is_seed_repeat(name: str, runs: dict[str, Any]) -> bool:
+    """`<variant>_seed<k>` where `<variant>` also ran: a repeat of it at another seed."""
+    m = re.fullmatch(r"(.+)_seed\d+", name)
+    return bool(m) and m.group(1) in runs
+
+
+def seed_spread(runs: dict[str, dict[str, Any]]) -> "pd.DataFrame":
+    """Variants that repeat another at other seeds (named `<variant>_seed<k>`, same posts): one row
+    per repeated variant with each seed's corrected accuracy, their mean, sd (ddof 1), min and max.
+    The variant itself is its court's own seed."""
+    import pandas as pd
+    rows = []
+    for name, run in runs.items():
+        reps = {name: run, **{k: v for k, v in runs.items() if re.fullmatch(re.escape(name) + r"_seed\d+", k)}}
+        if len(reps) < 2:
+            continue
+        ids = [sorted(r.id for r in v["results"]) for v in reps.values()]
+        if any(i != ids[0] for i in ids):
+            raise ValueError(f"seed repeats of {name} judged different posts; they must share the sample")
+        accs = {int(v["config"]["seed"]) if isinstance(v.get("config"), dict) and "seed" in v["config"] else k:
+                v["corrected"]["acc"] for k, v in reps.items()}
+        a = np.array(list(accs.values()), float)
+        rows.append({"variant": name, "n posts": len(ids[0]), "seeds": list(accs), "accuracy by seed":
+                     [round(x, 3) for x in a], "mean": a.mean(), "sd": a.std(ddof=1), "min": a.min(), "max": a.max()})
     return pd.DataFrame(rows)

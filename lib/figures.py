@@ -556,6 +556,32 @@ def draw_debate_accuracy(profile: str):
     return fig
 
 
+@figure("debate_claims", "notebooks/05_debate.ipynb", ("05_debate/claims.csv",),
+        "Each ARCADE claim as a paired comparison: both variants' accuracy with Wilson 95% intervals on the same posts")
+def draw_debate_claims(profile: str):
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    c = pd.read_csv(_art(profile, "05_debate/claims.csv"))
+    c = c[c["exact McNemar p"].notna()].reset_index(drop=True)
+    fig, ax = plt.subplots(figsize=(9, 0.75 * len(c) + 1.4))
+    for k, r in c.iterrows():
+        y = len(c) - 1 - k
+        for off, side, color in ((0.15, "A", "tab:blue"), (-0.15, "B", "tab:orange")):
+            lo, hi = (float(x) for x in r[f"95% CI {side}"].strip("[]").split(","))
+            ax.errorbar(r[f"acc {side}"], y + off, xerr=[[r[f"acc {side}"] - lo], [hi - r[f"acc {side}"]]], fmt="o",
+                        color=color, capsize=3, label=("variant A" if side == "A" else "variant B") if k == 0 else None)
+            ax.text(1.02, y + off, r[side], va="center", fontsize=8, color=color, transform=ax.get_yaxis_transform())
+        ax.plot([r["majority line"]] * 2, [y - 0.35, y + 0.35], color="grey", ls="--", lw=1,
+                label="majority line of these posts" if k == 0 else None)
+    ax.set_yticks(range(len(c)), [f"{r['claim']}\n(n={r['n']}, exact McNemar p={r['exact McNemar p']:.3g})"
+                                  for _, r in c.iloc[::-1].iterrows()], fontsize=8)
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("accuracy (corrected view), Wilson 95% interval")
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
 @figure("debate_cost", "notebooks/05_debate.ipynb", ("05_debate/eval_arcade.json",),
         "The debate's calls and tokens per sample, by route")
 def draw_debate_cost(profile: str):

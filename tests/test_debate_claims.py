@@ -2,6 +2,7 @@
 import json
 from dataclasses import dataclass, field
 
+import numpy as np
 import pytest
 
 from lib.debate import STAGES, Court, CourtConfig, CourtError, Prompts, SampleResult, cap_string_lengths, cost_summary
@@ -154,3 +155,25 @@ def test_claim_frame_pairs_variants_on_the_posts_both_judged_and_feeds_the_metri
     m = stage_metrics(runs, 0.5, 0, claim_frame(runs))
     assert m["claim_arcade_vs_direct_n"] == 12 and m["claim_track2_transcript_vs_direct_acc_a"] == 1.0
     assert m["n_track2_transcript"] == 6
+
+
+def test_seed_spread_reads_the_repeats_of_a_variant_and_refuses_different_posts():
+    from lib.debate_report import is_seed_repeat, seed_spread
+    def run(seed, right, ids=range(4)):
+        res = [result(i, 1, 1 if i < right else 0) for i in ids]
+        return {"results": res, "config": {"seed": seed}, "corrected": {"acc": right / len(res), "n": len(res)}}
+    runs = {"direct": run(0, 1), "direct_seed1": run(1, 2), "direct_seed2": run(2, 4), "arcade": run(0, 3)}
+    sp = seed_spread(runs).set_index("variant")
+    assert list(sp.index) == ["direct"] and sp.loc["direct", "seeds"] == [0, 1, 2]
+    assert sp.loc["direct", "mean"] == pytest.approx(7 / 12) and sp.loc["direct", "min"] == 0.25
+    assert sp.loc["direct", "sd"] == pytest.approx(np.std([0.25, 0.5, 1.0], ddof=1))
+    assert is_seed_repeat("direct_seed1", runs) and not is_seed_repeat("arcade", runs)
+    assert not is_seed_repeat("other_seed1", runs)                  # no variant "other" ran
+    m_keys = {k for k in __import__("lib.debate_report", fromlist=["x"]).stage_metrics(
+        {k: {**v, "cost": cost_summary(v["results"], 2), "official": {"acc": 0, "n_refused": 0},
+             "corrected": {**v["corrected"], "acc_easy": 0, "acc_normal": 0, "acc_hard": 0, "acc_normal_hard": 0}}
+         for k, v in runs.items()}, 0.5, 0, None, sp.reset_index())}
+    assert {"direct_seed_mean", "direct_seed_sd", "direct_n_seeds"} <= m_keys
+    runs["direct_seed3"] = run(3, 1, ids=range(1, 5))
+    with pytest.raises(ValueError, match="different posts"):
+        seed_spread(runs)
