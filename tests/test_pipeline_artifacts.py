@@ -268,14 +268,26 @@ def test_debate_notebook_outputs():
         assert m[f"{k}_ci_low"] <= m[k] <= m[f"{k}_ci_high"] and m[f"{k}_ci_high"] - m[f"{k}_ci_low"] > 0
     out = EMB / "05_debate"
     res = results_from_jsonl(out / "results_arcade.jsonl")
-    assert len(res) == m["n_eval"] and evaluate(res)["acc"] == pytest.approx(m["acc"])
+    assert len(res) == m["n_eval"] and evaluate(res)["acc"] == pytest.approx(m["acc"], abs=1e-6)   # metrics: 6 decimals
     assert all(c.template and c.status in ("ok", "unparseable", "refused", "blocked", "failed")
                for r in res for c in r.calls)
     routed = [r for r in res if r.route in ("track1", "track2", "dismissal")]
     assert all(r.calls[0].stage == "rapid_scan" and r.calls[0].temperature == 0.0 for r in routed)
     assert (out / "report_arcade.txt").read_text().startswith("Report: [ARCADE]")
-    for name in ("debate_accuracy", "debate_cost"):
+    for name in ("debate_accuracy", "debate_cost", "debate_claims"):
         assert (ARTIFACTS_ROOT.parent / "figures" / "embedded" / f"{name}.png").exists()
+    # each claim's paired test: recomputed from the two variants' saved verdicts on the posts both judged
+    import pandas as pd
+    from lib.debate_report import paired_test, post_correct
+    claims = pd.read_csv(out / "claims.csv")
+    tested = claims[claims["exact McNemar p"].notna()]
+    assert len(tested) >= 1 and tested["exact McNemar p"].between(0, 1).all()
+    for _, row in tested.iterrows():
+        a, b = (results_from_jsonl(out / f"results_{row[k]}.jsonl") for k in ("A", "B"))
+        truth = {r.id: r.gt for r in a + b}
+        t = paired_test(post_correct(a), post_correct(b), truth)
+        assert t["n"] == row["n"] and (t["only_a_right"], t["only_b_right"]) == (row["only A right"], row["only B right"])
+        assert m[f"claim_{row['A']}_vs_{row['B']}_n"] == row["n"]
 
 
 def test_few_shot_notebook_outputs():
@@ -336,10 +348,12 @@ def test_evaluation_notebook_outputs():
     ids = json.loads((out / "gallery.json").read_text())            # gallery ids are common memes
     pred = pd.read_csv(EMB / "02_finetuning" / "runs" / "fhm_memeworld-clip_cls_rel" / "predictions.csv", dtype={"id": str})
     arc = [json.loads(x)["id"] for x in (EMB / "05_debate" / "results_arcade.jsonl").read_text().splitlines()]
-    p = pred.set_index("id").loc[arc]
+    common_ids = json.loads((out / "common.json").read_text())["ids"]     # the posts every debate variant judged
+    assert len(common_ids) == m["n_common_memes"] and set(common_ids) <= set(arc)
+    p = pred.set_index("id").loc[common_ids]
     row = common.set_index("method").loc["TRACE memeworld-clip_cls_rel"]
     assert np.mean(p.prediction == p.label) == pytest.approx(row.value)
-    assert all(g["id"] in arc for g in ids)
+    assert all(g["id"] in common_ids for g in ids)
     mc = pd.read_csv(out / "mcnemar.csv")
     k = m["n_methods_compared"]
     assert len(mc) == k * (k - 1) // 2 == m["n_pairs"] and (mc.p_adjusted >= mc.pvalue - 1e-12).all()
