@@ -19,7 +19,7 @@ import numpy as np
 from lib.artifacts import write_json, write_text
 from lib.debate import (DIFFICULTY, LABELS, TYPES, CallTrace, Court, CourtConfig, SampleResult, balanced_sample,
                         cost_summary, evaluate, report_text)
-from lib.metrics import interval_keys, proportion_ci
+from lib.metrics import interval_keys, mcnemar, proportion_ci
 
 
 def run_variant(chat, samples: Sequence[Any], cfg: CourtConfig, out_dir: Path, name: str, model: str,
@@ -257,19 +257,18 @@ def paired_test(correct_a: dict[str, bool], correct_b: dict[str, bool], truth: d
     """Two variants on the posts both judged: each accuracy with its Wilson interval, the
     difference, and the exact McNemar test (a two-sided binomial test on the discordant posts,
     which is what a sample of tens of posts needs); the majority-class line of those posts."""
-    from scipy.stats import binomtest
     ids = [i for i in correct_a if i in correct_b]
     a = np.array([correct_a[i] for i in ids], bool)
     b = np.array([correct_b[i] for i in ids], bool)
     n = len(ids)
     acc_a, lo_a, hi_a = proportion_ci(int(a.sum()), n, confidence)
     acc_b, lo_b, hi_b = proportion_ci(int(b.sum()), n, confidence)
-    only_a, only_b = int((a & ~b).sum()), int((~a & b).sum())
-    p = binomtest(only_a, only_a + only_b, 0.5).pvalue if only_a + only_b else 1.0
+    mc = mcnemar(a, b, exact=True)
+    only_a, only_b = mc["b"], mc["c"]
     labels = Counter(truth[i] for i in ids)
     return {"n": n, "acc_a": acc_a, "ci_a": (lo_a, hi_a), "acc_b": acc_b, "ci_b": (lo_b, hi_b),
             "difference": acc_a - acc_b, "only_a_right": only_a, "only_b_right": only_b,
-            "mcnemar_exact_p": float(p), "majority_acc": labels.most_common(1)[0][1] / n if n else float("nan")}
+            "mcnemar_exact_p": min(1.0, mc["pvalue"]), "majority_acc": labels.most_common(1)[0][1] / n if n else float("nan")}
 
 
 #: notebook 05's claims: (the paper's claim, variant A, variant B, what the comparison isolates)
@@ -314,10 +313,15 @@ def claim_frame(runs: dict[str, dict[str, Any]], class_mode: str = "multiclass",
     return pd.DataFrame(rows)
 
 
+def _repeat_of(name: str) -> str | None:
+    """`<variant>` for a name `<variant>_seed<k>`, else None."""
+    m = re.fullmatch(r"(.+)_seed\d+", name)
+    return m.group(1) if m else None
+
+
 def is_seed_repeat(name: str, runs: dict[str, Any]) -> bool:
     """`<variant>_seed<k>` where `<variant>` also ran: a repeat of it at another seed."""
-    m = re.fullmatch(r"(.+)_seed\d+", name)
-    return bool(m) and m.group(1) in runs
+    return _repeat_of(name) in runs
 
 
 def seed_spread(runs: dict[str, dict[str, Any]]) -> "pd.DataFrame":
@@ -327,7 +331,7 @@ def seed_spread(runs: dict[str, dict[str, Any]]) -> "pd.DataFrame":
     import pandas as pd
     rows = []
     for name, run in runs.items():
-        reps = {name: run, **{k: v for k, v in runs.items() if re.fullmatch(re.escape(name) + r"_seed\d+", k)}}
+        reps = {name: run, **{k: v for k, v in runs.items() if _repeat_of(k) == name}}
         if len(reps) < 2:
             continue
         ids = [sorted(r.id for r in v["results"]) for v in reps.values()]

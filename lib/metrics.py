@@ -125,14 +125,15 @@ def per_type_accuracy(predictions: list[dict[str, Any]], types: dict[str, str],
     return {t: float(np.mean(v)) for t, v in sorted(hit.items())}
 
 
-def mcnemar(correct_a: Sequence[bool], correct_b: Sequence[bool]) -> dict[str, float]:
-    """McNemar on paired correct/incorrect (statsmodels, exact=False, correction=True)."""
+def mcnemar(correct_a: Sequence[bool], correct_b: Sequence[bool], exact: bool = False) -> dict[str, float]:
+    """McNemar on paired correct/incorrect (statsmodels; exact: the two-sided binomial test on the
+    discordant pairs, for tens of memes; else the chi-square with continuity correction)."""
     from statsmodels.stats.contingency_tables import mcnemar as _mc
     a, b = np.asarray(correct_a, bool), np.asarray(correct_b, bool)
     if a.shape != b.shape:
         raise ValueError(f"mcnemar: the two methods were scored on {len(a)} and {len(b)} memes; pair them first")
     table = [[int((a & b).sum()), int((a & ~b).sum())], [int((~a & b).sum()), int((~a & ~b).sum())]]
-    r = _mc(table, exact=False, correction=True)
+    r = _mc(table, exact=exact, correction=True)
     return {"statistic": float(r.statistic), "pvalue": float(r.pvalue), "b": table[0][1], "c": table[1][0]}
 
 
