@@ -52,6 +52,7 @@ from tqdm.auto import tqdm
 
 from lib import ROOT
 from lib.chat import Chat, ChatResult, GenParams, check_json_bounds, image, system, text
+from lib.chat.structured import cap_string_lengths  # noqa: F401 - also importable from here
 from lib.datasets import HVLI_DIFFICULTY, HVLI_LABELS, HVLI_TYPES
 from lib.metrics import classification_report
 
@@ -225,22 +226,6 @@ class Prompts:
             raise CourtError(f"schema {path} does not exist")
         schema = json.loads(path.read_text(encoding="utf-8"))
         return cap_string_lengths(schema, self.cfg.string_max_length) if self.cfg.string_max_length else schema
-
-
-def cap_string_lengths(schema: Any, cap: int) -> Any:
-    """A copy of a JSON schema whose every string field allows at most `cap` characters
-    (an existing smaller maxLength, an enum or a pattern is kept as it is)."""
-    if isinstance(schema, list):
-        return [cap_string_lengths(x, cap) for x in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: cap_string_lengths(v, cap) for k, v in schema.items()}
-    if out.get("type") == "string" and "enum" not in out and "const" not in out:
-        out["maxLength"] = min(int(out.get("maxLength", cap)), cap)
-        out["minLength"] = min(int(out.get("minLength", 0)), out["maxLength"])
-        if out["minLength"] == 0:
-            out.pop("minLength")
-    return out
 
 
 def read_official_prompts(repo: str | Path, class_mode: str) -> dict[str, str]:

@@ -19,7 +19,7 @@ import numpy as np
 from lib.artifacts import write_json, write_text
 from lib.debate import (DIFFICULTY, LABELS, TYPES, CallTrace, Court, CourtConfig, SampleResult, balanced_sample,
                         cost_summary, evaluate, report_text)
-from lib.metrics import interval_keys, mcnemar, proportion_ci
+from lib.metrics import interval_keys, paired_accuracy_test
 
 
 def run_variant(chat, samples: Sequence[Any], cfg: CourtConfig, out_dir: Path, name: str, model: str,
@@ -252,23 +252,7 @@ def post_correct(results: Sequence[SampleResult], class_mode: str = "multiclass"
     return out
 
 
-def paired_test(correct_a: dict[str, bool], correct_b: dict[str, bool], truth: dict[str, int],
-                confidence: float = 0.95) -> dict[str, Any]:
-    """Two variants on the posts both judged: each accuracy with its Wilson interval, the
-    difference, and the exact McNemar test (a two-sided binomial test on the discordant posts,
-    which is what a sample of tens of posts needs); the majority-class line of those posts."""
-    ids = [i for i in correct_a if i in correct_b]
-    a = np.array([correct_a[i] for i in ids], bool)
-    b = np.array([correct_b[i] for i in ids], bool)
-    n = len(ids)
-    acc_a, lo_a, hi_a = proportion_ci(int(a.sum()), n, confidence)
-    acc_b, lo_b, hi_b = proportion_ci(int(b.sum()), n, confidence)
-    mc = mcnemar(a, b, exact=True)
-    only_a, only_b = mc["b"], mc["c"]
-    labels = Counter(truth[i] for i in ids)
-    return {"n": n, "acc_a": acc_a, "ci_a": (lo_a, hi_a), "acc_b": acc_b, "ci_b": (lo_b, hi_b),
-            "difference": acc_a - acc_b, "only_a_right": only_a, "only_b_right": only_b,
-            "mcnemar_exact_p": min(1.0, mc["pvalue"]), "majority_acc": labels.most_common(1)[0][1] / n if n else float("nan")}
+paired_test = paired_accuracy_test          # the claim tests' name for it
 
 
 #: notebook 05's claims: (the paper's claim, variant A, variant B, what the comparison isolates)

@@ -320,6 +320,25 @@ def metric_rows(frame, method: str, subsets: dict[str, Any], metrics: Sequence[s
     return rows
 
 
+def paired_accuracy_test(correct_a: dict[str, bool], correct_b: dict[str, bool], truth: dict[str, int],
+                         confidence: float = 0.95) -> dict[str, Any]:
+    """Two variants on the items both judged: each accuracy with its Wilson interval, the
+    difference, and the exact McNemar test (a two-sided binomial test on the discordant items,
+    which is what a sample of tens of items needs); the majority-class line of those items."""
+    ids = [i for i in correct_a if i in correct_b]
+    a = np.array([correct_a[i] for i in ids], bool)
+    b = np.array([correct_b[i] for i in ids], bool)
+    n = len(ids)
+    acc_a, lo_a, hi_a = proportion_ci(int(a.sum()), n, confidence)
+    acc_b, lo_b, hi_b = proportion_ci(int(b.sum()), n, confidence)
+    mc = mcnemar(a, b, exact=True)
+    only_a, only_b = mc["b"], mc["c"]
+    labels = collections.Counter(truth[i] for i in ids)
+    return {"n": n, "acc_a": acc_a, "ci_a": (lo_a, hi_a), "acc_b": acc_b, "ci_b": (lo_b, hi_b),
+            "difference": acc_a - acc_b, "only_a_right": only_a, "only_b_right": only_b,
+            "mcnemar_exact_p": min(1.0, mc["pvalue"]), "majority_acc": labels.most_common(1)[0][1] / n if n else float("nan")}
+
+
 def pairwise_mcnemar(correct: dict[str, Sequence[bool]], correction: str = "holm", alpha: float = 0.05,
                      exact: bool | None = None):
     """McNemar for every pair of methods scored on the same memes, p-values corrected for the

@@ -147,3 +147,19 @@ def storable(r: ChatResult) -> ChatResult:
     if r.error is not None:
         r.error = clean_text(r.error)
     return r
+
+
+def cap_string_lengths(schema: Any, cap: int) -> Any:
+    """A copy of a JSON schema whose every string field allows at most `cap` characters
+    (an existing smaller maxLength, an enum or a pattern is kept as it is)."""
+    if isinstance(schema, list):
+        return [cap_string_lengths(x, cap) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: cap_string_lengths(v, cap) for k, v in schema.items()}
+    if out.get("type") == "string" and "enum" not in out and "const" not in out:
+        out["maxLength"] = min(int(out.get("maxLength", cap)), cap)
+        out["minLength"] = min(int(out.get("minLength", 0)), out["maxLength"])
+        if out["minLength"] == 0:
+            out.pop("minLength")
+    return out
