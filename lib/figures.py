@@ -556,12 +556,12 @@ def draw_debate_accuracy(profile: str):
     return fig
 
 
-@figure("debate_claims", "notebooks/05_debate.ipynb", ("05_debate/claims.csv",),
-        "Each ARCADE claim as a paired comparison: both variants' accuracy with Wilson 95% intervals on the same posts")
-def draw_debate_claims(profile: str):
+def _claims_figure(csv_path: Path, xlabel: str, items: str):
+    """Each claim of a claims.csv (claim, A, B, n, acc and Wilson interval of each, exact McNemar p,
+    majority line) as two points with their intervals on one row."""
     import matplotlib.pyplot as plt
     import pandas as pd
-    c = pd.read_csv(_art(profile, "05_debate/claims.csv"))
+    c = pd.read_csv(csv_path)
     c = c[c["exact McNemar p"].notna()].reset_index(drop=True)
     fig, ax = plt.subplots(figsize=(9, 0.75 * len(c) + 1.4))
     for k, r in c.iterrows():
@@ -569,17 +569,32 @@ def draw_debate_claims(profile: str):
         for off, side, color in ((0.15, "A", "tab:blue"), (-0.15, "B", "tab:orange")):
             lo, hi = (float(x) for x in r[f"95% CI {side}"].strip("[]").split(","))
             ax.errorbar(r[f"acc {side}"], y + off, xerr=[[r[f"acc {side}"] - lo], [hi - r[f"acc {side}"]]], fmt="o",
-                        color=color, capsize=3, label=("variant A" if side == "A" else "variant B") if k == 0 else None)
+                        color=color, capsize=3, label=("A" if side == "A" else "B") if k == 0 else None)
             ax.text(1.02, y + off, r[side], va="center", fontsize=8, color=color, transform=ax.get_yaxis_transform())
         ax.plot([r["majority line"]] * 2, [y - 0.35, y + 0.35], color="grey", ls="--", lw=1,
-                label="majority line of these posts" if k == 0 else None)
+                label=f"majority line of these {items}" if k == 0 else None)
     ax.set_yticks(range(len(c)), [f"{r['claim']}\n(n={r['n']}, exact McNemar p={r['exact McNemar p']:.3g})"
                                   for _, r in c.iloc[::-1].iterrows()], fontsize=8)
     ax.set_xlim(0, 1)
-    ax.set_xlabel("accuracy (corrected view), Wilson 95% interval")
+    ax.set_xlabel(xlabel)
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
+
+
+@figure("debate_claims", "notebooks/05_debate.ipynb", ("05_debate/claims.csv",),
+        "Each ARCADE claim as a paired comparison: both variants' accuracy with Wilson 95% intervals on the same posts")
+def draw_debate_claims(profile: str):
+    return _claims_figure(_art(profile, "05_debate/claims.csv"), "accuracy (corrected view), Wilson 95% interval",
+                          "posts")
+
+
+@figure("few_shot_claims", "notebooks/04_few_shot.ipynb", ("04_few_shot/claims.csv",),
+        "Each See-Explain-Intervene claim as a paired comparison: both settings' accuracy with Wilson 95% intervals "
+        "on the same memes")
+def draw_few_shot_claims(profile: str):
+    return _claims_figure(_art(profile, "04_few_shot/claims.csv"),
+                          "accuracy (an unreadable answer is wrong), Wilson 95% interval", "memes")
 
 
 @figure("debate_cost", "notebooks/05_debate.ipynb", ("05_debate/eval_arcade.json",),

@@ -344,7 +344,10 @@ SCHEMAS: dict[str, dict[str, Rule]] = {
     "04_few_shot": {
         "datasets": MapOf(DatasetName("meme"), Struct({"test_split": Type(str), "definitions": Type(str)},
                                                       required=("test_split", "definitions"))),
-        "eval_n": NONNEG, "agent_base": CHAT, "agent_recipe": Lazy(_agent_recipe),
+        "eval_n": NONNEG, "eval_balance": Choice("label", "type"),
+        "subset": Opt(Struct({"n": POS, "settings": ListOf(Type(str), 1)}, required=("n", "settings"))),
+        "answer_format": Choice("free_text", "structured"), "string_max_length": Opt(POS),
+        "agent_base": CHAT, "agent_recipe": Lazy(_agent_recipe),
         "agent_overrides": Lazy(lambda: MapOf(_agent_name(), _agent_recipe())),
         "agent_prompt_dir": Folder(), "agent_eval_n": NONNEG, "agent_max_new_tokens": POS,
         "intervention_input": Choice("generated", "gold"), "retrievers": ListOf(ENC, 1), "shots": ListOf(POS, 1),

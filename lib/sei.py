@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from lib import ROOT
 from lib.artifacts import atomic_path
 from lib.chat import GenParams, assistant, image, system, text, user
+from lib.chat.structured import cap_string_lengths
 from lib.encoders import load_encoder
 from lib.metrics import classification_report
 from lib.presets import folder_identity, get_preset
@@ -312,8 +313,11 @@ def parse_answer(text: str | None, chat_status: str = "ok", finish_reason: str |
     return Answer("ok", y, expl, iv if y == 1 else "", truncated, dropped, raw)
 
 
-def answer_schema() -> dict[str, Any]:
-    return json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+def answer_schema(string_max_length: int | None = None) -> dict[str, Any]:
+    """The structured answer's JSON schema; `string_max_length` caps the explanation and the
+    intervention (a short-answer option: fewer tokens, and an answer that ends before max_new_tokens)."""
+    schema = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    return cap_string_lengths(schema, int(string_max_length)) if string_max_length else schema
 
 
 # ----------------------------------------------------------------------------- settings
@@ -325,6 +329,7 @@ class Setting:
     retriever: str | None = None       # None for zero-shot and random exemplars
     exemplars: str = "retrieved"       # retrieved | random | shuffled_labels
     structured: bool = False           # JSON-schema output (where the backend supports it)
+    eval_n: int = 0                    # 0: every evaluation meme; else the named balanced subset of this size
 
     def __post_init__(self):
         if self.exemplars not in EXEMPLAR_KINDS:
@@ -333,12 +338,26 @@ class Setting:
             raise ValueError(f"setting {self.name}: n must be >= 0")
         if self.n and self.exemplars != "random" and not self.retriever:
             raise ValueError(f"setting {self.name}: {self.exemplars} exemplars need a retriever")
+        if self.eval_n < 0:
+            raise ValueError(f"setting {self.name}: eval_n must be >= 0")
 
 
-def parse_settings(spec: dict[str, dict[str, Any]], retrievers: Sequence[str], shots: Sequence[int]
-                   ) -> list[Setting]:
-    """Expand the profile: the retrieved grid (each retriever x each n) plus the named controls."""
-    out = [Setting(f"{r}/{n}", n, r) for r in retrievers for n in shots]
+ANSWER_FORMATS = ("free_text", "structured")
+
+
+def parse_settings(spec: dict[str, dict[str, Any]], retrievers: Sequence[str], shots: Sequence[int],
+                   answer_format: str = "free_text", subset: dict[str, Any] | None = None) -> list[Setting]:
+    """Expand the profile: the retrieved grid (each retriever x each n) plus the named controls.
+
+    `answer_format`: how every setting answers unless a control says `structured: true/false`
+    (free_text: the paper's "label - explanation - intervention"; structured: a JSON object through
+    the server's constrained decoding). `subset`: {"n": k, "settings": [names]}: those settings run
+    on the evaluation set's balanced subset of k memes (drawn nested in the full draw), the others on
+    every evaluation meme."""
+    if answer_format not in ANSWER_FORMATS:
+        raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")
+    structured = answer_format == "structured"
+    out = [Setting(f"{r}/{n}", n, r, structured=structured) for r in retrievers for n in shots]
     for name, over in (spec or {}).items():
         over = dict(over)
         unknown = set(over) - {"n", "retriever", "exemplars", "structured"}
@@ -347,12 +366,29 @@ def parse_settings(spec: dict[str, dict[str, Any]], retrievers: Sequence[str], s
         if over.get("retriever") == "default":
             over["retriever"] = retrievers[0]
         out.append(Setting(name, int(over.get("n", 0)), over.get("retriever"), over.get("exemplars", "retrieved"),
-                           bool(over.get("structured", False))))
+                           bool(over.get("structured", structured))))
     names = [s.name for s in out]
     dup = [n for n, c in Counter(names).items() if c > 1]
     if dup:
         raise ValueError(f"settings named twice: {dup}")
+    if subset:
+        extra = set(subset) - {"n", "settings"}
+        if extra or "n" not in subset:
+            raise ValueError(f"subset: expected keys n and settings, got {sorted(subset)}")
+        k, chosen = int(subset["n"]), list(subset.get("settings") or [])
+        missing = [c for c in chosen if c not in names]
+        if missing:
+            raise ValueError(f"subset.settings names no setting: {missing} (settings: {names})")
+        if k <= 0:
+            raise ValueError(f"subset.n must be > 0, got {k}")
+        out = [replace(s, eval_n=k) if s.name in chosen else s for s in out]
     return out
+
+
+def setting_queries(setting: Setting, queries: Sequence[Meme], seed: int = 0, by: str = "label") -> list[Meme]:
+    """The evaluation memes one setting runs on: all of them, or their balanced subset of
+    `setting.eval_n` (the same draw rule and seed as the evaluation set, so nested in it)."""
+    return balanced_subset(queries, setting.eval_n, seed, by) if setting.eval_n else list(queries)
 
 
 def plan_exemplars(setting: Setting, queries: Sequence[Meme], pool: Sequence[Meme], ranked: dict[str, np.ndarray],
@@ -412,9 +448,11 @@ class Prediction:
 def run_setting(chat, setting: Setting, queries: Sequence[Meme], pool: Sequence[Meme],
                 plan: dict[str, list[tuple[int, int]]], silver: dict[str, Any], tpl: SeiTemplates,
                 definitions: str, max_new_tokens: int = 100, temperature: float = 0.001, images: bool = True,
-                parser: str = "strict", progress: bool = True) -> tuple[list[Prediction], dict[str, Any]]:
+                parser: str = "strict", progress: bool = True, string_max_length: int | None = None
+                ) -> tuple[list[Prediction], dict[str, Any]]:
     """Every query through the chat model under one setting. `silver`: captions {pool index: str},
-    explanations {(pool index, label): str}, interventions {pool index: str}."""
+    explanations {(pool index, label): str}, interventions {pool index: str}. `string_max_length`
+    caps a structured answer's free strings (None: the schema as written)."""
     convs = []
     for q in queries:
         shots = [replace(pool[j], label=lab, caption=silver["captions"][j], explanation=silver["explanations"][(j, lab)],
@@ -422,7 +460,7 @@ def run_setting(chat, setting: Setting, queries: Sequence[Meme], pool: Sequence[
                  for j, lab in plan[q.id]]
         convs.append(build_conversation(q, shots, tpl, definitions, images))
     params = GenParams(temperature=temperature, max_new_tokens=max_new_tokens,
-                       json_schema=answer_schema() if setting.structured else None)
+                       json_schema=answer_schema(string_max_length) if setting.structured else None)
     before = (chat.stats.requests, chat.stats.prompt_tokens, chat.stats.completion_tokens)
     t0 = time.perf_counter()
     res = chat.generate_many(convs, params, desc=setting.name, progress=progress)
@@ -477,16 +515,46 @@ def subgroup(gold: int, pred: int | None) -> str | None:
     return {(1, 1): "cp", (0, 0): "cn", (0, 1): "wp", (1, 0): "wn"}[(gold, pred)]
 
 
-def balanced_subset(memes: Sequence[Meme], n: int, seed: int = 0) -> list[Meme]:
-    """n memes, half of each label (as far as each label allows), drawn with a fixed seed; 0: all."""
+BALANCE_BY = ("label", "type")
+
+
+def balanced_subset(memes: Sequence[Meme], n: int, seed: int = 0, by: str = "label") -> list[Meme]:
+    """n memes drawn with a fixed seed, in the input order; 0: all.
+
+    `by="label"`: half of each label (as far as each label allows). `by="type"`: an equal share of
+    each interaction type (MemeWorld's SMI types; the first n mod k types in sorted order get one
+    more), filled from the other types where one runs short. The type draw is nested: each type's
+    memes are shuffled once (seeded by the seed and the type) and the draw takes a prefix of every
+    type's shuffle, so while no type runs short a smaller n with the same seed gives a subset of a
+    larger one (a named balanced subset of the evaluation set is drawn this way)."""
+    if by not in BALANCE_BY:
+        raise ValueError(f"balance must be one of {BALANCE_BY}, got {by!r}")
     if not n or n >= len(memes):
         return list(memes)
+    if by == "type":
+        untyped = [m.id for m in memes if not m.type]
+        if untyped:
+            raise ValueError(f"a type-balanced draw needs every meme's interaction type; {len(untyped)} have none "
+                             f"(e.g. meme {untyped[0]}): use balance 'label' for data without types")
+        strata = {t: [m for m in memes if m.type == t] for t in sorted({m.type for m in memes})}
+        order = {t: random.Random(f"{seed}|{t}").sample(v, len(v)) for t, v in strata.items()}
+        k = len(strata)
+        quota = {t: n // k + (i < n % k) for i, t in enumerate(strata)}
+        take = {t: min(quota[t], len(v)) for t, v in order.items()}
+        short = n - sum(take.values())
+        while short > 0:                     # a short type's places go round the others in sorted order
+            for t, v in order.items():
+                if short and take[t] < len(v):
+                    take[t] += 1
+                    short -= 1
+        picked = {m.id for t, v in order.items() for m in v[:take[t]]}
+        return [m for m in memes if m.id in picked]
     rng = random.Random(seed)
-    by = {0: [m for m in memes if m.label == 0], 1: [m for m in memes if m.label == 1]}
-    k1 = min(len(by[1]), n // 2)
-    k0 = min(len(by[0]), n - k1)
-    k1 = min(len(by[1]), n - k0)
-    picked = {m.id for m in rng.sample(by[0], k0) + rng.sample(by[1], k1)}
+    by_label = {0: [m for m in memes if m.label == 0], 1: [m for m in memes if m.label == 1]}
+    k1 = min(len(by_label[1]), n // 2)
+    k0 = min(len(by_label[0]), n - k1)
+    k1 = min(len(by_label[1]), n - k0)
+    picked = {m.id for m in rng.sample(by_label[0], k0) + rng.sample(by_label[1], k1)}
     return [m for m in memes if m.id in picked]
 
 

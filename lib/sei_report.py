@@ -23,7 +23,7 @@ from lib.agents import (AGENTS, LABEL_WORDS, AgentExample, AgentRecipe, agent_ch
 from lib.artifacts import require, stage_dir, write_bytes, write_json, write_text
 from lib.chat import ResponseCache, default_cache_path
 from lib.data_prep import load_prepared
-from lib.metrics import interval_keys, mean_ci
+from lib.metrics import interval_keys, mean_ci, paired_accuracy_test
 from lib.params import is_paper
 from lib.sei import Meme, Prediction, subgroup
 from lib.textmetrics import pair_semsim, score_texts, token_count, type_token_ratio, unigram_perplexity, vader_label
@@ -364,13 +364,14 @@ def plot_controls(results: dict[str, dict[str, Any]], chance: float, knn: float 
 
 def exemplar_label_following(preds: Sequence[Prediction]) -> dict[str, float]:
     """How often the predicted label equals the majority label shown in the prompt's exemplars
-    (and the last exemplar's label), over answers with a label and at least one exemplar."""
+    (and the last exemplar's label), over answers with a label and at least one exemplar
+    (`n_following`: how many; the setting's `n` stays the number of memes it answered)."""
     both = [p for p in preds if p.label in (0, 1) and p.shown_labels]
     if not both:
-        return {"follows_majority": float("nan"), "follows_last": float("nan"), "n": 0}
+        return {"follows_majority": float("nan"), "follows_last": float("nan"), "n_following": 0}
     maj = [Counter(p.shown_labels).most_common(1)[0][0] for p in both]
     return {"follows_majority": float(np.mean([p.label == m for p, m in zip(both, maj)])),
-            "follows_last": float(np.mean([p.label == p.shown_labels[-1] for p in both])), "n": len(both)}
+            "follows_last": float(np.mean([p.label == p.shown_labels[-1] for p in both])), "n_following": len(both)}
 
 
 def table2_frame(all_preds_keys: Sequence[tuple[str, str, str]], results: dict[str, dict[str, Any]], key_fn,
@@ -404,7 +405,7 @@ def table2_frame(all_preds_keys: Sequence[tuple[str, str, str]], results: dict[s
 #: the parameters of notebook 04 that rebuild its moderator (written to its settings.json)
 def evaluated(result: dict[str, Any]) -> int | None:
     """How many memes a setting's accuracy is over: every status counted (an unparseable answer
-    is a wrong one, not a missing one); `n` alone is overwritten by the generation scores."""
+    is a wrong one, not a missing one); `n` where no status is counted."""
     total = sum(int(result.get(f"n_{s}", 0)) for s in sei.STATUSES)
     return total or result.get("n")
 
@@ -418,7 +419,8 @@ def main_setting_name(retrievers: Sequence[str], shots: Sequence[int]) -> str:
 
 SETTINGS_KEYS = ("datasets", "train_split", "agent_base", "agent_recipe", "agent_overrides", "agent_prompt_dir",
                  "agent_max_new_tokens", "retrievers", "shots", "order", "controls", "models", "serve_preset",
-                 "images", "prompt_dir", "temperature", "max_new_tokens", "parser", "seed")
+                 "images", "prompt_dir", "temperature", "max_new_tokens", "parser", "seed", "answer_format",
+                 "string_max_length")
 
 
 class FewShotModerator:
@@ -450,7 +452,8 @@ class FewShotModerator:
         self.stage04 = stage_dir(profile, "04_few_shot")
         self.agents = train_agents(self.stage04 / "agents", recipe, data, self.agent_tpl,
                                    p["agent_overrides"], progress=progress)
-        self.settings = {s.name: s for s in sei.parse_settings(p["controls"], p["retrievers"], p["shots"])}
+        self.settings = {s.name: s for s in sei.parse_settings(p["controls"], p["retrievers"], p["shots"],
+                                                               p.get("answer_format", "free_text"))}
         self.tpl = sei.SeiTemplates.load(p["prompt_dir"])
 
     def main_setting(self) -> str:
@@ -481,15 +484,16 @@ class FewShotModerator:
         queries = [replace(m, caption=c) for m, c in zip(memes, caps)]
         preds, _ = sei.run_setting(self.chat, s, queries, self.pool, plan, silver, self.tpl, self.definitions,
                                    self.p["max_new_tokens"], self.p["temperature"], self.p["images"],
-                                   parser=self.p["parser"], progress=self.progress)
+                                   parser=self.p["parser"], progress=self.progress,
+                                   string_max_length=self.p.get("string_max_length"))
         return preds
 
 
 # ----------------------------------------------------------------------------- notebook 04's steps
 def retrieve_exemplars(dataset: str, memes: Sequence[Meme], train_split: str, test_split: str, eval_n: int,
                        eval_seed: int, retrievers: Sequence[str], emb: dict[str, dict[str, np.ndarray]],
-                       ns: Sequence[int], out_dir: Path) -> tuple[list[Meme], list[Meme], dict[str, np.ndarray],
-                                                                  list[dict[str, Any]], str]:
+                       ns: Sequence[int], out_dir: Path, balance: str = "label"
+                       ) -> tuple[list[Meme], list[Meme], dict[str, np.ndarray], list[dict[str, Any]], str]:
     """One dataset's exemplar pool (the train split), its balanced evaluation queries, the pool
     ranked for every query by each retriever (written as exemplars_<dataset>_<retriever>.json,
     with similarities) and the retrieval quality at each n in `ns`. `emb`: retriever -> the
@@ -497,7 +501,7 @@ def retrieve_exemplars(dataset: str, memes: Sequence[Meme], train_split: str, te
     Returns (pool, queries, ranked, quality rows, a summary line)."""
     pool = [m for m in memes if m.split == train_split]
     test_all = [m for m in memes if m.split == test_split]
-    queries = sei.balanced_subset(test_all, eval_n, eval_seed)
+    queries = sei.balanced_subset(test_all, eval_n, eval_seed, balance)
     ranked, rows = {}, []
     for r in retrievers:
         e = emb[r] if all(m.id in emb[r] for m in pool + queries) else \
@@ -510,7 +514,9 @@ def retrieve_exemplars(dataset: str, memes: Sequence[Meme], train_split: str, te
         rows += [{"dataset": dataset, "retriever": r, **sei.retrieval_quality(idx[:, :n], pool, queries)}
                  for n in sorted(set(ns))]
     line = (f"{dataset}: pool {len(pool)} {train_split} memes; {len(queries)} of {len(test_all)} "
-            f"{test_split} memes ({sum(q.label for q in queries)} hateful)")
+            f"{test_split} memes ({sum(q.label for q in queries)} hateful"
+            + (f"; {len({q.type for q in queries})} types, {dict(sorted(Counter(q.type for q in queries).items()))}"
+               if balance == "type" else "") + ")")
     return pool, queries, ranked, rows, line
 
 
@@ -528,11 +534,85 @@ def evaluate_setting(chat, setting, queries: Sequence[Meme], pool: Sequence[Meme
     return res, preds
 
 
+def plan_settings(settings: Sequence[sei.Setting], queries: Sequence[Meme], pool: Sequence[Meme],
+                  ranked: dict[str, np.ndarray], order: str, seed: int, eval_seed: int, balance: str
+                  ) -> tuple[dict[str, dict[str, list[tuple[int, int]]]], dict[str, list[Meme]]]:
+    """Every setting's exemplar plan and the evaluation memes it runs on: all of `queries`, or for a
+    setting with `eval_n` their balanced subset (sei.setting_queries). Plans are drawn over all
+    queries (a query's exemplars never depend on which others run) and kept for the setting's own
+    memes, so no silver text is written for an exemplar no prompt shows."""
+    plans, runs_on = {}, {}
+    for s in settings:
+        runs_on[s.name] = sei.setting_queries(s, queries, eval_seed, balance)
+        ids = {q.id for q in runs_on[s.name]}
+        plans[s.name] = {i: v for i, v in sei.plan_exemplars(s, queries, pool, ranked, order, seed).items() if i in ids}
+    return plans, runs_on
+
+
+def knn_predictions(ranked: np.ndarray, pool: Sequence[Meme], queries: Sequence[Meme]) -> list[Prediction]:
+    """The label-vote control as predictions: each query's label is the majority of its retrieved
+    exemplars' gold labels (no model call)."""
+    return [Prediction(q.id, q.label, "knn_vote", "ok", int(v), "", "", False, False, [], [])
+            for q, v in zip(queries, sei.knn_vote(ranked, pool))]
+
+
 def knn_result(ranked: np.ndarray, pool: Sequence[Meme], queries: Sequence[Meme]) -> dict[str, Any]:
-    """The label-vote control: each query's label is the majority of its retrieved exemplars' (no model call)."""
-    vote = sei.knn_vote(ranked, pool)
-    return {**sei.classification([Prediction(q.id, q.label, "knn_vote", "ok", v, "", "", False, False, [], [])
-                                  for q, v in zip(queries, vote)]), "calls": 0}
+    """The label-vote control's classification (no model call)."""
+    return {**sei.classification(knn_predictions(ranked, pool, queries)), "calls": 0}
+
+
+#: notebook 04's claims: (the paper's claim, setting A, setting B, what the comparison isolates);
+#: "<main>" is the main setting (first retriever, 4 shots)
+FEWSHOT_CLAIMS = (
+    ("retrieved exemplars beat random ones", "<main>", "random_4",
+     "the same prompt and n, with exemplars chosen by image similarity or at random"),
+    ("exemplars beat none (zero-shot)", "<main>", "zero_shot",
+     "four retrieved exemplars against the same prompt with none"),
+    ("the exemplars' labels carry the signal", "<main>", "shuffled_labels_4",
+     "the same exemplars shown with their gold labels or labels redrawn at the base rate"),
+    ("the model adds to its exemplars' vote", "<main>", "knn_vote",
+     "the model's answer against the majority label of the same retrieved exemplars (no model)"),
+    ("four exemplars beat two", "<main>", "<retriever>/2", "the same retriever at n = 4 and n = 2"),
+)
+
+
+def prediction_correct(preds: Sequence[Prediction]) -> dict[str, bool]:
+    """Meme id -> right or wrong; an answer with no label (unparseable, refused) is wrong, as the
+    accuracy counts it."""
+    return {p.id: p.status == "ok" and p.label in (0, 1) and p.label == p.gold for p in preds}
+
+
+def claim_frame(preds: dict[str, Sequence[Prediction]], main_name: str, retriever: str,
+                confidence: float = 0.95) -> "pd.DataFrame":
+    """One row per claim in FEWSHOT_CLAIMS whose two settings ran (`preds`: setting name ->
+    predictions, the knn vote included): both accuracies with Wilson intervals on the memes both
+    answered, the exact McNemar test on the discordant memes, and those memes' majority line.
+    Same columns as notebook 05's claims.csv."""
+    import pandas as pd
+    rows = []
+    truth = {p.id: p.gold for v in preds.values() for p in v}
+    for claim, a, b, what in FEWSHOT_CLAIMS:
+        a, b = (x.replace("<main>", main_name).replace("<retriever>", retriever) for x in (a, b))
+        if a not in preds or b not in preds or a == b:
+            continue
+        t = paired_accuracy_test(prediction_correct(preds[a]), prediction_correct(preds[b]), truth, confidence)
+        rows.append({"claim": claim, "A": a, "B": b, "n": t["n"],
+                     "acc A": round(t["acc_a"], 3), "95% CI A": f"[{t['ci_a'][0]:.2f}, {t['ci_a'][1]:.2f}]",
+                     "acc B": round(t["acc_b"], 3), "95% CI B": f"[{t['ci_b'][0]:.2f}, {t['ci_b'][1]:.2f}]",
+                     "A-B": round(t["difference"], 3), "only A right": t["only_a_right"],
+                     "only B right": t["only_b_right"], "exact McNemar p": float(f"{t['mcnemar_exact_p']:.3g}"),
+                     "majority line": round(t["majority_acc"], 3), "what it isolates": what})
+    return pd.DataFrame(rows)
+
+
+def claim_metrics(claims) -> dict[str, Any]:
+    """metrics.json keys of each claim row: claim_<A>_vs_<B>_{n, acc_a, acc_b, p, majority}."""
+    m = {}
+    for row in ([] if claims is None else claims.to_dict("records")):
+        key = "claim_" + f"{row['A']}_vs_{row['B']}".replace("/", "_")
+        m.update({f"{key}_n": int(row["n"]), f"{key}_acc_a": row["acc A"], f"{key}_acc_b": row["acc B"],
+                  f"{key}_p": row["exact McNemar p"], f"{key}_majority": row["majority line"]})
+    return m
 
 
 #: notebook 04's Table 2 columns
@@ -550,9 +630,10 @@ def table2_view(results: dict[str, dict[str, Any]], bertscore_label: str):
 
 def stage_metrics(results: dict[str, dict[str, Any]], row, main_name: str, majority_acc: float, retrieval,
                   retriever: str, knn_n: int, dataset: str, agent_rows: Sequence[dict[str, Any]],
-                  bertscore_proxy: bool, rerun_calls: int) -> dict[str, Any]:
+                  bertscore_proxy: bool, rerun_calls: int, claims=None) -> dict[str, Any]:
     """Notebook 04's metrics.json: the main setting's classification and generation scores, the
-    controls' accuracies (zero-shot, random and shuffled-label exemplars, structured, label vote),
+    controls' accuracies (zero-shot, random and shuffled-label exemplars, the other answer format,
+    label vote) with Wilson intervals and each control's n, the claims' paired tests (claim_frame),
     the retrieval's label (and MemeWorld type) agreement against its base rate, the agents'
     scores, the cost, and the accuracy of every other setting. `row(name)`: a setting's results."""
     main = row(main_name)
@@ -560,7 +641,8 @@ def stage_metrics(results: dict[str, dict[str, Any]], row, main_name: str, major
     m: dict[str, Any] = {
         "acc": main["acc"], "macro_f1": main["macro_f1"], "acc_zero_shot": row("zero_shot").get("acc"),
         "acc_random_exemplars": row("random_4").get("acc"), "acc_shuffled_labels": row("shuffled_labels_4").get("acc"),
-        "acc_structured": row("structured_4").get("acc"), "acc_knn_vote": row("knn_vote")["acc"],
+        "acc_structured": row("structured_4").get("acc"), "acc_free_text": row("free_text_4").get("acc"),
+        "acc_knn_vote": row("knn_vote")["acc"],
         "majority_acc": majority_acc, "retrieval_label_agreement": float(q["label_agreement"].iloc[0]),
         "retrieval_label_base_rate": float(q["label_base_rate"].iloc[0]),
         "n_eval": main["n"], "n_unparseable": main["n_unparseable"], "n_refused": main["n_refused"],
@@ -575,8 +657,14 @@ def stage_metrics(results: dict[str, dict[str, Any]], row, main_name: str, major
         "rerun_calls": rerun_calls}
     for key, name in (("acc", main_name), ("acc_zero_shot", "zero_shot"), ("acc_random_exemplars", "random_4"),
                       ("acc_shuffled_labels", "shuffled_labels_4"), ("acc_structured", "structured_4"),
-                      ("acc_knn_vote", "knn_vote")):
+                      ("acc_free_text", "free_text_4"), ("acc_knn_vote", "knn_vote")):
+        if m[key] is None:                                                # a control this profile does not run
+            del m[key]
+            continue
         m.update(interval_keys(key, m[key], evaluated(row(name))))        # Wilson: n is tens of memes
+        if key != "acc":
+            m[f"n_{key.removeprefix('acc_')}"] = evaluated(row(name))
+    m.update(claim_metrics(claims))
     if "type_agreement" in retrieval:
         m["retrieval_type_agreement"] = float(q["type_agreement"].iloc[0])
         m["retrieval_type_base_rate"] = float(q["type_base_rate"].iloc[0])

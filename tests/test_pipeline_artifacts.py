@@ -325,8 +325,49 @@ def test_few_shot_notebook_outputs():
     import pandas as pd
     coh = pd.read_csv(out / "coherence.csv", dtype={"id": str})
     assert coh.id.is_unique and set(coh.setting) <= {"memeworld-clip/4"}
-    for name in ("few_shot_agents", "few_shot_accuracy", "few_shot_lexical", "few_shot_sentiment"):
+    for name in ("few_shot_agents", "few_shot_accuracy", "few_shot_lexical", "few_shot_sentiment", "few_shot_claims"):
         assert (ARTIFACTS_ROOT.parent / "figures" / "embedded" / f"{name}.png").exists()
+
+
+def test_few_shot_claims_are_recomputed_from_the_saved_answers():
+    """Notebook 04's sizing and claims: the settings' memes as the profile says (the type-balanced
+    evaluation set, the subset settings on a nested subset), and every claim row recomputed from
+    predictions_fhm.jsonl with the same counts and exact p."""
+    import pandas as pd
+    from lib.params import load_profile
+    from lib.sei import Prediction
+    from lib.sei_report import claim_frame, main_setting_name
+    sec = load_profile("embedded")["04_few_shot"]
+    out = EMB / "04_few_shot"
+    rows = [json.loads(l) for l in (out / "predictions_fhm.jsonl").read_text().splitlines()]
+    by = {}
+    for r in rows:
+        by.setdefault(r["setting"], []).append(Prediction(**{k: v for k, v in r.items() if k != "model"}))
+    main = main_setting_name(sec["retrievers"], sec["shots"])
+    ids = {p.id for p in by[main]}
+    assert len(ids) == sec["eval_n"] == len(by[main])
+    for name, preds in by.items():
+        sub = {p.id for p in preds}
+        assert sub <= ids, name
+        assert len(sub) == (sec["subset"]["n"] if name in sec["subset"]["settings"] else sec["eval_n"]), name
+    if sec.get("eval_balance") == "type":
+        from collections import Counter
+        from lib.sei_report import memeworld_types
+        types = memeworld_types(EMB / "00_data_prep" / "memeworld")
+        per = Counter(types[i] for i in ids)
+        assert len(per) == 8 and set(per.values()) == {sec["eval_n"] // 8}
+    claims = pd.read_csv(out / "claims.csv")
+    m = _metrics("04_few_shot")
+    # the knn vote's answers are not saved per meme: its row is checked through metrics.json
+    tested = claims[claims.B != "knn_vote"]
+    again = claim_frame(by, main, sec["retrievers"][0]).set_index(["A", "B"])
+    assert len(tested) >= 3
+    for _, row in tested.iterrows():
+        r = again.loc[(row["A"], row["B"])]
+        assert (r["n"], r["only A right"], r["only B right"]) == (row["n"], row["only A right"], row["only B right"])
+        assert r["exact McNemar p"] == pytest.approx(row["exact McNemar p"], rel=1e-6)
+        key = "claim_" + f"{row['A']}_vs_{row['B']}".replace("/", "_")
+        assert m[f"{key}_n"] == row["n"] and m[f"{key}_acc_a"] == pytest.approx(row["acc A"], abs=1e-6)
 
 
 def test_evaluation_notebook_outputs():

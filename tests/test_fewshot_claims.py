@@ -1,0 +1,123 @@
+"""Notebook 04's sizing and claims: the type-balanced evaluation draw and its nested subset, settings
+that run on the subset, the structured answer with capped strings, and the paired claim tests."""
+import json
+from pathlib import Path
+
+import pytest
+from scipy.stats import binomtest
+
+from lib import sei, sei_report as rep
+from lib.chat.structured import cap_string_lengths
+from lib.sei import Meme, Prediction
+
+TYPES = ["000", "001", "010", "011", "100", "101", "110", "111"]
+
+
+def _memes(per_type=(30, 20, 15, 40, 12, 25, 18, 22)):
+    out, k = [], 0
+    for t, n in zip(TYPES, per_type):
+        for _ in range(n):
+            out.append(Meme(str(k), Path("x"), "", int(t[-1] == "1"), split="test", type=t))
+            k += 1
+    return out
+
+
+def test_type_balanced_draw_is_equal_per_type_seeded_and_in_input_order():
+    memes = _memes()
+    sub = sei.balanced_subset(memes, 96, seed=3, by="type")
+    assert len(sub) == 96
+    assert {t: sum(m.type == t for m in sub) for t in TYPES} == {t: 12 for t in TYPES}
+    assert [m.id for m in sub] == [m.id for m in sei.balanced_subset(memes, 96, seed=3, by="type")]
+    assert [m.id for m in sub] != [m.id for m in sei.balanced_subset(memes, 96, seed=4, by="type")]
+    order = [int(m.id) for m in sub]
+    assert order == sorted(order)                                 # the input order is kept
+    odd = sei.balanced_subset(memes, 20, seed=0, by="type")       # 20 = 8 x 2 + 4: the first four types get 3
+    assert [sum(m.type == t for m in odd) for t in TYPES] == [3, 3, 3, 3, 2, 2, 2, 2]
+
+
+def test_type_draw_is_nested_and_fills_a_short_type_from_the_others():
+    memes = _memes()
+    big = {m.id for m in sei.balanced_subset(memes, 96, seed=1, by="type")}
+    small = {m.id for m in sei.balanced_subset(memes, 24, seed=1, by="type")}
+    assert small < big                                            # a smaller n is a subset of a larger one
+    short = sei.balanced_subset(memes, 120, seed=0, by="type")    # type 100 has 12 memes, quota 15
+    counts = {t: sum(m.type == t for m in short) for t in TYPES}
+    assert len(short) == 120 and counts["100"] == 12 and sum(counts.values()) == 120
+    with pytest.raises(ValueError, match="interaction type"):
+        sei.balanced_subset([Meme("a", Path("x"), "", 1), Meme("b", Path("x"), "", 0)], 1, by="type")
+    with pytest.raises(ValueError, match="balance must be"):
+        sei.balanced_subset(memes, 10, by="difficulty")
+
+
+def test_settings_take_the_answer_format_and_a_named_subset():
+    ctrl = {"zero_shot": {"n": 0}, "free": {"n": 4, "retriever": "default", "structured": False}}
+    s = {x.name: x for x in sei.parse_settings(ctrl, ["enc"], [2, 4], "structured", {"n": 8, "settings": ["enc/2", "free"]})}
+    assert s["enc/4"].structured and s["zero_shot"].structured and not s["free"].structured
+    assert (s["enc/2"].eval_n, s["free"].eval_n, s["enc/4"].eval_n, s["zero_shot"].eval_n) == (8, 8, 0, 0)
+    assert not any(x.structured for x in sei.parse_settings(ctrl, ["enc"], [4]) if x.name != "free")
+    with pytest.raises(ValueError, match="names no setting"):
+        sei.parse_settings(ctrl, ["enc"], [4], subset={"n": 8, "settings": ["enc/2"]})
+    with pytest.raises(ValueError, match="answer_format"):
+        sei.parse_settings(ctrl, ["enc"], [4], "json")
+    with pytest.raises(ValueError, match="expected keys"):
+        sei.parse_settings(ctrl, ["enc"], [4], subset={"settings": ["enc/4"]})
+
+
+def test_subset_settings_plan_only_their_memes_and_nest_in_the_evaluation_set():
+    import numpy as np
+    memes = _memes()
+    pool = [Meme(f"p{i}", Path("x"), "", i % 2, split="train") for i in range(40)]
+    queries = sei.balanced_subset(memes, 48, seed=0, by="type")
+    ranked = {"enc": np.tile(np.arange(8), (len(queries), 1))}
+    settings = sei.parse_settings({"random_4": {"n": 4, "exemplars": "random"}}, ["enc"], [2, 4], "structured",
+                                  {"n": 16, "settings": ["enc/2"]})
+    plans, runs_on = rep.plan_settings(settings, queries, pool, ranked, "most_similar_last", 0, 0, "type")
+    assert len(runs_on["enc/4"]) == 48 and len(runs_on["enc/2"]) == 16
+    assert {m.id for m in runs_on["enc/2"]} < {m.id for m in queries}
+    assert [sum(m.type == t for m in runs_on["enc/2"]) for t in TYPES] == [2] * 8
+    assert set(plans["enc/2"]) == {m.id for m in runs_on["enc/2"]} and set(plans["enc/4"]) == {m.id for m in queries}
+    full = sei.plan_exemplars(settings[0], queries, pool, ranked, "most_similar_last", 0)
+    assert all(plans["enc/2"][i] == full[i] for i in plans["enc/2"])   # the same exemplars as over all queries
+
+
+def test_structured_answer_schema_caps_its_strings_and_keeps_the_label_enum():
+    plain, capped = sei.answer_schema(), sei.answer_schema(120)
+    assert plain["properties"]["explanation"]["maxLength"] == 300
+    assert capped["properties"]["explanation"]["maxLength"] == 120
+    assert capped["properties"]["intervention"]["maxLength"] == 120
+    assert capped["properties"]["label"] == plain["properties"]["label"]
+    assert cap_string_lengths({"type": "string", "maxLength": 50}, 120)["maxLength"] == 50
+    a = sei.parse_answer(json.dumps({"label": "non-hateful", "explanation": "e", "intervention": "i"}),
+                         parsed={"label": "non-hateful", "explanation": "e", "intervention": "i"})
+    assert (a.status, a.label, a.intervention, a.dropped_intervention) == ("ok", 0, "", True)
+
+
+def _pred(i, gold, label, setting, status="ok"):
+    return Prediction(str(i), gold, setting, status, label, "", "", False, False, [], [])
+
+
+def test_claim_frame_pairs_settings_on_shared_memes_with_the_exact_test():
+    gold = [i % 2 for i in range(40)]
+    main = [_pred(i, g, g if i < 30 else 1 - g, "enc/4") for i, g in enumerate(gold)]          # 30 right
+    rnd = [_pred(i, g, g if i < 18 else 1 - g, "random_4") for i, g in enumerate(gold)]        # 18 right
+    zero = [_pred(i, g, None, "zero_shot", "unparseable") for i, g in enumerate(gold)]         # unreadable = wrong
+    sub = [_pred(i, g, 1 - g, "enc/2") for i, g in enumerate(gold) if i < 10]                  # 10 memes, all wrong
+    c = rep.claim_frame({"enc/4": main, "random_4": rnd, "zero_shot": zero, "enc/2": sub}, "enc/4", "enc")
+    r = c.set_index("B")
+    assert list(r.index) == ["random_4", "zero_shot", "enc/2"]                 # claims whose settings ran
+    assert (r.loc["random_4", "n"], r.loc["random_4", "only A right"], r.loc["random_4", "only B right"]) == (40, 12, 0)
+    assert r.loc["random_4", "exact McNemar p"] == pytest.approx(float(f"{binomtest(0, 12, 0.5).pvalue:.3g}"))
+    assert (r.loc["zero_shot", "acc B"], r.loc["zero_shot", "only A right"]) == (0.0, 30)
+    assert (r.loc["enc/2", "n"], r.loc["enc/2", "acc A"], r.loc["enc/2", "majority line"]) == (10, 1.0, 0.5)
+    m = rep.claim_metrics(c)
+    assert m["claim_enc_4_vs_random_4_n"] == 40 and m["claim_enc_4_vs_enc_2_n"] == 10
+    assert m["claim_enc_4_vs_zero_shot_acc_b"] == 0.0
+
+
+def test_knn_predictions_are_the_exemplars_majority():
+    import numpy as np
+    pool = [Meme(f"p{i}", Path("x"), "", int(i < 3)) for i in range(6)]
+    qs = [Meme("a", Path("x"), "", 1), Meme("b", Path("x"), "", 1)]
+    preds = rep.knn_predictions(np.array([[0, 1, 2], [3, 4, 0]]), pool, qs)
+    assert [p.label for p in preds] == [1, 0]
+    assert rep.prediction_correct(preds) == {"a": True, "b": False}
