@@ -19,7 +19,7 @@ import numpy as np
 from lib.artifacts import write_json, write_text
 from lib.debate import (DIFFICULTY, LABELS, TYPES, CallTrace, Court, CourtConfig, SampleResult, balanced_sample,
                         cost_summary, evaluate, report_text)
-from lib.metrics import interval_keys, paired_accuracy_test
+from lib.metrics import claim_metric_keys, claim_row, interval_keys, paired_accuracy_test
 
 
 def run_variant(chat, samples: Sequence[Any], cfg: CourtConfig, out_dir: Path, name: str, model: str,
@@ -225,11 +225,7 @@ def stage_metrics(runs: dict[str, dict[str, Any]], majority_acc: float, rerun_ca
         if run is not main:
             m[f"acc_{name}"] = run["corrected"]["acc"]
             m[f"n_{name}"] = run["corrected"]["n"]
-    for row in ([] if claims is None else claims.to_dict("records")):   # claim_frame's paired tests
-        if row.get("exact McNemar p") == row.get("exact McNemar p"):      # not the gate's row (no test)
-            key = f"claim_{row['A']}_vs_{row['B']}"
-            m.update({f"{key}_n": int(row["n"]), f"{key}_acc_a": row["acc A"], f"{key}_acc_b": row["acc B"],
-                      f"{key}_p": row["exact McNemar p"], f"{key}_majority": row["majority line"]})
+    m.update(claim_metric_keys([] if claims is None else claims.to_dict("records")))   # not the gate's row (no test)
     for row in ([] if spread is None else spread.to_dict("records")):  # seed_spread: accuracy over seeds
         v = row["variant"]
         m.update({f"{v}_n_seeds": len(row["seeds"]), f"{v}_seed_mean": row["mean"], f"{v}_seed_sd": row["sd"],
@@ -282,12 +278,7 @@ def claim_frame(runs: dict[str, dict[str, Any]], class_mode: str = "multiclass",
         if a not in runs or b not in runs:
             continue
         t = paired_test(correct[a], correct[b], truth, confidence)
-        rows.append({"claim": claim, "A": a, "B": b, "n": t["n"],
-                     "acc A": round(t["acc_a"], 3), "95% CI A": f"[{t['ci_a'][0]:.2f}, {t['ci_a'][1]:.2f}]",
-                     "acc B": round(t["acc_b"], 3), "95% CI B": f"[{t['ci_b'][0]:.2f}, {t['ci_b'][1]:.2f}]",
-                     "A-B": round(t["difference"], 3), "only A right": t["only_a_right"],
-                     "only B right": t["only_b_right"], "exact McNemar p": float(f"{t['mcnemar_exact_p']:.3g}"),
-                     "majority line": round(t["majority_acc"], 3), "what it isolates": what})
+        rows.append(claim_row(claim, a, b, t, what))
     if "arcade" in runs:
         cost = runs["arcade"]["cost"]
         rows.append({"claim": "the gate saves calls", "A": "arcade", "B": "every post through Track II",

@@ -339,6 +339,31 @@ def paired_accuracy_test(correct_a: dict[str, bool], correct_b: dict[str, bool],
             "mcnemar_exact_p": min(1.0, mc["pvalue"]), "majority_acc": labels.most_common(1)[0][1] / n if n else float("nan")}
 
 
+def claim_row(claim: str, a: str, b: str, t: dict[str, Any], what: str) -> dict[str, Any]:
+    """One row of a claims table (notebooks 04 and 05): paired_accuracy_test's result `t` for
+    settings `a` and `b`, rounded for reading, the intervals as "[lo, hi]"."""
+    return {"claim": claim, "A": a, "B": b, "n": t["n"],
+            "acc A": round(t["acc_a"], 3), "95% CI A": f"[{t['ci_a'][0]:.2f}, {t['ci_a'][1]:.2f}]",
+            "acc B": round(t["acc_b"], 3), "95% CI B": f"[{t['ci_b'][0]:.2f}, {t['ci_b'][1]:.2f}]",
+            "A-B": round(t["difference"], 3), "only A right": t["only_a_right"],
+            "only B right": t["only_b_right"], "exact McNemar p": float(f"{t['mcnemar_exact_p']:.3g}"),
+            "majority line": round(t["majority_acc"], 3), "what it isolates": what}
+
+
+def claim_metric_keys(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """metrics.json keys of each tested claim row: claim_<A>_vs_<B>_{n, acc_a, acc_b, p, majority}
+    ("/" in a setting name becomes "_"); a row without a test (no p) is skipped."""
+    m: dict[str, Any] = {}
+    for row in rows:
+        p = row.get("exact McNemar p")
+        if p is None or p != p:
+            continue
+        key = "claim_" + f"{row['A']}_vs_{row['B']}".replace("/", "_")
+        m.update({f"{key}_n": int(row["n"]), f"{key}_acc_a": row["acc A"], f"{key}_acc_b": row["acc B"],
+                  f"{key}_p": p, f"{key}_majority": row["majority line"]})
+    return m
+
+
 def pairwise_mcnemar(correct: dict[str, Sequence[bool]], correction: str = "holm", alpha: float = 0.05,
                      exact: bool | None = None):
     """McNemar for every pair of methods scored on the same memes, p-values corrected for the

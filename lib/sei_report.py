@@ -23,7 +23,7 @@ from lib.agents import (AGENTS, LABEL_WORDS, AgentExample, AgentRecipe, agent_ch
 from lib.artifacts import require, stage_dir, write_bytes, write_json, write_text
 from lib.chat import ResponseCache, default_cache_path
 from lib.data_prep import load_prepared
-from lib.metrics import interval_keys, mean_ci, paired_accuracy_test
+from lib.metrics import claim_metric_keys, claim_row, interval_keys, mean_ci, paired_accuracy_test
 from lib.params import is_paper
 from lib.sei import Meme, Prediction, subgroup
 from lib.textmetrics import pair_semsim, score_texts, token_count, type_token_ratio, unigram_perplexity, vader_label
@@ -596,23 +596,13 @@ def claim_frame(preds: dict[str, Sequence[Prediction]], main_name: str, retrieve
         if a not in preds or b not in preds or a == b:
             continue
         t = paired_accuracy_test(prediction_correct(preds[a]), prediction_correct(preds[b]), truth, confidence)
-        rows.append({"claim": claim, "A": a, "B": b, "n": t["n"],
-                     "acc A": round(t["acc_a"], 3), "95% CI A": f"[{t['ci_a'][0]:.2f}, {t['ci_a'][1]:.2f}]",
-                     "acc B": round(t["acc_b"], 3), "95% CI B": f"[{t['ci_b'][0]:.2f}, {t['ci_b'][1]:.2f}]",
-                     "A-B": round(t["difference"], 3), "only A right": t["only_a_right"],
-                     "only B right": t["only_b_right"], "exact McNemar p": float(f"{t['mcnemar_exact_p']:.3g}"),
-                     "majority line": round(t["majority_acc"], 3), "what it isolates": what})
+        rows.append(claim_row(claim, a, b, t, what))
     return pd.DataFrame(rows)
 
 
 def claim_metrics(claims) -> dict[str, Any]:
     """metrics.json keys of each claim row: claim_<A>_vs_<B>_{n, acc_a, acc_b, p, majority}."""
-    m = {}
-    for row in ([] if claims is None else claims.to_dict("records")):
-        key = "claim_" + f"{row['A']}_vs_{row['B']}".replace("/", "_")
-        m.update({f"{key}_n": int(row["n"]), f"{key}_acc_a": row["acc A"], f"{key}_acc_b": row["acc B"],
-                  f"{key}_p": row["exact McNemar p"], f"{key}_majority": row["majority line"]})
-    return m
+    return claim_metric_keys([] if claims is None else claims.to_dict("records"))
 
 
 #: notebook 04's Table 2 columns
