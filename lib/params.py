@@ -12,6 +12,7 @@ import argparse
 import ast
 import dataclasses
 import importlib
+import json
 import re
 import sys
 from dataclasses import dataclass
@@ -148,22 +149,92 @@ def _construct_mapping(loader, node, deep=False):
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+class Replace(dict):
+    """A mapping a child profile tagged `!replace`: it replaces the parent's mapping whole instead of
+    merging into it (the way to drop a parent's variant or dataset)."""
+
+
+def _construct_replace(loader, node):
+    if not isinstance(node, yaml.MappingNode):
+        raise ProfileError(f"'!replace' at line {node.start_mark.line + 1} tags a mapping; lists and values "
+                           f"replace the parent's whole already")
+    return Replace(_construct_mapping(loader, node, deep=True))
+
+
+_UniqueKeyLoader.add_constructor("!replace", _construct_replace)
+
+
+def merge(parent: Any, child: Any) -> Any:
+    """What `extends` does to one value: mappings merge key by key at every depth (a key the child
+    does not name keeps the parent's value); everything else the child names replaces the parent's
+    whole: lists, scalars, a mapping tagged `!replace`, and `null`, which means "unset" (the value
+    becomes null; to keep the parent's value, leave the key out)."""
+    if isinstance(child, Replace):
+        return dict(child)
+    if isinstance(parent, dict) and isinstance(child, dict):
+        out = dict(parent)
+        for k, v in child.items():
+            out[k] = merge(parent[k], v) if k in parent else _plain(v)
+        return out
+    return _plain(child)
+
+
+def _plain(v: Any) -> Any:
+    """A value with its `!replace` tags dropped (they only mean something against a parent)."""
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    return v
+
+
+def kept_from_parent(parent: Any, child: Any, prefix: str = "") -> list[str]:
+    """The key paths a partial nested mapping keeps from the parent (what a one-level merge lost)."""
+    if isinstance(child, Replace) or not (isinstance(child, dict) and isinstance(parent, dict)):
+        return []
+    out = [f"{prefix}{k}" for k in parent if k not in child]
+    for k, v in child.items():
+        if k in parent:
+            out += kept_from_parent(parent[k], v, f"{prefix}{k}.")
+    return out
+
+
 def load_profile(profile: str, _seen: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
     """A profile's sections. A profile may start with `extends: <profile>`: it then holds only what
-    differs, and each of its sections updates the other profile's section key by key (the
-    paper-smoke profile is the paper profile with small sizes and local stand-ins)."""
+    differs, merged into the other profile by `merge` (nested mappings key by key at every depth;
+    lists, values and `null` replace; a mapping tagged `!replace` replaces the parent's whole). The
+    paper-smoke profile is the paper profile with small sizes and local stand-ins; the ci profile
+    is the embedded one at test sizes."""
+    data, parent = _parent_and_own(profile, _seen)
+    if parent is None:
+        return _plain(data)
+    return merge(load_profile(parent, (*_seen, profile)), data)
+
+
+def _parent_and_own(profile: str, _seen: tuple[str, ...] = ()) -> tuple[dict[str, Any], str | None]:
     if profile in _seen:
         raise ProfileError(f"params/{profile}.yaml: 'extends' loops ({' -> '.join((*_seen, profile))})")
     data = _load_file(profile)
     parent = data.pop("extends", None)
-    if parent is None:
-        return data
-    if not isinstance(parent, str):
+    if parent is not None and not isinstance(parent, str):
         raise ProfileError(f"params/{profile}.yaml: 'extends' names one profile, got {parent!r}")
-    base = load_profile(parent, (*_seen, profile))
+    return data, parent
+
+
+def effective_changes(profile: str) -> list[tuple[str, Any, list[str]]]:
+    """(section.key, effective value, keys kept from the parent) for every parameter a child
+    profile's own file sets, after merging: what `make check-params` prints, so that a partial
+    nested mapping shows the whole value it became."""
+    data, parent = _parent_and_own(profile)
+    if parent is None:
+        return []
+    merged, base = load_profile(profile), load_profile(parent)
+    out = []
     for section, values in data.items():
-        base[section] = {**base.get(section, {}), **values}
-    return base
+        for key, v in values.items():
+            old = base.get(section, {}).get(key)
+            out.append((f"{section}.{key}", merged[section][key], kept_from_parent(old, v)))
+    return out
 
 
 def is_paper(profile: str) -> bool:
@@ -304,6 +375,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"params/{args.profile}.yaml: OK ({len(stages())} stages)")
+    try:
+        changes = effective_changes(args.profile)
+    except ProfileError:
+        changes = []
+    if changes:
+        parent = _parent_and_own(args.profile)[1]
+        print(f"what it sets over params/{parent}.yaml, as merged (nested mappings merge key by key; lists, values "
+              f"and null replace; a mapping tagged !replace replaces the parent's whole):")
+        for path, value, kept in changes:
+            print(f"  {path}: {json.dumps(value, default=str)}")
+            if kept:
+                print(f"      kept from {parent}: {', '.join(kept)}")
     return 0
 
 

@@ -1,4 +1,5 @@
 """Profiles are checked against the notebooks' parameters cells, naming file, stage and key."""
+import re
 import shutil
 
 import pytest
@@ -66,12 +67,13 @@ def test_unknown_section_and_reserved_key(profile_copy):
 
 
 def test_unknown_profile_lists_known_ones():
-    with pytest.raises(ProfileError, match="known: embedded, paper"):
+    with pytest.raises(ProfileError, match="known: ci, embedded, paper, paper-smoke"):
         validate_profile("nope")
 
 
+@pytest.mark.results
 def test_committed_notebooks_run_the_embedded_profile():
-    """nbval executes the committed notebooks: their injected parameters must be embedded.yaml's."""
+    """The saved notebooks are the embedded run's: their injected parameters are embedded.yaml's."""
     import nbformat
     emb = validate_profile("embedded")
     for st in stages():
@@ -162,3 +164,90 @@ def test_duplicate_yaml_keys_and_profile_names(profile_copy, tmp_path):
     for bad in ("../embedded", "/etc/passwd", "a/b", ""):
         with pytest.raises(ProfileError, match="not a plain name"):
             validate_profile(bad)
+
+
+# ----------------------------------------------------------------------------- inheritance (extends)
+def _child(profile_copy, name: str, body: str, parent: str = "paper") -> None:
+    """A child profile file params/<name>.yaml in the writable copy."""
+    (params.PARAMS_DIR / f"{name}.yaml").write_text(f"extends: {parent}\n" + body)
+
+
+#: (the child's YAML, a dotted key path, its effective value after merging): partial nested mappings keep
+#: the parent's other keys at every depth; lists and values replace; null unsets; !replace replaces a mapping
+MERGES = [
+    ("04_few_shot:\n  agent_recipe: {batch_size: 4}\n", "04_few_shot.agent_recipe",
+     {"epochs": 2, "lr": 2.0e-5, "weight_decay": 1.0e-6, "batch_size": 4, "max_train": 0, "mixed_precision": "bf16",
+      "dtype": "bfloat16", "max_len": 1536}),
+    ("04_few_shot:\n  agent_recipe: {max_len: 1024, dtype: float16}\n", "04_few_shot.agent_recipe.mixed_precision", "bf16"),
+    ("00_data_prep:\n  datasets: {fhm: {root: elsewhere/fhm}}\n", "00_data_prep.datasets.mami.image_dir", "images"),
+    ("00_data_prep:\n  datasets: {mami: {root: x}}\n", "00_data_prep.datasets.mami",
+     {"root": "x", "image_dir": "images"}),
+    ("05_debate:\n  variants: {arcade: {string_max_length: 48}}\n", "05_debate.variants.arcade",
+     {"debate_visibility": "transcript", "parse": "structured", "string_max_length": 48}),
+    ("05_debate:\n  variants: {direct: {parse: structured}}\n", "05_debate.variants.arcade_official.debater_failure",
+     "pass_on"),
+    ("06_evaluation:\n  injection: {n_llm: 4}\n", "06_evaluation.injection.phrasings",
+     ["ignore_above", "reviewed", "answer_is", "system"]),
+    ("04_few_shot:\n  shots: [2]\n", "04_few_shot.shots", [2]),                                  # a list replaces
+    ("06_evaluation:\n  injection: {phrasings: [system]}\n", "06_evaluation.injection.phrasings", ["system"]),
+    ("04_few_shot:\n  string_max_length: 64\n", "04_few_shot.string_max_length", 64),
+    ("04_few_shot:\n  subset: null\n", "04_few_shot.subset", None),                          # null: unset
+    ("05_debate:\n  variants: !replace {arcade: {parse: structured}}\n", "05_debate.variants",
+     {"arcade": {"parse": "structured"}}),                                                   # !replace: whole
+    ("02_finetuning:\n  recipes: {siglip2-so400m: {lr: 0.001}}\n", "02_finetuning.recipes.siglip2-so400m",
+     {"sigmoid_contrastive": True, "lr": 0.001}),
+]
+
+
+@pytest.mark.parametrize("body, path, value", MERGES, ids=[m[1] for m in MERGES])
+def test_a_child_profile_merges_nested_mappings_key_by_key(profile_copy, body, path, value):
+    _child(profile_copy, "child", body)
+    v = params.load_profile("child")
+    for k in path.split("."):
+        v = v[k]
+    assert v == value
+
+
+def test_three_levels_of_extends_and_the_parents_stay_as_they_were(profile_copy):
+    before = params.load_profile("paper")
+    _child(profile_copy, "mid", "04_few_shot:\n  agent_recipe: {batch_size: 4}\n")
+    _child(profile_copy, "leaf", "04_few_shot:\n  agent_recipe: {epochs: 1}\n", parent="mid")
+    r = params.load_profile("leaf")["04_few_shot"]["agent_recipe"]
+    assert (r["batch_size"], r["epochs"], r["max_len"], r["dtype"]) == (4, 1, 1536, "bfloat16")
+    assert params.load_profile("paper") == before
+    validate_profile("leaf")
+
+
+def test_check_params_prints_the_effective_values_of_what_a_child_changes(profile_copy, capsys):
+    _child(profile_copy, "small-gpu", "04_few_shot:\n  agent_recipe: {batch_size: 4}\n")
+    assert params.main(["--profile", "small-gpu"]) == 0
+    out = capsys.readouterr().out
+    assert "04_few_shot.agent_recipe:" in out and '"max_len": 1536' in out and '"batch_size": 4' in out
+    assert "kept from paper: epochs, lr, weight_decay, max_train, mixed_precision, dtype, max_len" in out
+
+
+def test_replace_tags_only_a_mapping(profile_copy):
+    _child(profile_copy, "bad", "04_few_shot:\n  shots: !replace [2]\n")
+    with pytest.raises(ProfileError, match="'!replace' at line 3 tags a mapping"):
+        params.load_profile("bad")
+
+
+def test_the_ci_profile_changes_sizes_only():
+    """params/ci.yaml extends the embedded profile with sizes (counts, epochs, seeds, benchmark lengths) and
+    the paths of its own trained models: no model, prompt, variant setting or control changes."""
+    ci, emb = params.load_profile("ci"), params.load_profile("embedded")
+    size_keys = re.compile(r"(_n|_n_multioff|epochs|_memes|_pairs|samples|n_llm|n_trace|seeds|runs|_repeats|"
+                           r"concurrency|requests|max_new_tokens|prompts|trials|resamples|max_train|patience|"
+                           r"per_type|index_profiles|nli_model|eval_n)$")
+
+    def leaves(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from leaves(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}", v
+    a, b = dict(leaves(emb)), dict(leaves(ci))
+    assert set(a) == set(b)
+    changed = [k for k in a if a[k] != b[k]]
+    assert changed and all(size_keys.search(k) for k in changed), [k for k in changed if not size_keys.search(k)]
+    validate_profile("ci")
