@@ -26,7 +26,6 @@ from tqdm.auto import tqdm
 from lib.artifacts import project_path
 from lib.chat import GenParams, user
 from lib.encoders import load_encoder
-from lib.memeworld_vlm import rouge_l
 from lib.presets import default_device, resolve_model_path
 from lib.prompts import prompt_line
 
@@ -328,38 +327,72 @@ def caption_dataset(records, tagger, grounder, chats: dict[str, Any], captioners
             "bad": bad, "failures": failures, "rows": rows}
 
 
-def caption_quality(run: dict[str, Any], gold: dict[str, dict[str, Any]], object_tag, object_box) -> dict[str, float]:
-    """Caption and grounding quality of one `caption_dataset` run against MemeWorld's gold: ROUGE-L F
-    of every caption column on held-out memes (dev and test) and on train; tag precision / recall
-    against the gold objects; each correct tag's box against the drawn object's (IoU, share with
-    IoU >= 0.5, share in the right third)."""
-    m: dict[str, float] = {}
-    recs = run["records"]
-    ids, splits = [r.id for r in recs], [r.split for r in recs]
-    for col, caps in run["columns"].items():
-        for part, keep in (("", lambda s: s != "train"), ("_train", lambda s: s == "train")):
-            pairs = [(c, gold[i]["gold_caption"]) for i, s, c in zip(ids, splits, caps) if c and i in gold and keep(s)]
-            m[f"rouge_l_{col}{part}"] = rouge_l([p for p, _ in pairs], [g for _, g in pairs]) if pairs else float("nan")
-    tp = fp = fn = 0
-    ious, in_third = [], []
-    for i, t, bx, im in zip(ids, run["tags"], run["boxes"], run["images"]):
-        if i not in gold or im is None:
+def captioned_table(runs: dict[str, dict[str, Any]]):
+    """One row per meme of every `caption_dataset` run: dataset, id, split, whether its image was
+    readable (metrics.json's counts, recomputable from results/)."""
+    import pandas as pd
+    bad = {(name, str(b[0])) for name, r in runs.items() for b in r["bad"]}
+    return pd.DataFrame([{"dataset": name, "id": str(rec.id), "split": rec.split, "readable": (name, str(rec.id)) not in bad}
+                         for name, r in runs.items() for rec in r["records"]])
+
+
+def caption_scores(run: dict[str, Any], gold: dict[str, dict[str, Any]], object_tag, object_box):
+    """Per-item scores of one `caption_dataset` run against MemeWorld's gold, the files
+    `caption_quality_from_scores` reads (notebook 01 writes them as caption_scores.csv and
+    box_scores.csv): one row per meme with gold (its split, the ROUGE-L F of each caption column,
+    its tags' true / false positives and misses against the gold objects), and one row per box whose
+    tag names a gold object (its best IoU with that object's box, whether it lies in the right third)."""
+    import pandas as pd
+    from rouge_score import rouge_scorer
+    sc = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
+    rows, boxes = [], []
+    for k, r in enumerate(run["records"]):
+        if r.id not in gold:
             continue
-        objs = gold[i]["objects"]
-        phrases = {object_tag(o) for o in objs}
-        got = {x for x, _ in t}
-        tp += len(got & phrases)
-        fp += len(got - phrases)
-        fn += len(phrases - got)
-        for b in bx:
-            match = [o for o in objs if object_tag(o) == b["tag"]]
-            if match:
-                best = max(match, key=lambda o: box_iou(b["box"], object_box(o["position"], im.width)))
-                ious.append(box_iou(b["box"], object_box(best["position"], im.width)))
-                in_third.append(position_word(b["box"], im.width) in {o["position"] for o in match})
-    m["tag_precision"] = tp / max(1, tp + fp)
-    m["tag_recall"] = tp / max(1, tp + fn)
-    if ious:
-        m.update({"box_iou": float(np.mean(ious)), "box_hit_rate": float(np.mean(np.array(ious) >= 0.5)),
-                  "box_position_accuracy": float(np.mean(in_third)), "n_boxes_scored": len(ious)})
+        g = gold[r.id]
+        row: dict[str, Any] = {"id": r.id, "split": r.split}
+        for col, caps in run["columns"].items():
+            c = caps[k]
+            row[f"rouge_l_{col}"] = sc.score(g["gold_caption"], c)["rougeL"].fmeasure if c else float("nan")
+        im = run["images"][k]
+        if im is not None:
+            objs = g["objects"]
+            phrases = {object_tag(o) for o in objs}
+            got = {x for x, _ in run["tags"][k]}
+            row.update(tag_tp=len(got & phrases), tag_fp=len(got - phrases), tag_fn=len(phrases - got))
+            for b in run["boxes"][k]:
+                match = [o for o in objs if object_tag(o) == b["tag"]]
+                if match:
+                    best = max(match, key=lambda o: box_iou(b["box"], object_box(o["position"], im.width)))
+                    boxes.append({"id": r.id, "tag": b["tag"],
+                                  "iou": box_iou(b["box"], object_box(best["position"], im.width)),
+                                  "in_third": position_word(b["box"], im.width) in {o["position"] for o in match}})
+        rows.append(row)
+    return pd.DataFrame(rows), pd.DataFrame(boxes, columns=["id", "tag", "iou", "in_third"])
+
+
+def caption_quality_from_scores(scores, boxes) -> dict[str, float]:
+    """Caption and grounding quality from `caption_scores`' two tables: ROUGE-L F of every caption
+    column on held-out memes (dev and test) and on train (mean over the memes with that caption);
+    tag precision / recall against the gold objects; each correct tag's box against the drawn
+    object's (IoU, share with IoU >= 0.5, share in the right third)."""
+    m: dict[str, float] = {}
+    held = scores["split"] != "train"
+    for col in [c for c in scores.columns if c.startswith("rouge_l_")]:
+        for part, keep in (("", held), ("_train", ~held)):
+            v = scores.loc[keep, col].dropna()
+            m[f"{col}{part}"] = float(v.mean()) if len(v) else float("nan")
+    if "tag_tp" in scores:
+        tp, fp, fn = (int(scores[c].fillna(0).sum()) for c in ("tag_tp", "tag_fp", "tag_fn"))
+        m["tag_precision"] = tp / max(1, tp + fp)
+        m["tag_recall"] = tp / max(1, tp + fn)
+    if len(boxes):
+        iou = boxes["iou"].astype(float).to_numpy()
+        m.update({"box_iou": float(np.mean(iou)), "box_hit_rate": float(np.mean(iou >= 0.5)),
+                  "box_position_accuracy": float(np.mean(boxes["in_third"].astype(bool))), "n_boxes_scored": len(iou)})
     return m
+
+
+def caption_quality(run: dict[str, Any], gold: dict[str, dict[str, Any]], object_tag, object_box) -> dict[str, float]:
+    """caption_quality_from_scores of caption_scores: the run's quality against MemeWorld's gold."""
+    return caption_quality_from_scores(*caption_scores(run, gold, object_tag, object_box))

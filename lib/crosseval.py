@@ -22,6 +22,7 @@ import pandas as pd
 from PIL import Image
 
 from lib.artifacts import declared
+from lib import data_prep
 from lib.data_prep import load_prepared
 from lib.debate import DIFFICULTY
 from lib.debate_report import court_config, run_variant as run_court
@@ -46,13 +47,8 @@ def gold_table(profile: str) -> pd.DataFrame:
     and difficulty for real memes they share with FHM)."""
     mw = declared(profile, "memeworld") / "memeworld.jsonl"
     if mw.exists():
-        rows = [json.loads(x) for x in mw.read_text(encoding="utf-8").splitlines()]
-        partners = {str(r["confounder_of"]) for r in rows if r.get("confounder_of") is not None}
-        g = pd.DataFrame([{"id": str(r["id"]), "split": r["split"], "label": int(r["final_label"]), "type": r["type"],
-                           "difficulty": DIFFICULTY[r["type"]],
-                           "confounder": r.get("confounder_kind") or ("original" if str(r["id"]) in partners else "none")}
-                          for r in rows if r["split"].startswith("test")])
-        return g.set_index("id")
+        g = data_prep.gold_table(profile)
+        return g[g.split.str.startswith("test")].set_index("id")
     nb = "notebooks/06_evaluation.ipynb"
     fhm = [r for r in load_prepared(profile, "fhm", nb).records if r.split.startswith("test")]
     g = pd.DataFrame([{"id": str(r.id), "split": r.split, "label": int(r.label), "type": None, "difficulty": None,
@@ -355,10 +351,14 @@ class FlipRows:
         self.kind_of, self.n_resamples, self.seed, self.confidence = kind_of, n_resamples, seed, confidence
         self.source_of = source_of or {}
         self.rows: list[dict[str, Any]] = []
+        self.items: list[dict[str, Any]] = []     # every pair behind the rows (injection_predictions.csv)
 
     def add(self, method: str, family: str, original: Sequence[Any], injected: Sequence[Any], ids: Sequence[str],
             mitigation: str = "none") -> None:
         """Paired predictions of originals and their injected copies `ids`; one row per kind of copy present."""
+        self.items += [{"method": method, "family": family, "mitigation": mitigation, "id": str(i),
+                        "source_id": str(self.source_of.get(i, i)), "copies": self.kind_of[i],
+                        "original": o, "injected": x} for i, o, x in zip(ids, original, injected)]
         for kind in ("instruction", "control"):
             k = [j for j, i in enumerate(ids) if self.kind_of[i] == kind]
             if k:
@@ -368,6 +368,23 @@ class FlipRows:
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows)
+
+    def item_frame(self) -> pd.DataFrame:
+        """One row per injected copy and method: the answers on the original and on the copy."""
+        return pd.DataFrame(self.items, columns=["method", "family", "mitigation", "id", "source_id", "copies",
+                                                 "original", "injected"])
+
+
+def common_predictions(methods: dict[str, dict[str, Any]], ids: Sequence[str]) -> pd.DataFrame:
+    """Every method's answers on the common memes (predictions_common.csv): method, system, id, label,
+    prediction (empty: no answer) and score where the method has one."""
+    parts = []
+    for name, m in methods.items():
+        f = m["frame"].set_index("id").loc[list(ids)].reset_index()
+        cols = [c for c in ("id", "label", "prediction", "score") if c in f]
+        parts.append(f[cols].assign(method=name, system=m["system"]))
+    return pd.concat(parts, ignore_index=True)[["method", "system", "id", "label", "prediction"]
+                                               + (["score"] if any("score" in p for p in parts) else [])]
 
 
 def attack_fewshot(fs, flips: FlipRows, methods: Sequence[str], fewshot_m: dict[str, dict[str, Any]],

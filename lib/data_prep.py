@@ -122,6 +122,7 @@ def counts_table(datasets: dict[str, Dataset]):
         for split, g in df.groupby("split", sort=False):
             row = {"dataset": name, "family": REGISTRY[name].family, "split": split, "n": len(g)}
             if "label" in g and g["label"].notna().any():
+                row["n_hateful"] = int(g["label"].sum())
                 row["hateful_share"] = round(float(g["label"].mean()), 3)
             if "misaligned_words" in g:
                 row["misaligned_share"] = round(float(g["misaligned_words"].map(bool).mean()), 3)
@@ -157,6 +158,26 @@ def noisy_ids(profile: str) -> set[str]:
     if not (mw / "memeworld.jsonl").exists():
         return set()
     return {str(r["id"]) for r in load_specs(mw) if r["final_label"] != r["final_label_clean"]}
+
+
+#: the per-meme gold of MemeWorld that results/ keeps (memes.csv): what the later stages' per-type,
+#: per-split and confounder numbers are recomputed against. `confounder`: the benign-confounder kind,
+#: "original" for a meme that has confounders, "none" otherwise.
+GOLD_COLUMNS = ("id", "split", "label", "type", "difficulty", "confounder")
+
+
+def gold_table(profile: str):
+    """One row per MemeWorld meme (FHM view) with GOLD_COLUMNS; an empty frame without MemeWorld."""
+    import pandas as pd
+    mw = stage_dir(profile, STAGE, create=False) / "memeworld"
+    if not (mw / "memeworld.jsonl").exists():
+        return pd.DataFrame(columns=list(GOLD_COLUMNS))
+    rows = load_specs(mw)
+    partners = {str(r["confounder_of"]) for r in rows if r.get("confounder_of") is not None}
+    return pd.DataFrame([{"id": str(r["id"]), "split": r["split"], "label": int(r["final_label"]), "type": r["type"],
+                          "difficulty": r["difficulty"],
+                          "confounder": r.get("confounder_kind") or ("original" if str(r["id"]) in partners else "none")}
+                         for r in rows], columns=list(GOLD_COLUMNS))
 
 
 def smi_title(r) -> str:

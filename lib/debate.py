@@ -118,6 +118,7 @@ class CourtConfig:
                                               #   short-answer option for a small model that fills each field to
                                               #   its limit); None: the schemas as written (official)
     workers: int = 8                          # samples in flight
+    replicate: int = 0                        # > 0: a cold run (the same requests asked afresh, cached apart)
 
     def __post_init__(self):
         for name, value, allowed in (("class_mode", self.class_mode, ("multiclass", "binary")),
@@ -404,7 +405,7 @@ class Court:
         cfg = self.cfg
         user_text = self.prompts.user(stage).text.format(**fields)
         params = GenParams(temperature=cfg.temperature(stage), max_new_tokens=cfg.tokens(stage), seed=cfg.seed,
-                           json_schema=self.prompts.schema(stage) if cfg.parse == "structured" else None)
+                           replicate=cfg.replicate, json_schema=self.prompts.schema(stage) if cfg.parse == "structured" else None)
         r: ChatResult = self.chat.generate(self._messages(stage, sample, user_text), params)
         status, value, repaired_flag = r.status, None, False
         if status in ("refused", "blocked", "failed"):

@@ -19,7 +19,7 @@ import numpy as np
 from lib.artifacts import write_json, write_text
 from lib.debate import (DIFFICULTY, LABELS, TYPES, CallTrace, Court, CourtConfig, SampleResult, balanced_sample,
                         cost_summary, evaluate, report_text)
-from lib.metrics import claim_metric_keys, claim_row, interval_keys, paired_accuracy_test
+from lib.metrics import claim_metric_keys, claim_row, claim_tests, interval_keys, paired_accuracy_test
 
 
 def run_variant(chat, samples: Sequence[Any], cfg: CourtConfig, out_dir: Path, name: str, model: str,
@@ -98,7 +98,7 @@ def plot_accuracy(runs: dict[str, dict[str, Any]], view: str = "corrected", chan
     """Accuracy by difficulty (left) and by interaction type (right), one bar per variant, n under the ticks."""
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [1, 2]})
-    names = [n for n in runs if not is_seed_repeat(n, runs)]       # seed repeats: seed_spread's table
+    names = [n for n in runs if not is_repeat(n, runs)]       # seed repeats and cold runs: tables of their own
     width = 0.8 / len(names)
     first = runs[names[0]][view]
     groups = [("Easy", "easy"), ("Normal", "normal"), ("Hard", "hard"), ("All", None)]
@@ -126,7 +126,7 @@ def plot_cost(runs: dict[str, dict[str, Any]]):
     """Where samples go (route shares) and what each route costs (calls per sample)."""
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
-    names = [n for n, r in runs.items() if r["config"]["run_mode"] == "arcade" and not is_seed_repeat(n, runs)]
+    names = [n for n, r in runs.items() if r["config"]["run_mode"] == "arcade" and not is_repeat(n, runs)]
     routes = ["track1", "track2", "dismissal", "error"]
     left = np.zeros(len(names))
     for route in routes:
@@ -200,10 +200,12 @@ def variant_posts(variant: dict[str, Any], chosen: Sequence[Any], records_by_id:
 
 
 def stage_metrics(runs: dict[str, dict[str, Any]], majority_acc: float, rerun_calls: int,
-                  claims: "pd.DataFrame | None" = None, spread: "pd.DataFrame | None" = None) -> dict[str, Any]:
+                  claims: "pd.DataFrame | None" = None, spread: "pd.DataFrame | None" = None,
+                  cold: "pd.DataFrame | None" = None) -> dict[str, Any]:
     """Notebook 05's metrics.json: the main run's (arcade, else the first) corrected accuracies by
     difficulty and F1, its official-view accuracy, the direct judge's, the majority-class line,
-    the gate's cost figures, and the accuracy of every other variant."""
+    the gate's cost figures, the accuracy of every other variant, the seed spread (`spread`) and the
+    cold runs' spread of each claim (`cold`: claim_frame's per-run rows)."""
     main = runs["arcade"] if "arcade" in runs else next(iter(runs.values()))
     direct = runs.get("direct")
     c, o, cost = main["corrected"], main["official"], main["cost"]
@@ -230,6 +232,7 @@ def stage_metrics(runs: dict[str, dict[str, Any]], majority_acc: float, rerun_ca
         v = row["variant"]
         m.update({f"{v}_n_seeds": len(row["seeds"]), f"{v}_seed_mean": row["mean"], f"{v}_seed_sd": row["sd"],
                   f"{v}_seed_min": row["min"], f"{v}_seed_max": row["max"]})
+    m.update(cold_run_metric_keys([] if cold is None or not len(cold) else cold.to_dict("records")))
     return m
 
 
@@ -251,15 +254,16 @@ def post_correct(results: Sequence[SampleResult], class_mode: str = "multiclass"
 paired_test = paired_accuracy_test          # the claim tests' name for it
 
 
-#: notebook 05's claims: (the paper's claim, variant A, variant B, what the comparison isolates)
+#: notebook 05's claims: (the paper's claim, variant A, variant B, what the comparison isolates); "a|b":
+#: the first of them that ran (a variant run on the emergent-hate posts alone, else the main sample's)
 CLAIMS = (
     ("debate beats a direct judge", "arcade", "direct",
      "the court (gate, prosecutor, defender, judge) against one judge call on the same posts"),
-    ("Track II's debate reads emergent hate (type 001)", "track2_transcript", "direct",
+    ("Track II's debate reads emergent hate (type 001)", "track2_transcript", "direct_type001|direct",
      "every post through Track II against one judge call, on the emergent-hate posts"),
     ("Track II with the transcript vs blind debaters", "track2_transcript", "track2_blind",
      "the compendium's debaters see the debate so far; the official code's do not"),
-    ("the gate sends emergent hate to the right track", "arcade", "track2_transcript",
+    ("the gate sends emergent hate to the right track", "arcade_type001|arcade", "track2_transcript",
      "the gated court against the same posts forced through Track II"),
     ("the compendium's settings vs the official code's", "arcade", "arcade_official",
      "structured answers, a stopped trial on a failed debater, the two cost options, against the official code"),
@@ -267,25 +271,43 @@ CLAIMS = (
 
 
 def claim_frame(runs: dict[str, dict[str, Any]], class_mode: str = "multiclass",
-                confidence: float = 0.95) -> "pd.DataFrame":
-    """One row per claim in CLAIMS whose two variants ran: the paired test on the posts both judged,
-    then the gate's saving on the arcade run (no test: a count of calls)."""
+                confidence: float = 0.95, spread: bool = False):
+    """One row per claim in CLAIMS whose two variants ran: the paired test on the posts both judged
+    (and, where both variants have cold runs `<variant>_run<k>`, a row pooled over the runs,
+    clustered by post: metrics.claim_tests), then the gate's saving on the arcade run (no test: a
+    count of calls). `spread`: also return the per-run rows (cold_runs.csv)."""
     import pandas as pd
-    rows = []
     correct = {k: post_correct(v["results"], class_mode) for k, v in runs.items()}
     truth = {r.id: (int(r.gt > 0) if class_mode == "binary" else r.gt) for v in runs.values() for r in v["results"]}
-    for claim, a, b, what in CLAIMS:
-        if a not in runs or b not in runs:
-            continue
-        t = paired_test(correct[a], correct[b], truth, confidence)
-        rows.append(claim_row(claim, a, b, t, what))
+    rows, per_run = claim_tests(CLAIMS, correct, truth, confidence)
     if "arcade" in runs:
         cost = runs["arcade"]["cost"]
         rows.append({"claim": "the gate saves calls", "A": "arcade", "B": "every post through Track II",
                      "n": runs["arcade"]["corrected"]["n"], "A-B": round(cost["gate_call_saving"], 3),
                      "what it isolates": (f"{cost['calls_per_sample']:.2f} calls per post against "
                                           f"{cost['calls_all_track2']:.0f} for Track II on every post")})
-    return pd.DataFrame(rows)
+    return (pd.DataFrame(rows), pd.DataFrame(per_run)) if spread else pd.DataFrame(rows)
+
+
+def with_cold_runs(variants: dict[str, dict[str, Any]], cold_runs: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """The profile's variants plus cold runs: `cold_runs` {runs: k, variants: [names]} adds
+    `<name>_run1` ... `<name>_run<k-1>` for each named variant, the same settings and posts with
+    `replicate` r (the same requests asked afresh, each run's answers cached apart)."""
+    out = dict(variants)
+    if not cold_runs:
+        return out
+    runs = cold_runs.get("runs")
+    if set(cold_runs) - {"runs", "variants"} or isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        raise ValueError(f"cold_runs: expected {{runs: k >= 1, variants: [names]}}, got {cold_runs!r}")
+    missing = [v for v in cold_runs.get("variants") or [] if v not in variants]
+    if missing:
+        raise ValueError(f"cold_runs.variants names no variant: {missing} (variants: {', '.join(variants)})")
+    for v in cold_runs.get("variants") or []:
+        for r in range(1, runs):
+            if f"{v}_run{r}" in variants:
+                raise ValueError(f"variant {v}_run{r} is both named in the profile and a cold run of {v}")
+            out[f"{v}_run{r}"] = {**variants[v], "replicate": r}
+    return out
 
 
 def _repeat_of(name: str) -> str | None:
@@ -297,6 +319,13 @@ def _repeat_of(name: str) -> str | None:
 def is_seed_repeat(name: str, runs: dict[str, Any]) -> bool:
     """`<variant>_seed<k>` where `<variant>` also ran: a repeat of it at another seed."""
     return _repeat_of(name) in runs
+
+
+def is_repeat(name: str, runs: dict[str, Any]) -> bool:
+    """A seed repeat (`<variant>_seed<k>`) or a cold run (`<variant>_run<k>`) of a variant that also ran:
+    tables and figures of variants show the variant once (the repeats have their own tables)."""
+    m = re.fullmatch(r"(.+)_run\d+", name)
+    return is_seed_repeat(name, runs) or (m is not None and m.group(1) in runs)
 
 
 def seed_spread(runs: dict[str, dict[str, Any]]) -> "pd.DataFrame":

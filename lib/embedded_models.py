@@ -255,6 +255,7 @@ class Config:
     vlm_eval_n: int = 300         # held-out memes captioned for ROUGE-L
     ablation_epochs: int = 12     # the hard-negative ablation's two leak-free CLIPs (0: not trained)
     nli_epochs: int = 1           # memeworld-nli, SeeTRUE's NLI scorer (0: not trained)
+    nli_train_memes: int = 1000   # training memes that give memeworld-nli its pairs (two per meme)
     seed: int = 0
 
 
@@ -391,7 +392,8 @@ def train_side_models(memeworld: Path, out: Path, params: Config, progress: bool
         wanted += [("clip", name, ClipConfig(epochs=params.ablation_epochs, seed=params.seed, hard_negatives=hard,
                                              leak_free=True, threads=1)) for name, hard in ABLATION_MODELS.items()]
     if params.nli_epochs:
-        wanted.append(("nli", NLI_MODEL, NliConfig(epochs=params.nli_epochs, seed=params.seed, threads=1)))
+        wanted.append(("nli", NLI_MODEL, NliConfig(epochs=params.nli_epochs, train_memes=params.nli_train_memes,
+                                                         seed=params.seed, threads=1)))
     todo, saved = [], {}
     for kind, name, cfg in wanted:
         key = _cache_key(kind, cfg, memeworld)

@@ -320,11 +320,26 @@ def metric_rows(frame, method: str, subsets: dict[str, Any], metrics: Sequence[s
     return rows
 
 
+def _paired_difference_ci(a: np.ndarray, b: np.ndarray, confidence: float, n_resamples: int,
+                          seed: int) -> tuple[float, float]:
+    """Percentile bootstrap interval of mean(a) - mean(b) over items resampled whole (a and b are
+    per-item values, or per-item means over runs: the resample is of items, so runs of one item
+    stay together)."""
+    n = len(a)
+    if n == 0:
+        return float("nan"), float("nan")
+    idx = np.random.default_rng(seed).integers(0, n, size=(n_resamples, n))
+    d = (a.astype(float) - b.astype(float))[idx].mean(axis=1)
+    tail = (1 - confidence) / 2
+    return float(np.quantile(d, tail)), float(np.quantile(d, 1 - tail))
+
+
 def paired_accuracy_test(correct_a: dict[str, bool], correct_b: dict[str, bool], truth: dict[str, int],
-                         confidence: float = 0.95) -> dict[str, Any]:
+                         confidence: float = 0.95, n_resamples: int = 10000, seed: int = 0) -> dict[str, Any]:
     """Two variants on the items both judged: each accuracy with its Wilson interval, the
-    difference, and the exact McNemar test (a two-sided binomial test on the discordant items,
-    which is what a sample of tens of items needs); the majority-class line of those items."""
+    difference with a paired bootstrap interval (items resampled, seeded), and the exact McNemar
+    test (a two-sided binomial test on the discordant items, which is what a sample of tens of items
+    needs); the majority-class line of those items."""
     ids = [i for i in correct_a if i in correct_b]
     a = np.array([correct_a[i] for i in ids], bool)
     b = np.array([correct_b[i] for i in ids], bool)
@@ -334,33 +349,158 @@ def paired_accuracy_test(correct_a: dict[str, bool], correct_b: dict[str, bool],
     mc = mcnemar(a, b, exact=True)
     only_a, only_b = mc["b"], mc["c"]
     labels = collections.Counter(truth[i] for i in ids)
-    return {"n": n, "acc_a": acc_a, "ci_a": (lo_a, hi_a), "acc_b": acc_b, "ci_b": (lo_b, hi_b),
-            "difference": acc_a - acc_b, "only_a_right": only_a, "only_b_right": only_b,
-            "mcnemar_exact_p": min(1.0, mc["pvalue"]), "majority_acc": labels.most_common(1)[0][1] / n if n else float("nan")}
+    return {"n": n, "runs": 1, "acc_a": acc_a, "ci_a": (lo_a, hi_a), "acc_b": acc_b, "ci_b": (lo_b, hi_b),
+            "difference": acc_a - acc_b, "ci_difference": _paired_difference_ci(a, b, confidence, n_resamples, seed),
+            "only_a_right": only_a, "only_b_right": only_b, "test": "exact McNemar",
+            "p": min(1.0, mc["pvalue"]), "mcnemar_exact_p": min(1.0, mc["pvalue"]),
+            "majority_acc": labels.most_common(1)[0][1] / n if n else float("nan")}
+
+
+def sign_flip_p(d: np.ndarray, n_resamples: int = 20000, seed: int = 0) -> float:
+    """Two-sided randomization test that per-item differences `d` are centred on zero: each item's
+    sign flipped at random (what exchangeability of A and B within an item allows), the statistic
+    |sum d|. Exact over every sign pattern when at most 16 items differ; otherwise `n_resamples`
+    seeded draws, p = (1 + as extreme) / (1 + draws)."""
+    d = np.asarray(d, float)
+    d = d[d != 0]
+    if len(d) == 0:
+        return 1.0
+    obs = abs(d.sum()) - 1e-12
+    if len(d) <= 16:
+        signs = np.array(list(itertools.product((1, -1), repeat=len(d))), float)
+        return float(np.mean(np.abs(signs @ d) >= obs))
+    signs = np.random.default_rng(seed).choice((1.0, -1.0), size=(n_resamples, len(d)))
+    return float((1 + np.sum(np.abs(signs @ d) >= obs)) / (1 + n_resamples))
+
+
+def pooled_paired_test(runs_a: Sequence[dict[str, bool]], runs_b: Sequence[dict[str, bool]], truth: dict[str, int],
+                       confidence: float = 0.95, n_resamples: int = 10000, seed: int = 0) -> dict[str, Any]:
+    """Two variants each run several times (cold runs: the same items asked afresh) on the items every
+    run of both judged, pooled over runs and clustered by item: each arm's accuracy over items x runs
+    with a bootstrap interval over items, the difference with its bootstrap interval (items resampled
+    whole, so an item's runs stay together), and the sign-flip randomization test on the per-item
+    differences of the run means (`sign_flip_p`). Runs that repeat one answer add no evidence: the
+    test's unit is the item. `only_a_right` / `only_b_right`: items whose run means favour A / B."""
+    ids = [i for i in runs_a[0] if all(i in r for r in (*runs_a, *runs_b))]
+    a = np.array([[r[i] for i in ids] for r in runs_a], float).mean(axis=0) if ids else np.zeros(0)
+    b = np.array([[r[i] for i in ids] for r in runs_b], float).mean(axis=0) if ids else np.zeros(0)
+    n = len(ids)
+    d = a - b
+    tail = (1 - confidence) / 2
+
+    def arm_ci(x: np.ndarray) -> tuple[float, float]:
+        if n == 0:
+            return float("nan"), float("nan")
+        m = x[np.random.default_rng(seed).integers(0, n, size=(n_resamples, n))].mean(axis=1)
+        return float(np.quantile(m, tail)), float(np.quantile(m, 1 - tail))
+
+    labels = collections.Counter(truth[i] for i in ids)
+    return {"n": n, "runs": min(len(runs_a), len(runs_b)), "acc_a": float(a.mean()) if n else float("nan"),
+            "ci_a": arm_ci(a), "acc_b": float(b.mean()) if n else float("nan"), "ci_b": arm_ci(b),
+            "difference": float(d.mean()) if n else float("nan"),
+            "ci_difference": _paired_difference_ci(a, b, confidence, n_resamples, seed),
+            "only_a_right": int((d > 0).sum()), "only_b_right": int((d < 0).sum()),
+            "test": f"sign-flip over items, {min(len(runs_a), len(runs_b))} runs pooled",
+            "p": sign_flip_p(d, 2 * n_resamples, seed),
+            "majority_acc": labels.most_common(1)[0][1] / n if n else float("nan")}
+
+
+def run_spread(runs_a: Sequence[dict[str, bool]], runs_b: Sequence[dict[str, bool]], truth: dict[str, int],
+               confidence: float = 0.95) -> list[dict[str, Any]]:
+    """One row per cold run k (run k of A against run k of B, on the items every run of both judged):
+    both accuracies, the difference and the exact McNemar p: the distribution a single run draws from."""
+    ids = {i for i in runs_a[0] if all(i in r for r in (*runs_a, *runs_b))}
+    rows = []
+    for k, (ra, rb) in enumerate(zip(runs_a, runs_b)):
+        t = paired_accuracy_test({i: ra[i] for i in ra if i in ids}, {i: rb[i] for i in rb if i in ids}, truth,
+                                 confidence, n_resamples=200)
+        rows.append({"run": k, "n": t["n"], "acc_a": t["acc_a"], "acc_b": t["acc_b"], "difference": t["difference"],
+                     "only_a_right": t["only_a_right"], "only_b_right": t["only_b_right"], "p": t["p"]})
+    return rows
 
 
 def claim_row(claim: str, a: str, b: str, t: dict[str, Any], what: str) -> dict[str, Any]:
-    """One row of a claims table (notebooks 04 and 05): paired_accuracy_test's result `t` for
-    settings `a` and `b`, rounded for reading, the intervals as "[lo, hi]"."""
-    return {"claim": claim, "A": a, "B": b, "n": t["n"],
+    """One row of a claims table (notebooks 04 and 05): a paired test's result `t`
+    (paired_accuracy_test, or pooled_paired_test over cold runs) for settings `a` and `b`, rounded
+    for reading, the intervals as "[lo, hi]"."""
+    ci = t.get("ci_difference", (float("nan"), float("nan")))
+    return {"claim": claim, "A": a, "B": b, "n": t["n"], "runs": t.get("runs", 1),
             "acc A": round(t["acc_a"], 3), "95% CI A": f"[{t['ci_a'][0]:.2f}, {t['ci_a'][1]:.2f}]",
             "acc B": round(t["acc_b"], 3), "95% CI B": f"[{t['ci_b'][0]:.2f}, {t['ci_b'][1]:.2f}]",
-            "A-B": round(t["difference"], 3), "only A right": t["only_a_right"],
-            "only B right": t["only_b_right"], "exact McNemar p": float(f"{t['mcnemar_exact_p']:.3g}"),
+            "A-B": round(t["difference"], 3), "95% CI A-B": f"[{ci[0]:.2f}, {ci[1]:.2f}]",
+            "only A right": t["only_a_right"], "only B right": t["only_b_right"],
+            "test": t.get("test", "exact McNemar"), "p": float(f"{t['p']:.3g}"),
             "majority line": round(t["majority_acc"], 3), "what it isolates": what}
+
+
+def cold_runs_of(name: str, names: Sequence[str]) -> list[str]:
+    """`name` and its cold runs present in `names` (`<name>_run1`, `<name>_run2`, ...), in run order."""
+    out, k = [name], 1
+    while f"{name}_run{k}" in names:
+        out.append(f"{name}_run{k}")
+        k += 1
+    return out
+
+
+def first_present(arm: str, names) -> str | None:
+    """A claim's arm: a name, or alternatives "a|b" (the first that ran: e.g. a variant run on the
+    claim's own posts, else the main one)."""
+    return next((x for x in arm.split("|") if x in names), None)
+
+
+def claim_tests(claims: Sequence[tuple[str, str, str, str]], correct: dict[str, dict[str, bool]],
+                truth: dict[str, int], confidence: float = 0.95) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Claims tables' rows (notebooks 04 and 05). `claims`: (claim, A, B, what it isolates) with A and
+    B names in `correct` (item -> right or wrong; "a|b": the first of them that ran). Each claim whose two arms ran gets its paired test
+    on one run (exact McNemar); where both arms also have cold runs (`<name>_run<k>`), a second row
+    pools the k runs both have, clustered by item (pooled_paired_test), and the second list gets one
+    row per run (run_spread) with the claim's name: the distribution one run draws from."""
+    rows, spread = [], []
+    for claim, a, b, what in claims:
+        a, b = first_present(a, correct), first_present(b, correct)
+        if a is None or b is None or a == b:
+            continue
+        rows.append(claim_row(claim, a, b, paired_accuracy_test(correct[a], correct[b], truth, confidence), what))
+        ra, rb = cold_runs_of(a, list(correct)), cold_runs_of(b, list(correct))
+        k = min(len(ra), len(rb))
+        if k > 1:
+            runs_a, runs_b = [correct[x] for x in ra[:k]], [correct[x] for x in rb[:k]]
+            rows.append(claim_row(f"{claim} ({k} cold runs pooled)", a, b,
+                                  pooled_paired_test(runs_a, runs_b, truth, confidence), what))
+            spread += [{"claim": claim, "A": a, "B": b, **r} for r in run_spread(runs_a, runs_b, truth, confidence)]
+    return rows, spread
 
 
 def claim_metric_keys(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """metrics.json keys of each tested claim row: claim_<A>_vs_<B>_{n, acc_a, acc_b, p, majority}
-    ("/" in a setting name becomes "_"); a row without a test (no p) is skipped."""
+    ("/" in a setting name becomes "_"; a row pooled over k > 1 cold runs ends its stem in _pooled
+    and adds _runs); a row without a test (no p) is skipped."""
     m: dict[str, Any] = {}
     for row in rows:
-        p = row.get("exact McNemar p")
+        p = row.get("p")
         if p is None or p != p:
             continue
-        key = "claim_" + f"{row['A']}_vs_{row['B']}".replace("/", "_")
+        runs = int(row.get("runs", 1) or 1)
+        key = "claim_" + f"{row['A']}_vs_{row['B']}".replace("/", "_") + ("_pooled" if runs > 1 else "")
         m.update({f"{key}_n": int(row["n"]), f"{key}_acc_a": row["acc A"], f"{key}_acc_b": row["acc B"],
                   f"{key}_p": p, f"{key}_majority": row["majority line"]})
+        if runs > 1:
+            m[f"{key}_runs"] = runs
+    return m
+
+
+def cold_run_metric_keys(spread_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """metrics.json keys of the per-run rows of claim_tests: for each claim's A vs B, the number of cold
+    runs and their A-B difference's mean, sd (ddof 1), min and max (cold_<A>_vs_<B>_diff_...)."""
+    by: dict[str, list[float]] = {}
+    for r in spread_rows:
+        by.setdefault("cold_" + f"{r['A']}_vs_{r['B']}".replace("/", "_"), []).append(float(r["difference"]))
+    m: dict[str, Any] = {}
+    for key, d in by.items():
+        a = np.array(d, float)
+        m.update({f"{key}_runs": len(a), f"{key}_diff_mean": float(a.mean()),
+                  f"{key}_diff_sd": float(a.std(ddof=1)) if len(a) > 1 else float("nan"),
+                  f"{key}_diff_min": float(a.min()), f"{key}_diff_max": float(a.max())})
     return m
 
 

@@ -330,6 +330,8 @@ class Setting:
     exemplars: str = "retrieved"       # retrieved | random | shuffled_labels
     structured: bool = False           # JSON-schema output (where the backend supports it)
     eval_n: int = 0                    # 0: every evaluation meme; else the named balanced subset of this size
+    replicate: int = 0                 # > 0: cold run `replicate` of another setting (`<name>_run<k>`): the same
+                                       #   prompts asked afresh, and random exemplars drawn anew
 
     def __post_init__(self):
         if self.exemplars not in EXEMPLAR_KINDS:
@@ -340,20 +342,43 @@ class Setting:
             raise ValueError(f"setting {self.name}: {self.exemplars} exemplars need a retriever")
         if self.eval_n < 0:
             raise ValueError(f"setting {self.name}: eval_n must be >= 0")
+        if self.replicate < 0:
+            raise ValueError(f"setting {self.name}: replicate must be >= 0")
+
+
+def main_setting_name(retrievers: Sequence[str], shots: Sequence[int]) -> str:
+    """The setting notebook 04 reports as its main row: the first retriever with 4 shots (or the
+    largest n). Its answers, one per test meme, are also what the §7 text analyses read (pooling
+    the 2- and 4-shot answers would count every meme twice)."""
+    return f"{retrievers[0]}/{4 if 4 in shots else shots[-1]}"
+
+
+def cold_run_name(setting: str, run: int) -> str:
+    """The name of cold run `run` (1, 2, ...) of a setting; run 0 is the setting itself."""
+    return setting if run == 0 else f"{setting}_run{run}"
+
+
+def cold_run_of(name: str) -> tuple[str, int]:
+    """(setting, run) of a setting name: `<setting>_run<k>` is cold run k of `<setting>`, anything else run 0."""
+    m = re.fullmatch(r"(.+)_run(\d+)", name)
+    return (m.group(1), int(m.group(2))) if m else (name, 0)
 
 
 ANSWER_FORMATS = ("free_text", "structured")
 
 
 def parse_settings(spec: dict[str, dict[str, Any]], retrievers: Sequence[str], shots: Sequence[int],
-                   answer_format: str = "free_text", subset: dict[str, Any] | None = None) -> list[Setting]:
+                   answer_format: str = "free_text", subset: dict[str, Any] | None = None,
+                   cold_runs: dict[str, Any] | None = None) -> list[Setting]:
     """Expand the profile: the retrieved grid (each retriever x each n) plus the named controls.
 
     `answer_format`: how every setting answers unless a control says `structured: true/false`
     (free_text: the paper's "label - explanation - intervention"; structured: a JSON object through
     the server's constrained decoding). `subset`: {"n": k, "settings": [names]}: those settings run
     on the evaluation set's balanced subset of k memes (drawn nested in the full draw), the others on
-    every evaluation meme."""
+    every evaluation meme. `cold_runs`: {"runs": k, "settings": [names; "main" is the main setting]}:
+    each named setting also runs k - 1 more times as `<name>_run1` ... (the same prompts asked
+    afresh, each run's answers cached apart; random exemplars and shuffled labels drawn anew)."""
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")
     structured = answer_format == "structured"
@@ -365,6 +390,8 @@ def parse_settings(spec: dict[str, dict[str, Any]], retrievers: Sequence[str], s
             raise ValueError(f"setting {name}: unknown keys {sorted(unknown)} (n, retriever, exemplars, structured)")
         if over.get("retriever") == "default":
             over["retriever"] = retrievers[0]
+        if cold_run_of(name)[1]:
+            raise ValueError(f"setting {name}: names ending in _run<k> are cold runs (set cold_runs instead)")
         out.append(Setting(name, int(over.get("n", 0)), over.get("retriever"), over.get("exemplars", "retrieved"),
                            bool(over.get("structured", structured))))
     names = [s.name for s in out]
@@ -382,6 +409,18 @@ def parse_settings(spec: dict[str, dict[str, Any]], retrievers: Sequence[str], s
         if k <= 0:
             raise ValueError(f"subset.n must be > 0, got {k}")
         out = [replace(s, eval_n=k) if s.name in chosen else s for s in out]
+    if cold_runs:
+        extra = set(cold_runs) - {"runs", "settings"}
+        runs = cold_runs.get("runs")
+        if extra or isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+            raise ValueError(f"cold_runs: expected {{runs: k >= 1, settings: [names]}}, got {cold_runs!r}")
+        main = main_setting_name(retrievers, shots) if retrievers and shots else None
+        chosen = [main if c == "main" else c for c in (cold_runs.get("settings") or [])]
+        missing = [c for c in chosen if c not in names]
+        if missing:
+            raise ValueError(f"cold_runs.settings names no setting: {missing} (settings: {names}, or main)")
+        by_name = {s.name: s for s in out}
+        out += [replace(by_name[c], name=cold_run_name(c, r), replicate=r) for c in chosen for r in range(1, runs)]
     return out
 
 
@@ -459,7 +498,7 @@ def run_setting(chat, setting: Setting, queries: Sequence[Meme], pool: Sequence[
                          intervention=silver["interventions"].get(j, "") if lab == 1 else "")
                  for j, lab in plan[q.id]]
         convs.append(build_conversation(q, shots, tpl, definitions, images))
-    params = GenParams(temperature=temperature, max_new_tokens=max_new_tokens,
+    params = GenParams(temperature=temperature, max_new_tokens=max_new_tokens, replicate=setting.replicate,
                        json_schema=answer_schema(string_max_length) if setting.structured else None)
     before = (chat.stats.requests, chat.stats.prompt_tokens, chat.stats.completion_tokens)
     t0 = time.perf_counter()

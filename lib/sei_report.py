@@ -23,7 +23,7 @@ from lib.agents import (AGENTS, LABEL_WORDS, AgentExample, AgentRecipe, agent_ch
 from lib.artifacts import require, stage_dir, write_bytes, write_json, write_text
 from lib.chat import ResponseCache, default_cache_path
 from lib.data_prep import load_prepared
-from lib.metrics import claim_metric_keys, claim_row, interval_keys, mean_ci, paired_accuracy_test
+from lib.metrics import claim_metric_keys, claim_tests, cold_run_metric_keys, interval_keys, mean_ci
 from lib.params import is_paper
 from lib.sei import Meme, Prediction, subgroup
 from lib.textmetrics import pair_semsim, score_texts, token_count, type_token_ratio, unigram_perplexity, vader_label
@@ -410,17 +410,13 @@ def evaluated(result: dict[str, Any]) -> int | None:
     return total or result.get("n")
 
 
-def main_setting_name(retrievers: Sequence[str], shots: Sequence[int]) -> str:
-    """The setting notebook 04 reports as its main row: the first retriever with 4 shots (or the
-    largest n). Its answers, one per test meme, are also what the §7 text analyses read (pooling
-    the 2- and 4-shot answers would count every meme twice)."""
-    return f"{retrievers[0]}/{4 if 4 in shots else shots[-1]}"
+main_setting_name = sei.main_setting_name      # the main row's name (kept here for callers)
 
 
 SETTINGS_KEYS = ("datasets", "train_split", "agent_base", "agent_recipe", "agent_overrides", "agent_prompt_dir",
                  "agent_max_new_tokens", "retrievers", "shots", "order", "controls", "models", "serve_preset",
                  "images", "prompt_dir", "temperature", "max_new_tokens", "parser", "seed", "answer_format",
-                 "string_max_length")
+                 "string_max_length", "knn_n", "eval_n", "eval_balance", "cold_runs")
 
 
 class FewShotModerator:
@@ -583,21 +579,19 @@ def prediction_correct(preds: Sequence[Prediction]) -> dict[str, bool]:
 
 
 def claim_frame(preds: dict[str, Sequence[Prediction]], main_name: str, retriever: str,
-                confidence: float = 0.95) -> "pd.DataFrame":
+                confidence: float = 0.95, spread: bool = False):
     """One row per claim in FEWSHOT_CLAIMS whose two settings ran (`preds`: setting name ->
     predictions, the knn vote included): both accuracies with Wilson intervals on the memes both
-    answered, the exact McNemar test on the discordant memes, and those memes' majority line.
-    Same columns as notebook 05's claims.csv."""
+    answered, the difference with its bootstrap interval, the exact McNemar test on the discordant
+    memes, and those memes' majority line; a claim whose settings have cold runs (`<name>_run<k>`)
+    gets a second row pooled over the runs, clustered by meme (metrics.claim_tests). Same columns as
+    notebook 05's claims.csv. `spread`: also return the per-run rows (cold_runs.csv)."""
     import pandas as pd
-    rows = []
     truth = {p.id: p.gold for v in preds.values() for p in v}
-    for claim, a, b, what in FEWSHOT_CLAIMS:
-        a, b = (x.replace("<main>", main_name).replace("<retriever>", retriever) for x in (a, b))
-        if a not in preds or b not in preds or a == b:
-            continue
-        t = paired_accuracy_test(prediction_correct(preds[a]), prediction_correct(preds[b]), truth, confidence)
-        rows.append(claim_row(claim, a, b, t, what))
-    return pd.DataFrame(rows)
+    claims = [(claim, *(x.replace("<main>", main_name).replace("<retriever>", retriever) for x in (a, b)), what)
+              for claim, a, b, what in FEWSHOT_CLAIMS]
+    rows, runs = claim_tests(claims, {k: prediction_correct(v) for k, v in preds.items()}, truth, confidence)
+    return (pd.DataFrame(rows), pd.DataFrame(runs)) if spread else pd.DataFrame(rows)
 
 
 def claim_metrics(claims) -> dict[str, Any]:
@@ -620,12 +614,13 @@ def table2_view(results: dict[str, dict[str, Any]], bertscore_label: str):
 
 def stage_metrics(results: dict[str, dict[str, Any]], row, main_name: str, majority_acc: float, retrieval,
                   retriever: str, knn_n: int, dataset: str, agent_rows: Sequence[dict[str, Any]],
-                  bertscore_proxy: bool, rerun_calls: int, claims=None) -> dict[str, Any]:
+                  bertscore_proxy: bool, rerun_calls: int, claims=None, cold=None) -> dict[str, Any]:
     """Notebook 04's metrics.json: the main setting's classification and generation scores, the
     controls' accuracies (zero-shot, random and shuffled-label exemplars, the other answer format,
     label vote) with Wilson intervals and each control's n, the claims' paired tests (claim_frame),
     the retrieval's label (and MemeWorld type) agreement against its base rate, the agents'
-    scores, the cost, and the accuracy of every other setting. `row(name)`: a setting's results."""
+    scores, the cost, and the accuracy of every other setting. `row(name)`: a setting's results;
+    `cold`: claim_frame's per-run rows (the cold runs' spread)."""
     main = row(main_name)
     q = retrieval[(retrieval.retriever == retriever) & (retrieval.n == knn_n) & (retrieval.dataset == dataset)]
     m: dict[str, Any] = {
@@ -655,6 +650,7 @@ def stage_metrics(results: dict[str, dict[str, Any]], row, main_name: str, major
         if key != "acc":
             m[f"n_{key.removeprefix('acc_')}"] = evaluated(row(name))
     m.update(claim_metrics(claims))
+    m.update(cold_run_metric_keys([] if cold is None or not len(cold) else cold.to_dict("records")))
     if "type_agreement" in retrieval:
         m["retrieval_type_agreement"] = float(q["type_agreement"].iloc[0])
         m["retrieval_type_base_rate"] = float(q["type_base_rate"].iloc[0])

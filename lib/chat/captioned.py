@@ -63,7 +63,7 @@ class CaptionedBackend:
 
     def identity(self) -> dict[str, Any]:
         return {**self.inner.identity(), "adapter": "captioned", "captioner": self.captioner.backend.identity(),
-                "caption_prompt": self.caption_prompt, "caption_params": asdict(self.caption_params),
+                "caption_prompt": self.caption_prompt, "caption_params": {k: v for k, v in asdict(self.caption_params).items() if k != "replicate"},
                 "image_template": self.image_template}
 
     def caption_images(self, images: Sequence[Any]) -> list[ChatResult]:

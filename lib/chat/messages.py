@@ -22,6 +22,8 @@ class GenParams:
     json_mode: bool = False      # ask an HTTP endpoint for a JSON object (response_format)
     json_schema: Any = field(default=None, hash=False)   # a JSON Schema the answer must match
     choices: tuple[str, ...] | None = None                # or: the answer is one of these strings
+    replicate: int = 0           # a cold run's index: the same request asked afresh, its answer cached apart
+                                 # (part of the cache key when > 0; never sent to the model)
 
     def __post_init__(self):
         if self.choices is not None:
@@ -30,6 +32,8 @@ class GenParams:
                 raise ValueError("GenParams.choices must hold at least one choice")
         if self.json_schema is not None and self.choices is not None:
             raise ValueError("GenParams takes a json_schema or choices, not both")
+        if isinstance(self.replicate, bool) or not isinstance(self.replicate, int) or self.replicate < 0:
+            raise ValueError(f"GenParams.replicate must be an integer >= 0, got {self.replicate!r}")
         if self.json_schema is not None and not isinstance(self.json_schema, dict):
             raise ValueError(f"GenParams.json_schema must be a JSON Schema object (dict), "
                              f"got {type(self.json_schema).__name__}")
@@ -138,6 +142,12 @@ def canonical(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def cache_key(identity: dict[str, Any], messages: Sequence[dict[str, Any]], params: GenParams) -> str:
-    blob = json.dumps({"model": identity, "messages": canonical(messages), "params": asdict(params)},
+    """The request's hash: model identity, messages (images by content) and decoding parameters. A
+    cold run's `replicate` joins the key only when > 0, so the first run's keys are those of a
+    request that never heard of replicates."""
+    p = asdict(params)
+    if not p["replicate"]:
+        del p["replicate"]
+    blob = json.dumps({"model": identity, "messages": canonical(messages), "params": p},
                       sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
