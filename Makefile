@@ -2,15 +2,22 @@
 # Both bootstrap the project virtual environment (.venv) from pyproject.toml and
 # requirements.lock when it is missing or older than those files.
 #
-#   make reproduce                  every stage, embedded profile (MemeWorld + tiny models, CPU)
+#   make reproduce                  the experiment: every stage, embedded profile (MemeWorld + tiny models, CPU);
+#                                   resumes after a kill, skips stages whose inputs are unchanged, replays the
+#                                   committed model answers, and copies its results to results/embedded/
+#   make reproduce NB=03            one stage (by number prefix or stem); FORCE=1 reruns up-to-date stages,
+#                                   COLD=1 asks every model afresh
 #   make reproduce PROFILE=paper    the same notebooks with params/paper.yaml
 #   make reproduce PROFILE=paper-smoke   the paper profile's code on tiny stand-in models and data (CPU, ~6 min)
-#   make reproduce NB=03            one stage (by number prefix or stem)
-#   make test                       pytest + nbval over the notebooks (embedded profile), then PROFILE=paper-smoke
+#   make test                       the code: committed-results checks, unit tests, every stage at test sizes
+#                                   (PROFILE=ci), paper-smoke; leaves the working tree as it was
 #   make report                     the executed notebooks as a static HTML site (artifacts/<profile>/report/)
 
 PROFILE ?= embedded
 NB ?=
+FORCE ?=
+COLD ?=
+RECORD ?=
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -25,7 +32,7 @@ export MPLBACKEND := Agg
 .PHONY: disk-check reproduce test test-unit test-notebooks test-gpu data venv lock environment.yml check-params results clean-artifacts help report browser
 
 help:
-	@sed -n '1,14p' Makefile
+	@sed -n '1,18p' Makefile
 
 $(STAMP): pyproject.toml requirements.lock requirements-nodeps.txt
 	@echo ">> bootstrapping $(VENV) (python: $$($(PYTHON) --version))"
@@ -51,7 +58,7 @@ disk-check:
 	done
 
 reproduce: $(STAMP)
-	$(PY) -m lib.runner reproduce --profile $(PROFILE) $(if $(NB),--only $(NB),)
+	$(PY) -m lib.runner reproduce --profile $(PROFILE) $(if $(NB),--only $(NB),) $(if $(filter 1,$(FORCE)),--force,) $(if $(filter 1,$(COLD)),--cold,)
 
 data: $(STAMP)
 	$(PY) -m lib.runner reproduce --profile $(PROFILE) --only 00
@@ -63,7 +70,7 @@ results: $(STAMP)
 	$(PY) -m lib.results --readme README.md
 
 test: $(STAMP) browser
-	$(PY) -m lib.runner test
+	$(PY) -m lib.runner test $(if $(RECORD),--record $(RECORD),)
 
 report: $(STAMP)
 	$(PY) -m lib.report --profile $(PROFILE)
@@ -76,7 +83,7 @@ browser:
 	    || echo "warning: could not install chromium; the report test fails under CI and is skipped elsewhere" >&2; }
 
 test-unit: $(STAMP)
-	$(PY) -m pytest -q tests -m "not artifacts and not gpu"
+	$(PY) -m pytest -q tests -m "not results and not ci_run and not gpu"
 
 test-notebooks: $(STAMP)
 	$(PY) -m lib.runner test --skip-unit

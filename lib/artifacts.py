@@ -24,6 +24,23 @@ from lib import ROOT
 
 ARTIFACTS_ROOT = ROOT / "artifacts"
 FIGURES_ROOT = ROOT / "figures"
+RESULTS_ROOT = ROOT / "results"
+
+#: Profiles whose figures, README tables and committed results are the compendium's own (figures/<profile>/,
+#: results/<profile>/). Every other profile (ci, paper-smoke, a user's variant) writes only under
+#: artifacts/<profile>/, so running it leaves the working tree as it was.
+PUBLISHED_PROFILES: tuple[str, ...] = ("embedded", "paper")
+
+
+def figures_dir(profile: str, root: Path = ROOT) -> Path:
+    """Where a profile's figures go: figures/<profile>/ for a published profile, else
+    artifacts/<profile>/figures/ (`root`: the repository root)."""
+    return root / "figures" / profile if profile in PUBLISHED_PROFILES else root / "artifacts" / profile / "figures"
+
+
+def figures_index(profile: str, root: Path = ROOT) -> Path:
+    """The figure index notebook 07 writes: figures/README.md for a published profile, else beside its figures."""
+    return root / "figures" / "README.md" if profile in PUBLISHED_PROFILES else figures_dir(profile, root) / "README.md"
 
 #: Packages whose versions every manifest records.
 TRACKED_PACKAGES = ("torch", "torchvision", "transformers", "open_clip_torch", "peft",
@@ -167,6 +184,17 @@ def write_text(target: Path | str, text: str) -> Path:
 
 def write_json(target: Path | str, obj: Any, indent: int | None = 1) -> Path:
     return write_text(target, json.dumps(obj, indent=indent, sort_keys=False, ensure_ascii=False) + "\n")
+
+
+def write_csv(target: Path | str, frame, drop_if_empty: bool = False) -> Path | None:
+    """A DataFrame as CSV (no index), atomically. `drop_if_empty`: an empty frame writes nothing and
+    removes an older file of that name (so a figure drawn "where its artifact exists" is not drawn
+    from a stale one); returns None then."""
+    target = Path(target)
+    if drop_if_empty and len(frame) == 0:
+        target.unlink(missing_ok=True)
+        return None
+    return write_text(target, frame.to_csv(index=False))
 
 
 def write_with(target: Path | str, writer: Callable[[Path], None]) -> Path:

@@ -1,10 +1,10 @@
-"""Figures: one style for the compendium, saved as PNG and PDF under figures/<profile>/."""
+"""Figures: one style for the compendium, saved as PNG and PDF under figures/<profile>/ (published
+profiles) or artifacts/<profile>/figures/ (every other profile: artifacts.figures_dir)."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from lib import ROOT
-from lib.artifacts import write_with
+from lib.artifacts import figures_dir, write_with
 
 
 def setup() -> None:
@@ -25,9 +25,9 @@ def setup() -> None:
 
 
 def save_figure(fig, name: str, profile: str, root: Path | None = None) -> list[Path]:
-    """Write figures/<profile>/<name>.png and .pdf atomically (under `root` instead of the
-    compendium's figures/ when given); metadata without timestamps."""
-    out_dir = Path(root or ROOT / "figures") / profile
+    """Write <name>.png and .pdf atomically into the profile's figure folder (artifacts.figures_dir;
+    `root`/<profile>/ when given); metadata without timestamps."""
+    out_dir = Path(root) / profile if root else figures_dir(profile)
     paths = []
     for ext, meta in (("png", {"Software": None}), ("pdf", {"CreationDate": None, "Producer": None})):
         p = out_dir / f"{name}.{ext}"
@@ -37,7 +37,7 @@ def save_figure(fig, name: str, profile: str, root: Path | None = None) -> list[
 
 
 def show(fig, name: str, profile: str) -> None:
-    """Save the figure (PNG + PDF under figures/<profile>/) and show it inline; returns nothing, so a
+    """Save the figure (PNG + PDF in the profile's figure folder) and show it inline; returns nothing, so a
     cell ending with it displays the figure, not a list of paths."""
     import matplotlib.pyplot as plt
     save_figure(fig, name, profile)

@@ -104,9 +104,10 @@ def resolve_model_path(spec: str) -> str:
     return str(local) if not Path(spec).is_absolute() and local.exists() else spec   # a folder under the root
 
 
-#: an environment variable naming a preset overlay file: {chat: {name: preset}, encoders: {...}}; each
-#: entry replaces the preset of that name (the paper-smoke profile points the paper's hub ids and
-#: APIs at tiny local checkpoints and a loopback server this way; `lib.runner` sets it)
+#: an environment variable naming a preset overlay file: {chat: {name: preset}, encoders: {...}}; an
+#: entry with a `backend` replaces the preset of that name, one without updates its fields (the
+#: paper-smoke profile points the paper's hub ids and APIs at tiny local checkpoints and a loopback
+#: server this way, the ci profile the embedded models at the ones it trains; `lib.runner` sets it)
 OVERLAY_ENV = "COMPENDIUM_PRESET_OVERLAY"
 
 
@@ -129,7 +130,10 @@ def _read(kind: str) -> dict[str, Preset]:
     path = PRESETS_DIR / f"{kind}.yaml"
     data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     if os.environ.get(OVERLAY_ENV):
-        data = {**data, **(read_overlay(os.environ[OVERLAY_ENV]).get(kind) or {})}
+        for name, entry in (read_overlay(os.environ[OVERLAY_ENV]).get(kind) or {}).items():
+            # an entry with a backend replaces the preset; one without updates the named preset's fields
+            partial = isinstance(entry, dict) and "backend" not in entry and isinstance(data.get(name), dict)
+            data[name] = {**data[name], **entry} if partial else entry
     out: dict[str, Preset] = {}
     known = {"backend", "model", "revision", "dtype", "notes"}
     for name, entry in data.items():

@@ -34,7 +34,7 @@ import bleach
 from markdown_it import MarkdownIt
 
 from lib import ROOT
-from lib.artifacts import ARTIFACTS_ROOT, write_text
+from lib.artifacts import ARTIFACTS_ROOT, figures_dir, figures_index, write_text
 from lib.params import stages
 
 STYLE = """
@@ -174,14 +174,14 @@ def build(profile: str = "embedded", out: Path | None = None, trust_html: bool =
     front = "\n".join(toc) + _markdown(readme)
     write(out / "index.html", _page("Research compendium", front, _nav(pages, None)))
     # figures: the index and the PNGs it links
-    figs_src = ROOT / "figures" / profile
+    figs_src = figures_dir(profile, ROOT)
     if figs_src.exists():
         dest = out / profile
         dest.mkdir(parents=True, exist_ok=True)
         for png in figs_src.glob("*.png"):
             shutil.copy2(png, dest / png.name)
             written.append(dest / png.name)
-    index_md = ROOT / "figures" / "README.md"
+    index_md = figures_index(profile, ROOT)
     fig_body = _markdown(index_md.read_text(encoding="utf-8")) if index_md.exists() else "<p>No figure index yet (make reproduce NB=07).</p>"
     if figs_src.exists():
         fig_body += "".join(

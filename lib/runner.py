@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -21,11 +22,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
-from lib import ROOT
-from lib.artifacts import write_text
+from lib import ROOT, results
+from lib.artifacts import ARTIFACTS_ROOT, PUBLISHED_PROFILES, read_json, relpath, write_json, write_text
 from lib.chat import loopback
+from lib.chat.cache import STAGE_ENV, ResponseCache, default_cache_path
 from lib.chat.keys import read_dotenv, remembered_env_files
-from lib.params import ProfileError, Stage, select_stages, validate_profile
+from lib.params import ProfileError, Stage, profile_path, select_stages, stages, validate_profile
 from lib.presets import OVERLAY_ENV, overlay_path, presets, read_overlay, resolve_model_path
 from lib.results import README_PROFILES, update_readme
 
@@ -195,7 +197,17 @@ def profile_services(profile: str):
                 os.environ[k] = v
 
 
-def reproduce(profile: str, only: str | None) -> int:
+def reproduce(profile: str, only: str | None, force: bool = False, cold: bool = False,
+              publish: bool | None = None) -> int:
+    """Run the chosen stages of a profile (all by default), in order. A stage whose inputs are
+    unchanged since it last finished (its parameters, its notebook's code, the library, the prompts
+    and every earlier stage: `stage_stamp`) is skipped as up to date, so a run killed at any point
+    resumes at the stage it stopped in (whose own caches - trained runs, model answers - make the
+    finished part cheap). `force`: run every chosen stage. `cold`: ask every model afresh (the
+    response cache is moved aside, kept, and no committed answer is loaded; implies `force`).
+    Otherwise a published profile first loads the committed answers (results/<profile>/cache/) that
+    its cache lacks, so a fresh clone replays them. `publish` (default: a published profile) copies
+    each finished stage's results to results/<profile>/ after comparing them with the committed ones."""
     try:
         chosen = select_stages(only)
         sections = validate_profile(profile, only=None)
@@ -203,14 +215,125 @@ def reproduce(profile: str, only: str | None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     os.environ.update({k: v for k, v in _env().items() if k not in os.environ})
+    publish = profile in PUBLISHED_PROFILES if publish is None else publish
+    cache = default_cache_path(profile)
+    if cold:
+        force = True
+        if cache.exists():
+            aside = cache.with_name(f"responses.{time.strftime('%Y%m%dT%H%M%S')}.sqlite")
+            for suffix in ("", "-wal", "-shm"):
+                if Path(str(cache) + suffix).exists():
+                    os.replace(str(cache) + suffix, str(aside) + suffix)
+            print(f">> COLD: every model is asked afresh; the old answers are kept in {relpath(aside)}", flush=True)
+    else:
+        committed = results.cache_export_path(profile)
+        if committed.exists():
+            added = ResponseCache(cache).import_answers(committed)
+            if added:
+                print(f">> loaded {added} committed model answers from {relpath(committed)} (COLD=1 asks afresh)",
+                      flush=True)
     with profile_services(profile):
-        return _run_stages(chosen, profile, sections)
+        return _run_stages(chosen, profile, sections, force, publish, cold_run=cold)
 
 
-def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str, Any]]) -> int:
-    for st in chosen:
+def _digest_files(paths: list[Path]) -> str:
+    h = hashlib.sha256()
+    for f in sorted(paths):
+        h.update(str(f.relative_to(ROOT)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def code_digest() -> str:
+    """What every stage's behaviour depends on beyond its own parameters: the library and the
+    prompts, schemas and presets it reads."""
+    files = [f for f in (ROOT / "lib").rglob("*.py")]
+    files += [f for d in ("prompts", "schemas", "presets") for f in (ROOT / "params" / d).rglob("*") if f.is_file()]
+    return _digest_files(files)
+
+
+def _notebook_code(nb: Path) -> str:
+    import nbformat
+    cells = nbformat.read(str(nb), as_version=4).cells
+    return "\n".join(c.source for c in cells if c.cell_type == "code"
+                     and "injected-parameters" not in c.metadata.get("tags", []))
+
+
+def stage_stamp(stage: Stage, section: dict[str, Any], code: str, before: str) -> str:
+    """The identity of a stage's inputs: its parameters, its notebook's code cells (or module), the
+    library (`code`) and the stamps of the stages before it (`before`)."""
+    own = _notebook_code(stage.notebook) if stage.notebook is not None else stage.module
+    blob = json.dumps({"params": section, "code": own, "lib": code, "before": before}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def _stamp_file(profile: str, stage: Stage) -> Path:
+    return ARTIFACTS_ROOT / profile / stage.name / ".stamp.json"
+
+
+def _estimates(profile: str) -> dict[str, float]:
+    """Seconds each stage took from nothing (its cold time: this machine's record, else the committed one)."""
+    out: dict[str, float] = {}
+    for f in (results.timings_path(profile), ARTIFACTS_ROOT / profile / "timings.json"):
+        if f.exists():
+            try:
+                out.update({k: float(v["wall_s"]) for k, v in read_json(f).get("stages", {}).items()})
+            except (ValueError, KeyError, TypeError, AttributeError):
+                pass
+    return out
+
+
+def record_timing(timings: dict[str, Any], stage: str, wall_s: float, cold: bool) -> dict[str, Any]:
+    """timings.json: `stages` holds each stage's time from nothing (a run that found none of the stage's
+    own outputs, trained models or cached answers: its cold cost), which a rerun on caches does not
+    replace; `last_run` holds every stage's time in the latest run, whatever it reused."""
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    timings.setdefault("stages", {})
+    timings.setdefault("last_run", {})
+    if cold or stage not in timings["stages"]:
+        timings["stages"][stage] = {"wall_s": round(wall_s, 1), "cold": cold, "finished": when}
+    timings["last_run"][stage] = {"wall_s": round(wall_s, 1), "cold": cold, "finished": when}
+    timings["machine"] = results.machine_description()
+    return timings
+
+
+def _minutes(s: float) -> str:
+    return f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
+
+
+def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str, Any]], force: bool = False,
+                publish: bool = False, cold_run: bool = False) -> int:
+    code = code_digest()
+    est = _estimates(profile)
+    timings_file = ARTIFACTS_ROOT / profile / "timings.json"
+    timings = read_json(timings_file) if timings_file.exists() else {}
+    before = ""
+    stamps = {}
+    for st in stages():                                   # every stage's stamp chains the ones before it
+        before = stamps[st.name] = stage_stamp(st, sections[st.name], code, before)
+    rows = []
+    t_all = time.time()
+    for k, st in enumerate(chosen, 1):
+        stamp_file = _stamp_file(profile, st)
+        if not force and stamp_file.exists() and read_json(stamp_file).get("stamp") == stamps[st.name]:
+            print(f"== [{k}/{len(chosen)}] {st.name}: up to date (inputs unchanged since it last ran; FORCE=1 reruns it)",
+                  flush=True)
+            rows.append((st.name, 0.0, "up to date"))
+            continue
+        left = sum(est.get(s.name, 0.0) for s in chosen[k - 1:]
+                   if not (_stamp_file(profile, s).exists()
+                           and read_json(_stamp_file(profile, s)).get("stamp") == stamps[s.name]) or force)
+        guess = f"; last run {_minutes(est[st.name])}, about {_minutes(left)} left in this run" if st.name in est else ""
+        print(f"== [{k}/{len(chosen)}] {st.name} ({st.label}, profile {profile}{guess})", flush=True)
+        stamp_file.unlink(missing_ok=True)               # a stage that starts is not done until it finishes again
+        # from nothing: the stage's folder (its trained runs, models, agents) does not exist yet, or every model
+        # is asked afresh (COLD=1)
+        cache = default_cache_path(profile)
+        cold = cold_run or not (ARTIFACTS_ROOT / profile / st.name).exists()
+        os.environ[STAGE_ENV] = st.name
+        if cache.exists():
+            ResponseCache(cache).clear_used(st.name)
         t0 = time.time()
-        print(f"== {st.name} ({st.label}, profile {profile})", flush=True)
         try:
             if st.notebook is not None:
                 run_notebook(st, profile, sections[st.name])
@@ -218,11 +341,30 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
                 run_module(st, profile)
         except (StageError, subprocess.CalledProcessError) as e:
             print(f"\nerror: {e}", file=sys.stderr)
+            _print_timings(rows + [(st.name, time.time() - t0, "FAILED")], time.time() - t_all)
             return 1
-        print(f"== {st.name} done in {time.time() - t0:.0f}s", flush=True)
-    if profile in README_PROFILES:      # the README's results table; a smoke run must not rewrite it
-        update_readme(ROOT / "README.md")
+        finally:
+            os.environ.pop(STAGE_ENV, None)
+        dt = time.time() - t0
+        write_json(stamp_file, {"stamp": stamps[st.name]})
+        write_json(timings_file, record_timing(timings, st.name, dt, cold))
+        rows.append((st.name, dt, "ran"))
+        print(f"== {st.name} done in {_minutes(dt)}", flush=True)
+        if publish:
+            results.publish_stage(profile, st.name)
+    if publish:
+        results.publish_run(profile)
+        if profile in README_PROFILES:      # the README's results table; a smoke run must not rewrite it
+            update_readme(ROOT / "README.md")
+    _print_timings(rows, time.time() - t_all)
     return 0
+
+
+def _print_timings(rows: list[tuple[str, float, str]], total: float) -> None:
+    print("\n=== timings (this run)")
+    for name, dt, status in rows:
+        print(f"  {dt:8.1f} s  {name:<16} {status}")
+    print(f"  {total:8.1f} s  total")
 
 
 def _junit_counts(path: Path) -> tuple[int, int, int]:
@@ -237,37 +379,57 @@ def _junit_counts(path: Path) -> tuple[int, int, int]:
     return tests - failed - skipped, failed, skipped
 
 
-def test(skip_unit: bool = False) -> int:
-    """pytest (unit), then the embedded stages under nbval, then artifact checks.
+#: the profile `make test` runs every notebook under: the embedded profile at test sizes (params/ci.yaml)
+CI_PROFILE = "ci"
 
-    Ends with one line `summary: N passed, N failed, N skipped` over all steps.
-    """
+
+def test(skip_unit: bool = False, record: Path | None = None) -> int:
+    """`make test`: the code is checked, the experiment is not rerun (that is `make reproduce`).
+
+    Steps: the checks of the committed results (results/embedded/: metrics recomputed from their
+    per-item files, figures, saved notebooks and README generated from them, every number a reading
+    quotes backed by an output), the unit tests, every stage under the ci profile (papermill; each
+    notebook's own assertions run), the checks of what that run wrote, the paper profile's code on
+    stand-ins (paper-smoke), and a check that the working tree is as it was. Ends with one line
+    `summary: N passed, N failed, N skipped`."""
     with tempfile.TemporaryDirectory(prefix="compendium-test-") as tmp:
-        return _run_test_steps(Path(tmp), skip_unit)
+        return _run_test_steps(Path(tmp), skip_unit, record)
 
 
-def _run_test_steps(report_dir: Path, skip_unit: bool) -> int:
+def _git_status() -> str | None:
+    try:
+        r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout if r.returncode == 0 else None
+
+
+def _venv_seconds() -> float | None:
+    """How long creating .venv took: from its pyvenv.cfg to the stamp the Makefile writes when the install ends."""
+    cfg, stamp = ROOT / ".venv" / "pyvenv.cfg", ROOT / ".venv" / ".stamp"
+    return stamp.stat().st_mtime - cfg.stat().st_mtime if cfg.exists() and stamp.exists() else None
+
+
+def _run_test_steps(report_dir: Path, skip_unit: bool, record: Path | None = None) -> int:
     env = _env()
     py = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-    steps: list[tuple[str, list[str]]] = []
-    if not skip_unit:
-        steps.append(("unit tests", py + ["tests", "-m", "not artifacts and not gpu"]))
     try:
-        for profile in ("embedded", "paper", SMOKE_PROFILE):
+        for profile in ("embedded", "paper", SMOKE_PROFILE, CI_PROFILE):
             validate_profile(profile)
     except ProfileError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    for st in select_stages(None):
-        if st.notebook is not None:
-            steps.append((f"nbval {st.notebook.name}",
-                          py + ["--nbval-lax", "--nbval-current-env", "--nbval-cell-timeout=1500",
-                                str(st.notebook.relative_to(ROOT))]))
-        else:
-            steps.append((f"stage {st.name}", [sys.executable, "-m", st.module, "--profile", "embedded"]))
+    status_before = _git_status()
+    steps: list[tuple[str, list[str]]] = [("committed results", py + ["tests", "-m", "results"])]
+    if not skip_unit:
+        steps.append(("unit tests", py + ["tests", "-m", "not results and not ci_run and not gpu"]))
+    # every stage at test sizes, from nothing: the ci run's own folder is wiped first (it is scratch)
+    steps.append((f"profile {CI_PROFILE} (every stage at test sizes)",
+                  [sys.executable, "-m", "lib.runner", "reproduce", "--profile", CI_PROFILE, "--force", "--fresh"]))
+    steps.append((f"checks of the {CI_PROFILE} run", py + ["tests", "-m", "ci_run"]))
     # the paper profile's code end to end on tiny stand-ins (params/paper-smoke.yaml): a first GPU run's plumbing
     steps.append((f"profile {SMOKE_PROFILE}", [sys.executable, "-m", "lib.runner", "reproduce", "--profile", SMOKE_PROFILE]))
-    steps.append(("artifact checks", py + ["tests", "-m", "artifacts"]))
     timings = []
     totals = [0, 0, 0]
     rc = 0
@@ -281,16 +443,33 @@ def _run_test_steps(report_dir: Path, skip_unit: bool) -> int:
         timings.append((name, time.time() - t0))
         for k, v in enumerate(_junit_counts(xml)):
             totals[k] += v
-        if rc == 5 and name == "artifact checks":
-            rc = 0  # no artifact tests selected is not a failure of the pipeline
         if rc != 0:
             print(f"\nFAILED: {name} (exit {rc})", file=sys.stderr)
             totals[1] = max(totals[1], 1)
             break
+    if rc == 0 and status_before is not None:
+        after = _git_status()
+        if after != status_before:
+            changed = sorted(set((after or "").splitlines()) - set(status_before.splitlines()))
+            print(f"\nFAILED: make test changed the working tree ({len(changed)} paths):\n  " + "\n  ".join(changed[:20]),
+                  file=sys.stderr)
+            totals[1] += 1
+            rc = 1
+        else:
+            print("\nthe working tree is as it was (git status unchanged)")
+            totals[0] += 1
     print("\n=== timings")
     for name, dt in timings:
         print(f"  {dt:7.1f}s  {name}")
+    print(f"  {sum(dt for _, dt in timings):7.1f}s  total")
     print(f"summary: {totals[0]} passed, {totals[1]} failed, {totals[2]} skipped")
+    if record is not None and rc == 0:       # make test's measured record (results/make_test.json once copied back)
+        venv = _venv_seconds() or 0.0
+        rev = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        write_json(record, {"machine": results.machine_description(), "commit": rev.stdout.strip(),
+                            "total_s": round(sum(dt for _, dt in timings) + venv, 1), "venv_s": round(venv, 1),
+                            "steps": {name: round(dt, 1) for name, dt in timings}, "passed": totals[0]})
+        print(f"record: {record}")
     return rc
 
 
@@ -300,12 +479,31 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("reproduce")
     r.add_argument("--profile", default="embedded")
     r.add_argument("--only", default=None, help="stage(s): number prefix or stem, comma-separated")
+    r.add_argument("--force", action="store_true", help="run every chosen stage, even one that is up to date")
+    r.add_argument("--cold", action="store_true", help="ask every model afresh (the old answers are kept aside)")
+    r.add_argument("--fresh", action="store_true", help="delete artifacts/<profile>/ first (not for a published "
+                                                         "profile: its trained models and answers are hours of work)")
+    r.add_argument("--no-publish", action="store_true", help="do not copy the results to results/<profile>/")
     t = sub.add_parser("test")
     t.add_argument("--skip-unit", action="store_true")
+    t.add_argument("--record", type=Path, default=None, help="write the measured record (steps, times, machine) here")
     args = ap.parse_args(argv)
     if args.cmd == "reproduce":
-        return reproduce(args.profile, args.only)
-    return test(args.skip_unit)
+        if args.fresh:
+            try:
+                profile_path(args.profile)            # a plain name: nothing outside artifacts/ is removed
+            except ProfileError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
+            if args.profile in PUBLISHED_PROFILES:
+                print(f"error: --fresh would delete artifacts/{args.profile}/ (a published profile's models, caches "
+                      f"and runs); use `make clean-artifacts PROFILE={args.profile}` if you mean it", file=sys.stderr)
+                return 2
+            import shutil
+            shutil.rmtree(ARTIFACTS_ROOT / args.profile, ignore_errors=True)
+        return reproduce(args.profile, args.only, force=args.force, cold=args.cold,
+                         publish=False if args.no_publish else None)
+    return test(args.skip_unit, args.record)
 
 
 if __name__ == "__main__":

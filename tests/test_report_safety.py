@@ -63,12 +63,13 @@ FIGURE_NAMES = ['q" onerror="alert(\'f1\')', "hash#part", "pct%41done", "space n
 @pytest.fixture
 def site(tmp_path, monkeypatch):
     root = tmp_path / "root"
-    (root / "figures" / "demo").mkdir(parents=True)
+    figs = root / "artifacts" / "demo" / "figures"          # an unpublished profile's figures and their index
+    figs.mkdir(parents=True)
     (root / "README.md").write_text("# Readme\n\n" + PAYLOADS[0] + "\n\n| metric | value |\n|---|---|\n| acc | 1 |\n")
-    (root / "figures" / "README.md").write_text("# Figures\n\n" + PAYLOADS[1] + "\n")
+    (figs / "README.md").write_text("# Figures\n\n" + PAYLOADS[1] + "\n")
     from PIL import Image
     for name in FIGURE_NAMES:
-        Image.new("RGB", (4, 4)).save(root / "figures" / "demo" / f"{name}.png")
+        Image.new("RGB", (4, 4)).save(figs / f"{name}.png")
     nb = hostile_notebook(tmp_path / "01_hostile.ipynb")
     monkeypatch.setattr(report, "ROOT", root)
     monkeypatch.setattr(report, "notebooks", lambda profile: [nb])

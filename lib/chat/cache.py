@@ -1,7 +1,14 @@
 """The one response cache (SQLite): answers keyed by request hash, single-flight across threads
-and processes, every answer stored the moment it arrives."""
+and processes, every answer stored the moment it arrives.
+
+While `make reproduce` runs a stage it names it in COMPENDIUM_STAGE; every answer that stage reads or
+stores is then marked as used by it, and `export` writes exactly the answers the stages' last runs
+used (results/<profile>/cache/responses.jsonl.gz), which `import_answers` loads into a fresh clone's
+cache so that a rerun replays them."""
 from __future__ import annotations
 
+import gzip
+import io
 import json
 import os
 import socket
@@ -12,6 +19,9 @@ from pathlib import Path
 
 from lib import ROOT
 from lib.chat.messages import ChatResult
+
+#: the environment variable naming the stage that is running (set by lib.runner)
+STAGE_ENV = "COMPENDIUM_STAGE"
 
 
 class CacheError(RuntimeError):
@@ -31,6 +41,8 @@ class ResponseCache:
                 "created REAL, payload TEXT NOT NULL)"))
             self._retry(lambda: self._conn().execute(
                 "CREATE TABLE IF NOT EXISTS claims (key TEXT PRIMARY KEY, owner TEXT NOT NULL, ts REAL NOT NULL)"))
+            self._retry(lambda: self._conn().execute(
+                "CREATE TABLE IF NOT EXISTS used (key TEXT NOT NULL, stage TEXT NOT NULL, PRIMARY KEY (key, stage))"))
         except sqlite3.DatabaseError as e:
             raise CacheError(f"response cache {self.path} cannot be opened ({e}); move it aside to start a new "
                              f"one (every answer in it would be asked again)") from None
@@ -62,7 +74,66 @@ class ResponseCache:
         may hold some): a failed request is asked again."""
         row = self._retry(lambda: self._conn().execute(
             "SELECT payload FROM responses WHERE key=? AND status!='failed'", (key,)).fetchone())
+        if row:
+            self._mark_used(key)
         return ChatResult.from_json(json.loads(row[0])) if row else None
+
+    def _mark_used(self, key: str) -> None:
+        stage = os.environ.get(STAGE_ENV)
+        if stage:
+            self._retry(lambda: self._conn().execute("INSERT OR IGNORE INTO used VALUES (?,?)", (key, stage)))
+
+    def used_count(self, stage: str) -> int:
+        """How many answers `stage` used in its last run."""
+        return self._retry(lambda: self._conn().execute("SELECT COUNT(*) FROM used WHERE stage=?",
+                                                        (stage,)).fetchone()[0])
+
+    def clear_used(self, stage: str) -> None:
+        """Forget which answers `stage` used (its rerun marks them again)."""
+        self._retry(lambda: self._conn().execute("DELETE FROM used WHERE stage=?", (stage,)))
+
+    def export(self, out: str | Path) -> int:
+        """Write the answers some stage's last run used as gzipped JSON lines sorted by key (key, model,
+        status, payload; no timestamps: the same answers give the same bytes), atomically. Returns the count."""
+        from lib.artifacts import write_bytes
+        rows = self._retry(lambda: self._conn().execute(
+            "SELECT key, model, status, payload FROM responses WHERE status!='failed' AND key IN "
+            "(SELECT key FROM used) ORDER BY key").fetchall())
+        buf = io.BytesIO()
+        with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz:
+            for key, model, status, payload in rows:
+                gz.write((json.dumps({"key": key, "model": model, "status": status, "payload": json.loads(payload)},
+                                     ensure_ascii=True, sort_keys=True) + "\n").encode("ascii"))
+        write_bytes(out, buf.getvalue())
+        return len(rows)
+
+    def import_answers(self, src: str | Path) -> int:
+        """Load exported answers (export's file) that this cache lacks; returns how many were added.
+        A malformed line is an error naming the file and line (nothing of that file is kept then)."""
+        src = Path(src)
+        rows = []
+        with gzip.open(src, "rt", encoding="ascii") as f:
+            for n, line in enumerate(f, 1):
+                try:
+                    r = json.loads(line)
+                    rows.append((r["key"], r["model"], r["status"], json.dumps(r["payload"], ensure_ascii=True)))
+                    ChatResult.from_json(r["payload"])
+                except (ValueError, KeyError, TypeError) as e:
+                    raise CacheError(f"{src}: line {n} is not an exported answer ({type(e).__name__}: {e}); "
+                                     f"regenerate it with `make reproduce COLD=1`") from None
+        c = self._conn()
+
+        def insert() -> int:
+            before = c.total_changes
+            c.execute("BEGIN IMMEDIATE")
+            try:
+                c.executemany("INSERT OR IGNORE INTO responses VALUES (?,?,?,0,?)", rows)
+                c.execute("COMMIT")
+            except BaseException:
+                c.execute("ROLLBACK")
+                raise
+            return c.total_changes - before
+        return self._retry(insert)
 
     def put(self, key: str, result: ChatResult) -> bool:
         """Store an answer (ok, unparseable, refused, blocked: each is what the model said).
@@ -76,6 +147,7 @@ class ResponseCache:
             "INSERT INTO responses VALUES (?,?,?,?,?) ON CONFLICT(key) DO UPDATE SET "
             "status=excluded.status, created=excluded.created, payload=excluded.payload "
             "WHERE responses.status='failed'", (key, result.model, result.status, time.time(), payload)))
+        self._mark_used(key)
         return True
 
     # -- single flight: one caller per key at a time, across threads and processes

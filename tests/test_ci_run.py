@@ -1,0 +1,367 @@
+"""Checks of what `make test`'s run of every stage under the ci profile wrote (artifacts/ci/).
+
+The ci profile is the embedded one at test sizes (params/ci.yaml): the same code, variants and
+controls on a small MemeWorld with a few epochs and a handful of LLM items. These checks hold at any
+size: every stage ran under that profile, wrote the files and figures the later stages and the
+committed results read, and its tables agree with its own per-item outputs. The embedded run's
+levels (what the papers' claims rest on) are checked on the committed results (tests/test_results.py).
+"""
+from __future__ import annotations
+
+import json
+
+import nbformat
+import numpy as np
+import pandas as pd
+import pytest
+
+from lib.artifacts import ARTIFACTS_ROOT, figures_dir
+from lib.params import load_profile, stages
+from lib.results import RESULT_FILES, stage_result_files
+
+pytestmark = pytest.mark.ci_run
+PROFILE = "ci"
+RUN = ARTIFACTS_ROOT / PROFILE
+P = load_profile(PROFILE)
+
+
+def _metrics(stage):
+    p = RUN / stage / "metrics.json"
+    if not p.exists():
+        pytest.fail(f"{p} is missing: `make test` runs `python -m lib.runner reproduce --profile ci` first")
+    return json.loads(p.read_text())
+
+
+def _figure(name):
+    assert (figures_dir(PROFILE) / f"{name}.png").exists(), name
+    assert (figures_dir(PROFILE) / f"{name}.pdf").exists(), name
+
+
+def test_every_stage_ran_under_the_ci_profile_and_wrote_its_results():
+    for st in stages():
+        assert (RUN / st.name / ".stamp.json").exists(), f"{st.name} did not finish"
+        if st.notebook is not None:
+            nb = nbformat.read(str(RUN / "notebooks" / st.notebook.name), as_version=4)
+            injected = next(c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", []))
+            assert 'profile = "ci"' in injected.source
+        if st.name != "07_figures":
+            assert "metrics.json" in stage_result_files(PROFILE, st.name), st.name
+    # every declared result file pattern matches something in a full run (a renamed output would
+    # silently drop out of results/ otherwise); cold runs and gold-less files are the only optional ones
+    optional = {"cold_runs.csv", "*/results_*.csv", "*/metrics.json", "eval_*.jsonl", "retrieval.csv"}
+    for stage, patterns in RESULT_FILES.items():
+        for pat in patterns:
+            if pat not in optional:
+                assert list((RUN / stage).glob(pat)), f"{stage}: nothing matches {pat}"
+
+
+def test_the_run_wrote_only_its_own_folder():
+    """An unpublished profile's figures and index go under artifacts/ci/, never figures/."""
+    assert figures_dir(PROFILE) == RUN / "figures"
+    assert (RUN / "figures" / "README.md").exists()
+    assert not (ARTIFACTS_ROOT.parent / "figures" / PROFILE).exists()
+
+
+def test_data_counts_match_the_metrics():
+    m = _metrics("00_data_prep")
+    counts = pd.read_csv(RUN / "00_data_prep" / "counts.csv")
+    for name, g in counts.groupby("dataset"):
+        assert m[f"n_{name}"] == g.n.sum(), name
+    fhm = counts[counts.dataset == "fhm"]
+    assert m["fhm_hateful_share"] == pytest.approx(fhm.n_hateful.sum() / fhm.n.sum(), abs=1e-6)
+    assert m["n_fhm"] == P["00_data_prep"]["memeworld_n"]
+    _figure("memeworld_gallery")
+    _figure("memeworld_unimodal_readers")
+
+
+def test_models_trained_and_load_through_the_overlay():
+    from lib.encoders import load_encoder
+    from lib.presets import get_preset, resolve_model_path
+    m = _metrics("models")
+    assert m["clip_train_s"] > 0 and m["vlm_eval_n"] == P["models"]["vlm_eval_n"]
+    assert m["clip_train_pairs_with_test_caption_leak_free"] == 0
+    import os
+    os.environ["COMPENDIUM_PRESET_OVERLAY"] = str(ARTIFACTS_ROOT.parent / "params/presets/overlays/ci.yaml")
+    try:
+        path = resolve_model_path(get_preset("encoders", "memeworld-clip").model)
+        assert path.startswith(str(RUN / "models"))
+        enc = load_encoder("memeworld-clip", device="cpu")
+        assert len(enc.text_layers()) >= 1
+    finally:
+        del os.environ["COMPENDIUM_PRESET_OVERLAY"]
+    _figure("models_training_curves")
+
+
+def test_captioning_scores_give_the_metrics():
+    from lib.captioning import caption_quality_from_scores
+    m = _metrics("01_captioning")
+    scores = pd.read_csv(RUN / "01_captioning" / "caption_scores.csv", dtype={"id": str})
+    boxes = pd.read_csv(RUN / "01_captioning" / "box_scores.csv", dtype={"id": str})
+    again = caption_quality_from_scores(scores, boxes)
+    for k, v in again.items():
+        assert m[k] == pytest.approx(v, abs=1e-6, nan_ok=True), k
+    rows = json.loads((RUN / "01_captioning" / "trace_captions.json").read_text())
+    assert len(rows) == m["n_memes"] and all({"img", "text", "label", "split"} <= set(r) for r in rows)
+    _figure("captioning_examples")
+
+
+def test_trace_runs_every_variant_and_seed():
+    m = _metrics("02_finetuning")
+    sec = P["02_finetuning"]
+    seeds = pd.read_csv(RUN / "02_finetuning" / "seeds.csv")
+    assert set(seeds.variant) == set(sec["seed_variants"])
+    assert (seeds.groupby("variant").seed.nunique() == 1 + len(sec["seeds"])).all()
+    variants = json.loads((RUN / "02_finetuning" / "variants.json").read_text())
+    for name, run in variants.items():
+        res = json.loads((RUN / "02_finetuning" / "runs" / run / "result.json").read_text())
+        assert res["fit"]["epochs_run"] <= sec["epochs"], name
+        preds = pd.read_csv(RUN / "02_finetuning" / "runs" / run / "predictions.csv")
+        assert preds["threshold"].nunique() == 1, name
+        ts = preds[preds.split == "test_seen"]
+        assert res["eval"]["splits"]["test_seen"]["accuracy"] == pytest.approx(float(np.mean(ts.prediction == ts.label)))
+    default = seeds[(seeds.variant == "cls+rel") & (seeds.seed == sec["seed"])]
+    assert default.accuracy.iloc[0] == pytest.approx(m["accuracy"])
+    assert m["text_only_text_mean_weight"] == 1.0 and m["caption_only_text_mean_weight"] == 0.0
+    for f in ("trace_seeds", "trace_training_curves", "trace_per_type_accuracy", "trace_selected_caption_share"):
+        _figure(f)
+
+
+def test_clip4dm_benchmarks_and_chosen_epsilon():
+    m = _metrics("03_clip4dm")
+    for b in P["03_clip4dm"]["benchmarks"]:
+        assert (RUN / "03_clip4dm" / f"results_{b}.csv").exists(), b
+    assert m["epsilon_chosen"] in P["03_clip4dm"]["epsilon_grid"]
+    assert json.loads((RUN / "03_clip4dm" / "settings.json").read_text())["epsilon"] == m["epsilon_chosen"]
+    assert m["la_chance_content"] > m["la_chance"] and m["la"] <= m["la_official_string"]
+    for f in ("clip4dm_word_attributions", "clip4dm_epsilon_sweep", "clip4dm_score_distributions",
+              "clip4dm_backbones", "clip4dm_nocaps_domains", "clip4dm_hard_negatives"):
+        _figure(f)
+
+
+def test_serving_benchmark_ran_every_level():
+    m = _metrics("serving")
+    for c in P["serving"]["concurrency"]:
+        assert m[f"tokens_per_s_served_c{c}"] > 0
+    assert m["ttft_warm_s"] > 0 and m["schema_n_per_arm"] > 0
+    _figure("serving_throughput")
+
+
+def _fewshot_preds():
+    from lib.sei import Prediction
+    rows = [json.loads(x) for x in (RUN / "04_few_shot" / "predictions_fhm.jsonl").read_text().splitlines()]
+    by = {}
+    for r in rows:
+        by.setdefault(r["setting"], []).append(Prediction(**{k: v for k, v in r.items() if k != "model"}))
+    return by
+
+
+def test_few_shot_settings_cold_runs_and_claims_recompute():
+    from lib import sei
+    from lib.sei_report import claim_frame
+    sec = P["04_few_shot"]
+    m = _metrics("04_few_shot")
+    by = _fewshot_preds()
+    main = sei.main_setting_name(sec["retrievers"], sec["shots"])
+    settings = sei.parse_settings(sec["controls"], sec["retrievers"], sec["shots"], sec["answer_format"],
+                                  sec["subset"], sec["cold_runs"])
+    assert set(by) == {s.name for s in settings}
+    assert f"{main}_run1" in by and "random_4_run1" in by
+    ids = {p.id for p in by[main]}
+    assert len(ids) == sec["eval_n"] and all({p.id for p in v} == ids for v in by.values())
+    # a cold run of random exemplars draws other exemplars; of retrieved ones the same
+    assert [p.exemplar_ids for p in by[main]] == [p.exemplar_ids for p in by[f"{main}_run1"]]
+    assert [p.exemplar_ids for p in by["random_4"]] != [p.exemplar_ids for p in by["random_4_run1"]]
+    claims = pd.read_csv(RUN / "04_few_shot" / "claims.csv")
+    again, cold = claim_frame(by, main, sec["retrievers"][0], spread=True)
+    tested = claims[claims.B != "knn_vote"].reset_index(drop=True)
+    again = again[again.B != "knn_vote"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(tested, again.astype(tested.dtypes.to_dict()), check_exact=False, atol=1e-3)
+    pooled = claims[claims.runs > 1]
+    assert len(pooled) >= 1 and (pooled.runs == sec["cold_runs"]["runs"]).all()
+    saved_cold = pd.read_csv(RUN / "04_few_shot" / "cold_runs.csv")
+    assert len(saved_cold) == len(cold) == sec["cold_runs"]["runs"] * len(pooled)
+    for _, row in claims[claims.p.notna()].iterrows():
+        key = "claim_" + f"{row['A']}_vs_{row['B']}".replace("/", "_") + ("_pooled" if row["runs"] > 1 else "")
+        assert m[f"{key}_n"] == row["n"] and m[f"{key}_p"] == pytest.approx(row["p"], rel=1e-6)
+    assert m["rerun_calls"] == 0
+    for f in ("few_shot_agents", "few_shot_accuracy", "few_shot_lexical", "few_shot_claims", "few_shot_cold_runs"):
+        _figure(f)
+
+
+def test_debate_variants_cold_runs_and_claims_recompute():
+    from lib.debate import evaluate
+    from lib.debate_report import claim_frame, results_from_jsonl, with_cold_runs
+    sec = P["05_debate"]
+    m = _metrics("05_debate")
+    names = with_cold_runs(sec["variants"], sec["cold_runs"])
+    runs = {}
+    for name in names:
+        res = results_from_jsonl(RUN / "05_debate" / f"results_{name}.jsonl")
+        ev = json.loads((RUN / "05_debate" / f"eval_{name}.json").read_text())
+        assert evaluate(res, sec["class_mode"], "corrected")["acc"] == pytest.approx(ev["corrected"]["acc"])
+        runs[name] = {"results": res, "corrected": ev["corrected"], "cost": ev["cost"], "config": ev["config"]}
+    assert len(runs["arcade"]["results"]) == sec["samples"]
+    assert {r.id for r in runs["arcade_run1"]["results"]} == {r.id for r in runs["arcade"]["results"]}
+    assert all(r.type == "001" for r in runs["track2_transcript"]["results"])
+    claims = pd.read_csv(RUN / "05_debate" / "claims.csv")
+    again, cold = claim_frame(runs, sec["class_mode"], spread=True)
+    cols = ["claim", "A", "B", "n", "runs", "only A right", "only B right"]
+    tested = claims[claims.p.notna()]
+    assert tested[cols].reset_index(drop=True).equals(again[again.p.notna()][cols].reset_index(drop=True).astype(
+        tested[cols].dtypes.to_dict()))
+    assert (tested.p.to_numpy() == pytest.approx(again[again.p.notna()].p.to_numpy(), rel=1e-6))
+    assert (claims.runs > 1).any() and len(pd.read_csv(RUN / "05_debate" / "cold_runs.csv")) == len(cold)
+    assert m["rerun_calls"] == 0
+    for f in ("debate_accuracy", "debate_cost", "debate_claims", "debate_cold_runs"):
+        _figure(f)
+
+
+def test_evaluation_compares_every_method_on_the_common_memes():
+    m = _metrics("06_evaluation")
+    out = RUN / "06_evaluation"
+    t = pd.read_csv(out / "comparison.csv", dtype={"subset": str})
+    common = t[(t.memes == "common") & (t.subset == "all") & (t.metric == "accuracy")]
+    assert len(common) == m["n_methods_compared"] and (common.n == m["n_common_memes"]).all()
+    assert ((common.ci_low <= common.value) & (common.value <= common.ci_high)).all()
+    common_ids = json.loads((out / "common.json").read_text())["ids"]
+    assert len(common_ids) == m["n_common_memes"]
+    mc = pd.read_csv(out / "mcnemar.csv")
+    k = m["n_methods_compared"]
+    assert len(mc) == k * (k - 1) // 2 and (mc.p_adjusted >= mc.pvalue - 1e-12).all()
+    fl = pd.read_csv(out / "injection.csv")
+    io = fl[(fl.method == "TRACE memeworld-clip_image_only [OCR text only]") & (fl.copies == "instruction")]
+    assert len(io) == 1 and io.flip_rate.iloc[0] == 0.0
+    for f in ("evaluation_accuracy_forest", "evaluation_per_type", "evaluation_mcnemar", "evaluation_injection"):
+        _figure(f)
+
+
+def test_notebook_07_indexed_the_run_figures():
+    index = (figures_dir(PROFILE) / "README.md").read_text()
+    pngs = sorted(p.stem for p in figures_dir(PROFILE).glob("*.png"))
+    assert len(pngs) >= 25
+    for name in pngs:
+        assert f"[png]({name}.png)" in index, name
+
+
+def test_checked_outputs_equal_the_reference():
+    """The notebooks' cells marked NBVAL_CHECK_OUTPUT print what holds at ci sizes on any machine (data
+    counts, the Bayes readers, benchmark sizes): their outputs equal tests/reference/ci_checked_outputs.json
+    (`python -m lib.nbcheck --write` records a new reference after a deliberate change)."""
+    from lib.nbcheck import checked_outputs, read_reference
+    ref = read_reference()
+    got = {nb: checked_outputs(RUN / "notebooks" / nb) for nb in ref}
+    assert ref and any(ref.values())
+    for nb, cells in ref.items():
+        assert got[nb] == cells, f"{nb}: a checked output changed (python -m lib.nbcheck --write after a deliberate change)"
+
+
+@pytest.fixture
+def ci_presets(monkeypatch):
+    """The ci profile's preset overlay: memeworld-* presets are the models the ci run trained."""
+    monkeypatch.setenv("COMPENDIUM_PRESET_OVERLAY", str(ARTIFACTS_ROOT.parent / "params/presets/overlays/ci.yaml"))
+
+
+def test_embedded_models_load_through_their_presets(ci_presets):
+    import torch
+    from PIL import Image
+    from lib.chat import GenParams, load_chat, user
+    from lib.encoders import load_encoder
+    from lib.memeworld_vlm import CAPTION_PROMPT
+    mw = RUN / "00_data_prep" / "memeworld"
+    rows = [json.loads(x) for x in (mw / "captions" / "scene_captions.jsonl").read_text().splitlines()][:4]
+    img = Image.open(mw / rows[0]["img"])
+    enc = load_encoder("memeworld-clip", device="cpu")
+    with torch.no_grad():
+        sim = enc.similarity([img], [rows[0]["caption"], rows[0]["foil"]])
+    assert sim.shape == (1, 2)
+    chat = load_chat("memeworld-vlm", cache=None, device="cpu")
+    r = chat.generate([user(img, CAPTION_PROMPT)], GenParams(max_new_tokens=40))
+    assert r.status == "ok" and r.text.strip()
+
+
+def test_trace_command_line_trains_one_variant():
+    """`python -m lib.trace_report` (what `accelerate launch` runs) trains from the profile and writes a
+    resumable run folder; run again, it reads the finished run back instead of retraining."""
+    import shutil
+    import subprocess
+    import sys
+    run = RUN / "02_finetuning" / "runs" / "multioff_memeworld-clip_all_clitest"
+    shutil.rmtree(run, ignore_errors=True)
+    cmd = [sys.executable, "-m", "lib.trace_report", "--profile", PROFILE, "--dataset", "multioff", "--epochs", "2",
+           "--tag", "clitest", "--no-progress"]
+    env = {**__import__("os").environ, "COMPENDIUM_PRESET_OVERLAY":
+           str(ARTIFACTS_ROOT.parent / "params/presets/overlays/ci.yaml")}
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ARTIFACTS_ROOT.parent, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        res = json.loads((run / "result.json").read_text())
+        cfg = json.loads((run / "config.json").read_text())
+        assert cfg["config"]["epochs"] == 2 and cfg["config"]["scorer_arch"] == "small"   # the MultiOFF script's recipe
+        assert len(res["curve"]) == 2 and (run / "checkpoint.pt").exists()
+        assert 0 <= res["eval"]["splits"]["test"]["macro_f1"] <= 1
+        again = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ARTIFACTS_ROOT.parent, env=env)
+        assert again.returncode == 0 and "already finished" in again.stdout
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
+
+
+def test_every_figure_redraws_from_artifacts_alone(tmp_path):
+    """Notebook 07's promise: with every model loader and dataset loader made to fail, all figures
+    whose artifacts exist are redrawn in under a minute, and the index lists only files that exist."""
+    import re
+    import subprocess
+    import sys
+    script = r'''
+import sys, time
+import torch, transformers
+import lib.agents, lib.chat, lib.data_prep, lib.datasets, lib.encoders, lib.serve
+def refuse(*a, **k):
+    raise RuntimeError("a model or a dataset was loaded while redrawing figures")
+for mod, name in ((lib.encoders, "load_encoder"), (lib.chat, "load_chat"), (lib.serve, "serve"),
+                  (lib.agents, "agent_chat"), (lib.datasets, "load"), (lib.data_prep, "load_prepared"),
+                  (torch, "load")):
+    setattr(mod, name, refuse)
+transformers.PreTrainedModel.from_pretrained = classmethod(lambda cls, *a, **k: refuse())
+from lib import figures
+t0 = time.time()
+rows = figures.redraw_all("ci", progress=False, root=sys.argv[1])
+figures.write_index(rows, ("ci",), root=sys.argv[1])
+print("ELAPSED", time.time() - t0, "DRAWN", sum(r["status"] == "drawn" for r in rows), "OF", len(rows))
+for r in rows:
+    print("ROW", r["name"], r["status"])
+'''
+    from lib import figures
+    expected = {f.name for f in figures.available(PROFILE)}
+    r = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300,
+                       cwd=ARTIFACTS_ROOT.parent)
+    assert r.returncode == 0, r.stderr[-3000:]
+    elapsed = float(re.search(r"ELAPSED (\S+)", r.stdout).group(1))
+    drawn = {line.split()[1] for line in r.stdout.splitlines() if line.startswith("ROW") and line.endswith("drawn")}
+    assert drawn == expected and len(drawn) >= 25
+    assert elapsed < 60, f"redrawing took {elapsed:.0f}s"
+    index = (tmp_path / "README.md").read_text()
+    links = re.findall(r"\]\((ci/[^)]+\.png)\)", index)
+    assert len(links) == len(drawn) and all((tmp_path / x).exists() and (tmp_path / x.replace(".png", ".pdf")).exists()
+                                            for x in links)
+
+
+def test_published_results_of_the_run_recompute(tmp_path):
+    """What `make reproduce` would commit for this run (lib.results.publish_stage into a scratch
+    results folder) recomputes to its metrics.json, stage by stage: the committed results' check,
+    exercised at ci sizes on every run of `make test`."""
+    import lib.results as results
+    from lib.recompute import RECOMPUTE, coverage, mismatches, recompute
+    old = results.RESULTS_ROOT
+    results.RESULTS_ROOT = tmp_path
+    try:
+        for st in stages():
+            if st.name in RESULT_FILES:
+                results.publish_stage(PROFILE, st.name)
+    finally:
+        results.RESULTS_ROOT = old
+    root = tmp_path / PROFILE
+    for st in RECOMPUTE:
+        committed = json.loads((root / st / "metrics.json").read_text())
+        again = recompute(st, root / st, root)
+        assert not mismatches(committed, again), (st, mismatches(committed, again)[:10])
+        assert not coverage(st, committed, again), (st, coverage(st, committed, again)[:10])

@@ -1,0 +1,163 @@
+"""`make reproduce`'s machinery: stages skipped when their inputs are unchanged, a killed run resumed at
+the stage it stopped in, the committed answers exported and replayed, results published and compared,
+and `make test`'s check that the working tree is left as it was. Stages are stubbed here (the real ones
+run in `make test`'s ci run)."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+import lib.results as results
+import lib.runner as runner
+from lib.artifacts import read_json
+from lib.chat.cache import ResponseCache
+from lib.chat.messages import ChatResult
+from lib.params import load_profile, stages
+
+
+@pytest.fixture
+def sandbox(tmp_path, monkeypatch):
+    """artifacts/ and results/ in a temp folder; stages recorded instead of run (a stage named in
+    `fail` raises, as a killed or failing run does)."""
+    monkeypatch.setattr(runner, "ARTIFACTS_ROOT", tmp_path / "artifacts")
+    monkeypatch.setattr(results, "ARTIFACTS_ROOT", tmp_path / "artifacts")
+    monkeypatch.setattr(results, "RESULTS_ROOT", tmp_path / "results")
+    monkeypatch.setattr("lib.chat.cache.ROOT", tmp_path)
+    ran, fail = [], set()
+
+    def fake(stage, profile, params=None):
+        if stage.name in fail:
+            raise runner.StageError(f"{stage.name} stopped")
+        ran.append(stage.name)
+        d = tmp_path / "artifacts" / profile / stage.name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "metrics.json").write_text(json.dumps({"acc": 0.5, "wall_s": 3.0}))
+    monkeypatch.setattr(runner, "run_notebook", fake)
+    monkeypatch.setattr(runner, "run_module", lambda st, p: fake(st, p))
+    return tmp_path, ran, fail
+
+
+def _run(profile="embedded", force=False, publish=False):
+    return runner._run_stages(stages(), profile, load_profile(profile), force=force, publish=publish)
+
+
+def test_a_second_run_skips_every_up_to_date_stage(sandbox):
+    tmp, ran, _ = sandbox
+    assert _run() == 0 and ran == [s.name for s in stages()]
+    ran.clear()
+    assert _run() == 0 and ran == []
+    assert _run(force=True) == 0 and len(ran) == len(stages())
+    t = read_json(tmp / "artifacts" / "embedded" / "timings.json")
+    assert set(t["stages"]) == {s.name for s in stages()} and all(v["cold"] for v in t["stages"].values())
+    assert not any(v["cold"] for v in t["last_run"].values())   # the forced rerun found every folder: not cold
+
+
+def test_a_killed_run_resumes_at_the_stage_it_stopped_in(sandbox):
+    tmp, ran, fail = sandbox
+    names = [s.name for s in stages()]
+    fail.add(names[4])
+    assert _run() == 1 and ran == names[:4]
+    ran.clear()
+    fail.clear()
+    assert _run() == 0 and ran == names[4:]
+
+
+def test_a_stage_reruns_when_its_parameters_or_an_earlier_stage_change():
+    code = "lib digest"
+    st = stages()
+    p = load_profile("embedded")
+    a = runner.stage_stamp(st[3], p[st[3].name], code, "x")
+    assert a == runner.stage_stamp(st[3], dict(p[st[3].name]), code, "x")
+    assert a != runner.stage_stamp(st[3], {**p[st[3].name], "seed": 7}, code, "x")
+    assert a != runner.stage_stamp(st[3], p[st[3].name], code, "y")             # an earlier stage changed
+    assert a != runner.stage_stamp(st[3], p[st[3].name], "other lib", "x")      # the library changed
+
+
+def _answer(text):
+    return ChatResult(text=text, model="m", usage={"prompt_tokens": 3, "completion_tokens": 2})
+
+
+def test_answers_used_by_the_last_runs_are_exported_and_replayed(tmp_path, monkeypatch):
+    c = ResponseCache(tmp_path / "a.sqlite")
+    monkeypatch.setenv("COMPENDIUM_STAGE", "04_few_shot")
+    c.put("k1", _answer("hateful"))
+    c.put("k2", _answer("not hateful"))
+    monkeypatch.setenv("COMPENDIUM_STAGE", "05_debate")
+    c.put("k3", _answer("label 3"))
+    monkeypatch.delenv("COMPENDIUM_STAGE")
+    c.put("k4", _answer("a development answer no stage used"))
+    c.clear_used("05_debate")                                   # 05 starts again: its marks are gone until used
+    monkeypatch.setenv("COMPENDIUM_STAGE", "05_debate")
+    assert c.get("k3").text == "label 3"
+    out = tmp_path / "responses.jsonl.gz"
+    assert c.export(out) == 3
+    rows = [json.loads(x) for x in gzip.open(out, "rt")]
+    assert [r["key"] for r in rows] == ["k1", "k2", "k3"] and "created" not in rows[0]
+    first = out.read_bytes()
+    c.export(out)
+    assert out.read_bytes() == first                             # the same answers give the same bytes
+    fresh = ResponseCache(tmp_path / "b.sqlite")
+    assert fresh.import_answers(out) == 3 and fresh.import_answers(out) == 0
+    assert fresh.get("k2").text == "not hateful" and fresh.get("k4") is None
+
+
+def test_a_corrupt_export_is_refused_naming_the_file_and_line(tmp_path):
+    bad = tmp_path / "responses.jsonl.gz"
+    with gzip.open(bad, "wt") as f:
+        f.write(json.dumps({"key": "k", "model": "m", "status": "ok", "payload": {"text": "x"}}) + "\n{not json\n")
+    from lib.chat.cache import CacheError
+    with pytest.raises(CacheError, match=r"responses.jsonl.gz: line 2 is not an exported answer"):
+        ResponseCache(tmp_path / "c.sqlite").import_answers(bad)
+    assert len(ResponseCache(tmp_path / "c.sqlite")) == 0          # nothing of that file is kept
+
+
+def test_publish_copies_scrubs_and_prunes_and_compares(sandbox, capsys):
+    tmp, _, _ = sandbox
+    src = tmp / "artifacts" / "embedded" / "05_debate"
+    src.mkdir(parents=True)
+    (src / "metrics.json").write_text(json.dumps({"acc": 0.5, "calls": 10}))
+    (src / "claims.csv").write_text(f"claim,img\nx,{results.ROOT}/artifacts/embedded/a.png\n")
+    (src / "results_rerun_check.jsonl").write_text("{}\n")               # a check's own output: never committed
+    dest = tmp / "results" / "embedded" / "05_debate"
+    dest.mkdir(parents=True)
+    (dest / "stale.csv").write_text("old\n")
+    (dest / "metrics.json").write_text(json.dumps({"acc": 0.4, "calls": 99}))
+    written = results.publish_stage("embedded", "05_debate")
+    assert written == ["claims.csv", "metrics.json"]
+    assert not (dest / "stale.csv").exists() and not (dest / "results_rerun_check.jsonl").exists()
+    assert str(results.ROOT) not in (dest / "claims.csv").read_text()
+    out = capsys.readouterr().out
+    assert "acc: 0.4 -> 0.5 (differs; no seed spread to judge it by)" in out and "calls" not in out.split("acc")[1]
+
+
+def test_compare_says_identical_inside_or_outside_the_seed_spread():
+    same = results.compare_metrics({"acc": 0.5, "wall_s": 3}, {"acc": 0.5000001, "wall_s": 9})
+    assert same[0].startswith("identical") and len(same) == 1
+    lines = results.compare_metrics({"m_seed_mean": 0.5, "x": 1}, {"m_seed_mean": 0.52, "x": 2},
+                                    {"m_seed_mean": (0.45, 0.55)})
+    assert any("inside the committed seed spread" in x for x in lines)
+    lines = results.compare_metrics({"m_seed_mean": 0.5}, {"m_seed_mean": 0.7}, {"m_seed_mean": (0.45, 0.55)})
+    assert any("OUTSIDE" in x for x in lines)
+
+
+def test_fresh_refuses_a_published_profile_and_a_path(capsys):
+    assert runner.main(["reproduce", "--profile", "embedded", "--fresh"]) == 2
+    assert "would delete artifacts/embedded/" in capsys.readouterr().err
+    assert runner.main(["reproduce", "--profile", "../x", "--fresh"]) == 2
+    assert "not a plain name" in capsys.readouterr().err
+
+
+def test_the_working_tree_check_sees_a_change(tmp_path, monkeypatch):
+    import subprocess
+    repo = tmp_path / "r"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    (repo / "a.txt").write_text("a\n")
+    subprocess.run(["git", "add", "a.txt"], cwd=repo, check=True)
+    subprocess.run(["git", "-c", "user.email=x@y", "-c", "user.name=x", "commit", "-qm", "a"], cwd=repo, check=True)
+    monkeypatch.setattr(runner, "ROOT", repo)
+    before = runner._git_status()
+    (repo / "a.txt").write_text("changed\n")
+    assert runner._git_status() != before
