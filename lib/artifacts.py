@@ -223,19 +223,41 @@ def loads_strict(text: str, where: str = "", error: type[Exception] = ValueError
             out[k] = v
         return out
 
-    def no_constant(name: str) -> Any:
-        raise error(f"{at}{name} is not a JSON number")
+    def constant(name: str) -> Any:
+        return _NonFinite(name)
 
-    def finite(token: str) -> float:
+    def finite(token: str) -> Any:
         v = float(token)
-        if v in (float("inf"), float("-inf")):
-            raise error(f"{at}{token} is not a finite number")
-        return v
+        return _NonFinite(token) if v in (float("inf"), float("-inf")) else v
 
     try:
-        return json.loads(text, object_pairs_hook=no_duplicates, parse_constant=no_constant, parse_float=finite)
+        value = json.loads(text, object_pairs_hook=no_duplicates, parse_constant=constant, parse_float=finite)
     except RecursionError:
         raise error(f"{at}nested deeper than the JSON decoder allows") from None
+    bad = _first_non_finite(value)
+    if bad is not None:
+        path, token = bad
+        raise error(f"{at}{f'field {path!r} is ' if path else ''}{token}, not a finite JSON number "
+                    f"(NaN and Infinity are not JSON)")
+    return value
+
+
+class _NonFinite(str):
+    """NaN, Infinity or a number that overflows, as the decoder met it (found and named after decoding)."""
+
+
+def _first_non_finite(value: Any, path: str = "") -> tuple[str, str] | None:
+    """(the key path, the token) of the first non-finite number in a decoded document, or None."""
+    stack = [(value, path)]
+    while stack:
+        v, p = stack.pop()
+        if isinstance(v, _NonFinite):
+            return p, str(v)
+        if isinstance(v, dict):
+            stack += [(x, f"{p}.{k}" if p else str(k)) for k, x in reversed(list(v.items()))]
+        elif isinstance(v, list):
+            stack += [(x, f"{p}[{i}]") for i, x in reversed(list(enumerate(v)))]
+    return None
 
 
 def read_json(path: Path | str) -> Any:

@@ -32,6 +32,7 @@ exercised end to end in the embedded profile.
 """
 from __future__ import annotations
 
+import contextvars
 import csv
 import inspect
 import io
@@ -266,7 +267,12 @@ def load(name: str, root: Path | str, strict: bool = True, check_images: str = "
         raise FileNotFoundError(f"dataset '{name}' at {root}: missing {', '.join(missing)} "
                                 f"(get it from: {REGISTRY[name].source})")
     ctx = _Ctx(strict=strict, check_images=check_images, allow_outside=allow_outside_images)
-    records = REGISTRY[name].loader(root, ctx, **kw)
+    token = _FILES_READ.set([])
+    try:
+        records = REGISTRY[name].loader(root, ctx, **kw)
+        files = list(dict.fromkeys(_FILES_READ.get() or []))
+    finally:
+        _FILES_READ.reset(token)
     _check_unique(records, name, root)
     loaded = {getattr(r, "split", None) for r in records}
     for split, where in ctx.splits_read:
@@ -276,7 +282,8 @@ def load(name: str, root: Path | str, strict: bool = True, check_images: str = "
                 raise DataError(msg + " (an empty or truncated file?)")
             ctx.report.append(msg)
     if not records and not ctx.splits_read:
-        msg = f"dataset '{name}' at {root}: no records"
+        msg = (f"{', '.join(str(f) for f in files) or root}: no records of dataset '{name}' (an empty or truncated "
+               f"file?)")
         if strict and not ctx.report:
             raise DataError(msg)
         ctx.report.append(msg)
@@ -346,8 +353,15 @@ def _check_unique(records: list, name: str, root: Path) -> None:
         seen[key] = i
 
 
+#: the files the running loader has read (load() names them when a dataset has no records)
+_FILES_READ: contextvars.ContextVar[list[Path] | None] = contextvars.ContextVar("files_read", default=None)
+
+
 def _read_text(path: Path) -> str:
     """UTF-8 (a leading BOM accepted); anything else is an error naming the file and byte offset."""
+    read = _FILES_READ.get()
+    if read is not None:
+        read.append(Path(path))
     try:
         data = path.read_bytes()
     except FileNotFoundError:
@@ -607,6 +621,9 @@ def load_trace(root: Path, ctx: _Ctx, file: str = "trace.json", caption_columns:
             v = obj.get(c)
             if v is None and caption_columns:
                 raise DataError(f"{where}: missing caption column '{c}'")
+            if v is not None and not isinstance(v, str):     # a number, list or object is no caption
+                raise DataError(f"{where}: field '{c}' (a caption column) is {type(v).__name__} ({str(v)[:40]!r}), "
+                                f"expected a string")
             if isinstance(v, str) and v.strip():
                 caps[c] = v
         rid = _id(obj, "id", where) if "id" in obj else Path(img).stem

@@ -52,7 +52,7 @@ from tqdm.auto import tqdm
 
 from lib import ROOT
 from lib.chat import Chat, ChatResult, GenParams, check_json_bounds, image, system, text
-from lib.chat.structured import cap_string_lengths  # noqa: F401 - also importable from here
+from lib.chat.structured import ambiguity, cap_string_lengths  # noqa: F401 - cap_string_lengths also importable from here
 from lib.datasets import HVLI_DIFFICULTY, HVLI_LABELS, HVLI_TYPES
 from lib.metrics import classification_report
 
@@ -420,7 +420,7 @@ class Court:
                 status = "refused" if value.get("refusal") is True and value != EMPTY_RESPONSE else "unparseable"
         elif status == "unparseable":
             value = {"error": "Output does not fit the schema", "refusal": False}
-            if cfg.parse == "structured" and cfg.repair_fallback:
+            if cfg.parse == "structured" and cfg.repair_fallback and not ambiguity(r.text):
                 # the fallback: the official lenient reader, kept only when what it recovers fits the schema
                 # (a cue list cut off by max_new_tokens, JSON wrapped in prose)
                 repaired = official_parse(r.text)
@@ -525,7 +525,10 @@ class Court:
         res.official_label = -1 if res.official_refusal else official_label(res.label_raw)
         res.label_str = str(verdict.get("label_str", ""))
         res.reason = str(verdict.get("reason", ""))
-        strict = strict_label(res.label_raw, self.cfg.class_mode) if status == "ok" else None
+        # corrected view: a verdict whose JSON has two readings (a repeated key, two objects) is unparseable,
+        # whichever value json-repair kept; the official view keeps the official reading
+        raw = res.calls[-1].raw if res.calls else ""
+        strict = strict_label(res.label_raw, self.cfg.class_mode) if status == "ok" and not ambiguity(raw) else None
         if strict is None:
             res.status, res.cause, res.label = "unparseable", stage, -1
         else:

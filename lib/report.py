@@ -26,6 +26,7 @@ import html
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import quote
@@ -35,7 +36,7 @@ from markdown_it import MarkdownIt
 
 from lib import ROOT
 from lib.artifacts import ARTIFACTS_ROOT, figures_dir, figures_index, write_text
-from lib.params import stages
+from lib.params import ProfileError, profile_path, stages
 
 STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;max-width:1100px;margin:0 auto;padding:1.5rem;
@@ -140,6 +141,7 @@ def build(profile: str = "embedded", out: Path | None = None, trust_html: bool =
     """Render the site; returns the path of index.html. `trust_html`: render the notebooks' own
     HTML and JavaScript outputs unsanitised (only for notebooks you ran yourself)."""
     from nbconvert import HTMLExporter
+    profile_path(profile)              # a plain name (ProfileError otherwise): the site stays inside artifacts/
     out = Path(out or ARTIFACTS_ROOT / profile / "report")
     nbs = notebooks(profile)
     if not nbs:
@@ -201,7 +203,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--trust-html", action="store_true",
                     help="render the notebooks' HTML and JavaScript outputs unsanitised (notebooks you ran yourself)")
     a = ap.parse_args(argv)
-    index = build(a.profile, Path(a.out) if a.out else None, trust_html=a.trust_html)
+    try:
+        index = build(a.profile, Path(a.out) if a.out else None, trust_html=a.trust_html)
+    except ProfileError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"report: {index} ({len(list(index.parent.glob('*.html')))} pages)")
     return 0
 

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 from lib import ROOT
 from lib.artifacts import atomic_path
 from lib.chat import GenParams, assistant, image, system, text, user
-from lib.chat.structured import cap_string_lengths
+from lib.chat.structured import ambiguity, cap_string_lengths
 from lib.encoders import load_encoder
 from lib.metrics import classification_report
 from lib.presets import folder_identity, get_preset
@@ -285,7 +285,7 @@ def parse_answer(text: str | None, chat_status: str = "ok", finish_reason: str |
         iv = str(parsed.get("intervention") or "").strip()
         return Answer("ok", y, str(parsed.get("explanation") or "").strip(), iv if y == 1 else "", truncated,
                       bool(iv) and y == 0, raw)
-    if chat_status == "unparseable":
+    if chat_status == "unparseable" or ambiguity(raw):   # a repeated key or two JSON objects: two readings
         return Answer("unparseable", raw=raw, truncated=truncated)
     s = raw.strip().replace("{", "").replace("}", "").strip()
     m = _LABEL_AT_START.match(s[:_LABEL_WINDOW])

@@ -1,6 +1,7 @@
 """Every registered loader reads MemeWorld's files in the real formats, and rejects bad input
 with a message naming the file, the record and the field."""
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -449,8 +450,10 @@ def test_typed_fields_foil_flag_scores_and_list_items(world_text):
         load_source("foil", memeworld_sources(world_text)["foil"])
     r = world_text / "richhf/richhf.jsonl"
     good = r.read_text()
-    for bad, match in (("NaN", "NaN is not a JSON number"), ("Infinity", "Infinity is not a JSON number"),
-                       ("true", "boolean")):
+    for bad, match in (("NaN", "field 'misalignment_score' is NaN, not a finite"),
+                       ("Infinity", "field 'misalignment_score' is Infinity, not a finite"),
+                       ("-Infinity", "field 'misalignment_score' is -Infinity"), ("1e999", "field 'misalignment_score' is 1e999"),
+                       ("true", "field 'misalignment_score' is a boolean"), ('"0.5"', "field 'misalignment_score' is str")):
         lines = good.splitlines()
         obj = json.loads(lines[0])
         lines[0] = json.dumps(obj).replace(json.dumps(obj["misalignment_score"]), bad, 1) \
@@ -537,3 +540,30 @@ def test_splits_must_be_a_list_of_known_split_names(memeworld_small, name, split
     src = dict(memeworld_sources(out)[name])
     with pytest.raises(DataError, match=rf"{match}.*[Ii]ts splits: "):
         load_source(name, {**src, "splits": splits})
+
+
+@pytest.mark.parametrize("value", [3, 2.5, ["a caption"], {"text": "a caption"}, True, 0])
+def test_a_caption_column_of_another_type_names_file_record_and_field(world_text, value):
+    """A TRACE caption column (named by the loader's caption_columns) holding a number, list, object or
+    boolean is no caption: an error naming the file, the record and the column, never a silent skip."""
+    p = world_text / "trace" / "fhm_gold_captions.json"
+    rows = json.loads(p.read_text())
+    col = next(k for k in rows[0] if k not in ("id", "img", "text", "label", "split") and isinstance(rows[0][k], str))
+    rows[5][col] = value
+    p.write_text(json.dumps(rows))
+    src = {**memeworld_sources(world_text)["trace"], "caption_columns": [col]}
+    with pytest.raises(DataError, match=rf"fhm_gold_captions.json: record 5 .*field '{col}' \(a caption column\) is "):
+        load_source("trace", src)
+
+
+#: (dataset, its file inside the MemeWorld folder, an empty document of that file's format)
+EMPTY_FILES = [("richhf", "richhf/richhf.jsonl", ""), ("richhf", "richhf/richhf.jsonl", "\n\n"),
+               ("hat", "hat/hat.json", "[]"), ("seetrue", "seetrue/seetrue_feedback.json", "[]"),
+               ("trace", "trace/fhm_gold_captions.json", "[]"), ("nocaps_foil", "nocaps_foil/nocaps_foil.json", "[]")]
+
+
+@pytest.mark.parametrize("name, rel, empty", EMPTY_FILES, ids=[f"{n}:{e!r}" for n, _, e in EMPTY_FILES])
+def test_an_empty_file_is_refused_naming_it(world_text, name, rel, empty):
+    (world_text / rel).write_text(empty)
+    with pytest.raises(DataError, match=rf"{re.escape(Path(rel).name)}: no records of dataset '{name}'"):
+        load_source(name, memeworld_sources(world_text)[name])

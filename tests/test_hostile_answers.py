@@ -182,3 +182,91 @@ def test_loads_strict_refuses_what_json_loads_accepts():
         with pytest.raises(ValueError):
             loads_strict(bad)
     assert loads_strict('{"a": [1, 2.5, "x", null, true]}') == {"a": [1, 2.5, "x", None, True]}
+
+
+#: answers with two readings: a repeated key (whatever the values, nested or not, fenced or in prose) or two
+#: different JSON objects side by side (two verdicts)
+TWO_READINGS = ['{"label": 0, "reason": "r", "label": 1}', '{"label": 1, "label": 1, "reason": "r"}',
+                '{"label": 3, "reason": "r", "label": 2}', '```json\n{"label": 0, "reason": "r", "label": 4}\n```',
+                'Verdict: {"label": 2, "reason": "x", "label": 2}', '{"label": 1, "reason": "r"} {"label": 3, "reason": "r"}',
+                '{"label": 2, "reason": "r"}\n{"label": 5, "reason": "second thoughts"}',
+                '```json\n{"label": 1, "reason": "r"}\n```\n```json\n{"label": 0, "reason": "r"}\n```']
+#: one reading each (the same object twice is one reading)
+ONE_READING = ['{"label": 2, "reason": "r"}', 'The verdict: {"label": 2, "reason": "a {braced} word"}',
+               '{"label": 2, "reason": "r"} {"label": 2, "reason": "r"}', '```json\n{"label": 2, "reason": "r"}\n```',
+               '{"label": 2, "nested": {"a": 1, "b": {"a": 2}}}']
+
+
+class Scripted:
+    """A backend answering every call with one text (the direct judge makes one call per post)."""
+    native_schema = False
+
+    def __init__(self, verdict):
+        self.verdict = verdict
+
+    def identity(self):
+        return {"model": "scripted", "verdict": self.verdict}
+
+    def complete(self, messages, params):
+        return ChatResult(self.verdict, model="scripted")
+
+
+@pytest.mark.parametrize("text", TWO_READINGS)
+def test_two_readings_are_unparseable_for_every_reader(text):
+    from lib.chat.structured import ambiguity, parse_structured
+    assert ambiguity(text)
+    with pytest.raises(ValueError):
+        extract_json(text)
+    parsed, why = parse_structured(text, GenParams(json_schema={"type": "object"}))
+    assert parsed is None and why
+    for parser in ("strict", "lenient"):                     # SEI: never the first or the last label
+        assert parse_answer(text, parser=parser).status == "unparseable"
+
+
+@pytest.mark.parametrize("text", ONE_READING)
+def test_one_reading_is_read(text):
+    from lib.chat.structured import ambiguity
+    assert ambiguity(text) is None and extract_json(text)["label"] == 2
+
+
+@pytest.mark.parametrize("parse", ["structured", "official"])
+@pytest.mark.parametrize("text", TWO_READINGS[:5] + TWO_READINGS[5:7])
+def test_a_verdict_with_two_readings_is_unparseable_in_the_corrected_view(tmp_path, parse, text):
+    """The direct judge (both parse modes): the corrected view scores such a verdict as unparseable; the
+    official view keeps the official code's reading (json-repair keeps one value)."""
+    from dataclasses import dataclass, field
+    from pathlib import Path
+
+    @dataclass
+    class Post:
+        id: str
+        text: str = "t"
+        img_path: Path = Path("/nonexistent.png")
+        label: int = 1
+        meta: dict = field(default_factory=lambda: {"type": "011", "final_label_multiclass": 1})
+    cfg = CourtConfig(run_mode="none", parse=parse, workers=1,
+                      **({"debate_visibility": "official", "debater_failure": "pass_on"} if parse == "official" else {}))
+    chat = Chat(Scripted(text), tmp_path / "c.sqlite")
+    [r] = Court(chat, cfg).run_many([Post("p")], progress=False)
+    assert r.status == "unparseable" and r.label == -1
+    assert evaluate([r], "multiclass", "corrected")["acc"] == 0.0
+
+
+@pytest.mark.parametrize("parse", ["structured", "official"])
+@pytest.mark.parametrize("text", ONE_READING[:4])
+def test_a_verdict_with_one_reading_is_scored(tmp_path, parse, text):
+    """The control of the test above: the same court and backend read a single verdict as its label."""
+    from dataclasses import dataclass, field
+    from pathlib import Path
+
+    @dataclass
+    class Post:
+        id: str
+        text: str = "t"
+        img_path: Path = Path("/nonexistent.png")
+        label: int = 1
+        meta: dict = field(default_factory=lambda: {"type": "011", "final_label_multiclass": 2})
+    cfg = CourtConfig(run_mode="none", parse=parse, workers=1,
+                      **({"debate_visibility": "official", "debater_failure": "pass_on"} if parse == "official" else {}))
+    [r] = Court(Chat(Scripted(text), tmp_path / "c.sqlite"), cfg).run_many([Post("p")], progress=False)
+    assert (r.status, r.label) == ("ok", 2) and evaluate([r], "multiclass", "corrected")["acc"] == 1.0

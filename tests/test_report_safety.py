@@ -133,3 +133,13 @@ def test_trust_html_is_the_named_way_to_render_a_notebooks_own_scripts(site):
 def test_sanitize_html_allow_list(fragment, kept, dropped):
     out = report.sanitize_html(fragment)
     assert kept in out and (dropped is None or dropped not in out)
+
+
+@pytest.mark.parametrize("name", ["../artifacts/x", "/tmp/site", "a/b", "..", "x/../../y", ""])
+def test_the_report_takes_only_plain_profile_names(name, capsys):
+    """`--profile` names a profile, never a path: nothing is written outside artifacts/<profile>/."""
+    from lib.params import ProfileError
+    with pytest.raises(ProfileError, match="not a plain name"):
+        report.build(name)
+    assert report.main(["--profile", name]) == 2
+    assert "not a plain name" in capsys.readouterr().err

@@ -68,6 +68,38 @@ def _loads(text: str) -> Any:
     return loads_strict(text, duplicate_error=_DuplicateKey)
 
 
+def ambiguity(text: str) -> str | None:
+    """Why an answer's JSON has more than one reading, or None: a key repeated in an object (which of its
+    values is the answer?) or two different JSON objects side by side (two verdicts). The one rule every
+    reader of a model's answer applies (the structured check, ARCADE's verdicts in both parse modes,
+    SEI's free-text reader): such an answer is unparseable, never read as its first or last value.
+    Total and linear like extract_json; an answer too long or deep to read is not ambiguous here (the
+    readers refuse it on their own)."""
+    t = (text if isinstance(text, str) else "").strip()
+    if not t or "{" not in t or len(t) > MAX_JSON_CHARS:
+        return None
+    try:
+        spans = _object_spans(t)
+    except ValueError:
+        return None
+    outer, end = [], -1
+    for a, b in spans:                         # the outermost objects, in order
+        if a >= end:
+            outer.append((a, b))
+            end = b
+    values = []
+    for a, b in ([(0, len(t))] if t.startswith("{") and (0, len(t)) in spans else []) + outer:
+        try:
+            v = _loads(t[a:b])
+        except _DuplicateKey as e:
+            return str(e)
+        except ValueError:
+            continue
+        if v not in values:
+            values.append(v)
+    return "two different JSON objects in one answer (two readings)" if len(values) > 1 else None
+
+
 def extract_json(text: str) -> Any:
     """The JSON value in an answer: the whole text, else its first balanced {...} block that
     decodes (models often wrap JSON in prose or code fences). Total and linear in the answer's
@@ -77,6 +109,9 @@ def extract_json(text: str) -> Any:
     if len(t) > MAX_JSON_CHARS:
         raise ValueError(f"the answer is {len(t):,} characters long; at most {MAX_JSON_CHARS:,} are read as JSON")
     spans = _object_spans(t)                   # also the depth check, before any decoding
+    why = ambiguity(t)
+    if why:
+        raise ValueError(why)
     try:
         return _loads(t)
     except _DuplicateKey:
