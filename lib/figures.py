@@ -737,6 +737,13 @@ def redraw_all(profile: str, progress: bool = True, root: Path | None = None) ->
     return rows
 
 
+def _link(folder: Path, base: Path) -> str:
+    """The relative link prefix from `base` to `folder` ("" when they are the same folder)."""
+    import os
+    rel = Path(os.path.relpath(folder, base)).as_posix()
+    return "" if rel == "." else rel + "/"
+
+
 def write_index(rows: list[dict[str, Any]], profiles: tuple[str, ...] = ("embedded", "paper"),
                 root: Path | None = None, profile: str | None = None) -> Path:
     """The figure index: a table of every figure, the notebook and artifacts it comes from, and a link
@@ -754,7 +761,7 @@ def write_index(rows: list[dict[str, Any]], profiles: tuple[str, ...] = ("embedd
              "|---|---|---|---|" + "---|" * len(profiles)]
     for r in rows:
         cells = [f"`{r['name']}`", r["caption"], r["notebook"], ", ".join(f"`{a}`" for a in r["artifacts"])]
-        cells += [f"[png]({Path(os.path.relpath(dirs[p], index.parent)).as_posix()}/{r['name']}.png)"
-                  if r["name"] in have[p] else "—" for p in profiles]
+        cells += [f"[png]({_link(dirs[p], index.parent)}{r['name']}.png)" if r["name"] in have[p] else "—"
+                  for p in profiles]
         lines.append("| " + " | ".join(cells) + " |")
     return write_text(index, "\n".join(lines) + "\n")

@@ -64,6 +64,28 @@ RECORDED: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
+class MissingResult(FileNotFoundError):
+    """A committed results file is missing; the message names it and the command that writes it."""
+
+
+class _Folder:
+    """A stage folder of results/ whose `/` checks that the file exists (naming `make reproduce NB=..`)."""
+
+    def __init__(self, d: Path):
+        self.d = Path(d)
+
+    def __truediv__(self, name: str) -> Path:
+        p = self.d / name
+        if not p.exists():
+            nb = self.d.name.split("_")[0] if self.d.name[:2].isdigit() else self.d.name
+            raise MissingResult(f"{p} is missing: `make reproduce NB={nb}` writes it (and commits it under results/)")
+        return p
+
+
+def _file(d: Path) -> _Folder:
+    return _Folder(d)
+
+
 def stage(name: str):
     def deco(fn):
         RECOMPUTE[name] = fn
@@ -78,7 +100,7 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- 00 data
 @stage("00_data_prep")
 def _data(d: Path, root: Path) -> dict[str, Any]:
-    counts = pd.read_csv(d / "counts.csv")
+    counts = pd.read_csv(_file(d) / "counts.csv")
     m: dict[str, Any] = {f"n_{name}": int(g.n.sum()) for name, g in counts.groupby("dataset", sort=False)}
     fhm = counts[counts.dataset == "fhm"]
     m.update({f"fhm_n_{r.split}": int(r.n) for r in fhm.itertuples()})
@@ -99,7 +121,7 @@ def _data(d: Path, root: Path) -> dict[str, Any]:
 @stage("01_captioning")
 def _captioning(d: Path, root: Path) -> dict[str, Any]:
     from lib.captioning import caption_quality_from_scores
-    cap = pd.read_csv(d / "captioned.csv", dtype={"id": str})
+    cap = pd.read_csv(_file(d) / "captioned.csv", dtype={"id": str})
     names = list(dict.fromkeys(cap.dataset))
     m: dict[str, Any] = {}
     for k, name in enumerate(names):
@@ -108,8 +130,8 @@ def _captioning(d: Path, root: Path) -> dict[str, Any]:
         m[f"n_memes{suffix}"] = len(g)
         m[f"n_unreadable{suffix}"] = int((~g.readable.astype(bool)).sum())
     if (d / "caption_scores.csv").exists():
-        scores = pd.read_csv(d / "caption_scores.csv", dtype={"id": str})
-        boxes = pd.read_csv(d / "box_scores.csv", dtype={"id": str})
+        scores = pd.read_csv(_file(d) / "caption_scores.csv", dtype={"id": str})
+        boxes = pd.read_csv(_file(d) / "box_scores.csv", dtype={"id": str})
         m.update(caption_quality_from_scores(scores, boxes))
     return m
 
@@ -119,7 +141,7 @@ def _trace_runs(d: Path, root: Path) -> tuple[dict[str, dict[str, Any]], dict[st
     """Every run of notebook 02 rebuilt from results/: its record (result.json) with the evaluation's
     split metrics, optimistic-threshold numbers and per-type accuracies recomputed from predictions.csv."""
     from lib.metrics import metrics_at, per_type_accuracy, pr_best_f1_threshold
-    gold = pd.read_csv(root / "00_data_prep" / "memes.csv", dtype={"id": str, "type": str}) \
+    gold = pd.read_csv(_file(root / "00_data_prep") / "memes.csv", dtype={"id": str, "type": str}) \
         if (root / "00_data_prep" / "memes.csv").exists() else pd.DataFrame(columns=["id", "type"])
     types = dict(zip(gold.id, gold.type))
     runs = {}
@@ -151,13 +173,13 @@ def _trace_runs(d: Path, root: Path) -> tuple[dict[str, dict[str, Any]], dict[st
 def _trace(d: Path, root: Path) -> dict[str, Any]:
     from lib import trace_report
     runs, types = _trace_runs(d, root)
-    variants = read_json(d / "variants.json")                  # variant name -> run folder (the first seed)
+    variants = read_json(_file(d) / "variants.json")                  # variant name -> run folder (the first seed)
     by_name = {name: runs[folder] for name, folder in variants.items()}
-    seeds = pd.read_csv(d / "seeds.csv")
+    seeds = pd.read_csv(_file(d) / "seeds.csv")
     first = {folder: name for name, folder in variants.items()}
     rows = []
     for folder, r in runs.items():
-        cfg = read_json(d / "runs" / folder / "config.json")["config"]
+        cfg = read_json(_file(d) / "runs" / folder / "config.json")["config"]
         base = first.get(folder) or next((n for n, f in variants.items() if folder.startswith(f + "_seed")), None)
         if base is None or (folder not in first and f"{variants[base]}_seed{cfg['seed']}" != folder):
             continue
@@ -247,7 +269,7 @@ def _clip4dm(d: Path, root: Path) -> dict[str, Any]:
 def _fewshot_predictions(d: Path) -> dict[str, list]:
     from lib.sei import Prediction
     by: dict[str, list] = {}
-    for r in _jsonl(d / "predictions_fhm.jsonl"):
+    for r in _jsonl(_file(d) / "predictions_fhm.jsonl"):
         by.setdefault(r["setting"], []).append(Prediction(**{k: v for k, v in r.items() if k != "model"}))
     return by
 
@@ -256,19 +278,19 @@ def _fewshot_predictions(d: Path) -> dict[str, list]:
 def _fewshot(d: Path, root: Path) -> dict[str, Any]:
     from lib import sei
     from lib import sei_report as rep
-    settings = read_json(d / "settings.json")
+    settings = read_json(_file(d) / "settings.json")
     retriever = settings["retrievers"][0]
     main = sei.main_setting_name(settings["retrievers"], settings["shots"])
     by = _fewshot_predictions(d)
-    results = read_json(d / "results.json")
+    results = read_json(_file(d) / "results.json")
     # every setting's classification and label-following, again from its answers
     for name, preds in by.items():
         results[name] = {**results[name], **sei.classification(preds), **rep.exemplar_label_following(preds)}
     # the label vote of the retrieved exemplars (no model) and the retrieval's agreement: from the saved
     # ranking and the gold labels and types of the pool (the train split)
-    gold = pd.read_csv(root / "00_data_prep" / "memes.csv", dtype={"id": str, "type": str})
+    gold = pd.read_csv(_file(root / "00_data_prep") / "memes.csv", dtype={"id": str, "type": str})
     label, mtype = dict(zip(gold.id, gold.label)), dict(zip(gold.id, gold.type))
-    ranking = read_json(d / f"exemplars_fhm_{retriever.replace('/', '_')}.json")
+    ranking = read_json(_file(d) / f"exemplars_fhm_{retriever.replace('/', '_')}.json")
     knn_n = int(settings["knn_n"])
     queries = [sei.Meme(q, "", "", int(label[q]), type=mtype.get(q)) for q in ranking]
     pool = [sei.Meme(i, "", "", int(y), type=t) for i, y, t, sp in zip(gold.id, gold.label, gold.type, gold.split)
@@ -281,8 +303,8 @@ def _fewshot(d: Path, root: Path) -> dict[str, Any]:
                                **sei.retrieval_quality(ranked[:, :n], pool, queries)}
                               for n in sorted(set(settings["shots"]) | {knn_n})])
     claims, cold = rep.claim_frame({**by, "knn_vote": knn}, main, retriever, spread=True)
-    rows3 = read_json(d / "table3.json")["rows"]
-    committed = read_json(d / "metrics.json")
+    rows3 = read_json(_file(d) / "table3.json")["rows"]
+    committed = read_json(_file(d) / "metrics.json")
     maj = max(np.mean([q.label for q in queries]), 1 - np.mean([q.label for q in queries]))
 
     def row(name):
@@ -297,12 +319,12 @@ def _fewshot(d: Path, root: Path) -> dict[str, Any]:
 def _debate(d: Path, root: Path) -> dict[str, Any]:
     from lib.debate import cost_summary, evaluate
     from lib.debate_report import claim_frame, results_from_jsonl, seed_spread, stage_metrics
-    settings = read_json(d / "settings.json")
+    settings = read_json(_file(d) / "settings.json")
     runs = {}
     for f in sorted(d.glob("eval_*.json")):
         name = f.stem[len("eval_"):]
         ev = read_json(f)
-        res = results_from_jsonl(d / f"results_{name}.jsonl")
+        res = results_from_jsonl(_file(d) / f"results_{name}.jsonl")
         cm = ev["config"]["class_mode"]
         runs[name] = {"name": name, "config": ev["config"], "results": res,
                       "official": evaluate(res, cm, "official"), "corrected": evaluate(res, cm, "corrected"),
@@ -312,7 +334,7 @@ def _debate(d: Path, root: Path) -> dict[str, Any]:
     from collections import Counter
     chance = Counter(gts).most_common(1)[0][1] / len(gts)
     claims, cold = claim_frame(runs, settings["class_mode"], spread=True)
-    committed = read_json(d / "metrics.json")
+    committed = read_json(_file(d) / "metrics.json")
     return stage_metrics(runs, chance, committed.get("rerun_calls", 0), claims, seed_spread(runs), cold)
 
 
@@ -322,26 +344,26 @@ def _evaluation(d: Path, root: Path) -> dict[str, Any]:
     from lib import crosseval as ce
     from lib.metrics import pairwise_mcnemar
     from lib.params import load_profile
-    p = load_profile(root.name)["06_evaluation"]
-    gold = pd.read_csv(root / "00_data_prep" / "memes.csv", dtype={"id": str, "type": str})
+    preds = pd.read_csv(_file(d) / "predictions_common.csv", dtype={"id": str})
+    gold = pd.read_csv(_file(root / "00_data_prep") / "memes.csv", dtype={"id": str, "type": str})
     gold = gold[gold.split.str.startswith("test")].set_index("id")
-    preds = pd.read_csv(d / "predictions_common.csv", dtype={"id": str})
+    p = load_profile(root.name)["06_evaluation"]            # the run's parameters (results/<profile>/: its name)
     methods = {name: {"frame": g.drop(columns=["method", "system"]).reset_index(drop=True), "system": g.system.iloc[0]}
                for name, g in preds.groupby("method", sort=False)}
-    common = read_json(d / "common.json")["ids"]
+    common = read_json(_file(d) / "common.json")["ids"]
     kw = dict(n_resamples=p["n_resamples"], seed=p["seed"], confidence=p["confidence"], ci_method=p["ci_method"])
     table = ce.long_table(methods, gold, common, "common", **kw)
     majority = max(gold.loc[common, "label"].mean(), 1 - gold.loc[common, "label"].mean())
     correct = ce.correct_matrix(methods, common)
     pairs = pairwise_mcnemar({m: correct[m].to_numpy(bool) for m in correct}, correction=p["correction"],
                              alpha=p["alpha"])
-    items = pd.read_csv(d / "injection_predictions.csv", dtype={"id": str, "source_id": str})
+    items = pd.read_csv(_file(d) / "injection_predictions.csv", dtype={"id": str, "source_id": str})
     rows = ce.FlipRows(dict(zip(items.id, items.copies)), p["n_resamples"], p["seed"], p["confidence"],
                        source_of=dict(zip(items.id, items.source_id)))
     for (method, family, mitigation), g in items.groupby(["method", "family", "mitigation"], sort=False):
         rows.add(method, family, g.original.tolist(), g.injected.tolist(), g.id.tolist(), mitigation)
     flips = rows.frame()
-    committed = read_json(d / "metrics.json")
+    committed = read_json(_file(d) / "metrics.json")
     return ce.stage_metrics(table, len(methods), len(common), majority, pairs, committed.get("n_injected_llm", 0),
                             committed.get("n_injected_trace", 0), committed.get("llm_calls", 0), flips)
 

@@ -161,3 +161,21 @@ def test_the_working_tree_check_sees_a_change(tmp_path, monkeypatch):
     before = runner._git_status()
     (repo / "a.txt").write_text("changed\n")
     assert runner._git_status() != before
+
+
+@pytest.mark.parametrize("stage", ["00_data_prep", "01_captioning", "02_finetuning", "04_few_shot", "05_debate",
+                                   "06_evaluation"])
+def test_a_missing_results_file_names_it_and_the_command_that_writes_it(tmp_path, stage):
+    from lib.recompute import MissingResult, recompute
+    (tmp_path / stage).mkdir()
+    with pytest.raises(MissingResult, match=rf"{stage}/\S+ is missing: `make reproduce NB={stage[:2]}` writes it"):
+        recompute(stage, tmp_path / stage, tmp_path)
+
+
+def test_a_corrupt_results_file_names_it(tmp_path):
+    from lib.recompute import recompute
+    d = tmp_path / "05_debate"
+    d.mkdir()
+    (d / "settings.json").write_text('{"class_mode": "multiclass", ')
+    with pytest.raises(ValueError, match=r"05_debate/settings.json: malformed JSON at line 1"):
+        recompute("05_debate", d, tmp_path)
