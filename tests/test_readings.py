@@ -32,7 +32,8 @@ NUM = re.compile(r"(?<![\w./\-:#§^=@$])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w/%]*
                  r"|(?<![\w./\-:#§^=@$])-?\d+(?:\.\d+)?(?![\w/]*[A-Za-z_/]|\.\d|,\d{3})")
 #: words after which a number names something rather than quoting a run
 NAMING = re.compile(r"(?:notebook|notebooks|table|tables|figure|figures|section|stage|step|item|issue|line|lines|"
-                    r"column|row|type|types|appendix|equation|eq\.|version|top|round|rounds|k =|n =)\s*$", re.I)
+                    r"column|row|type|types|appendix|equation|eq\.|version|top|round|rounds|k =|n =|HTTP|a|an|"
+                    r"status|port|layer|layers)\s*$", re.I)
 GENERATED = re.compile(r"<!-- (\w+):start -->.*?<!-- \1:end -->", re.S)
 
 #: document -> {number as written: why no output prints it}
@@ -41,6 +42,9 @@ DERIVED: dict[str, dict[str, str]] = {
     "README.md": {"4": "the budget of make reproduce in hours (the issue's, not a measurement)",
                   "25": "make test's budget in minutes from a fresh clone", "20": "its budget with the venv present",
                   "30": "the results folder's size cap in MB (lib.results.SIZE_CAP_MB)"},
+    "models-and-serving.md": {"401": "an HTTP status code", "403": "an HTTP status code", "429": "an HTTP status code",
+                              "10": "InternVL3.5's tile limit (its processor's max_dynamic_patch)",
+                              "256": "tokens per InternVL3.5 tile (its configuration)"},
 }
 
 
@@ -84,6 +88,12 @@ def _backing() -> list[float]:
             with f.open(encoding="utf-8") as fh:
                 for row in csv.reader(fh):
                     vals += _numbers_in(row)
+    for page in [ROOT / "docs" / "results.md"]:                   # generated pages and blocks: from code and results
+        vals += _numbers_in(page.read_text()) if page.exists() else []
+    from lib.results import BLOCKS
+    for blocks in BLOCKS.values():
+        for fn in blocks.values():
+            vals += _numbers_in(fn("embedded"))
     vals += _numbers_in(yaml.safe_load((ROOT / "params" / "embedded.yaml").read_text()))
     vals += _numbers_in(yaml.safe_load((ROOT / "params" / "ci.yaml").read_text()))
     return vals + [100 * v for v in vals]                    # shares quoted as percentages
