@@ -445,18 +445,12 @@ def predicted_phrase_text(result: dict[str, Any], epsilon: float) -> str:
     return min(phrases, key=lambda x: x[1])[2] if phrases else ""
 
 
-def evaluate_seetrue(results: Sequence[dict[str, Any]], records, epsilon: float, nli_model, device: str | None = None
-                     ) -> dict[str, Any]:
-    """SeeTRUE-Feedback as the official evaluation computes it: every predicted phrase (words below
-    epsilon, merged across punctuation) is scored by NLI against the annotated misalignment
-    (premise = annotation, hypothesis = phrase; P(entailment) over entailment and contradiction
-    only); a caption's score is the mean over its phrases, 0 when it has none; the benchmark score
-    is the mean over captions. Without an NLI model the score is not computed and the result says so."""
+def seetrue_caption_scores(results: Sequence[dict[str, Any]], records, epsilon: float, nli_model,
+                           device: str | None = None) -> np.ndarray:
+    """Each caption's SeeTRUE-Feedback score: the mean over its predicted phrases (words below epsilon,
+    merged across punctuation) of P(entailment) over entailment and contradiction, premise = the
+    annotated misalignment, hypothesis = the phrase; 0 for a caption with no phrase."""
     phrases = [[t for _, _, t in predicted_phrases(r, epsilon)] for r in results]
-    out: dict[str, Any] = {"seetrue_share_with_phrase": float(np.mean([bool(p) for p in phrases])) if phrases else float("nan")}
-    if not nli_model:
-        return {**out, "seetrue_nli": None, "seetrue_note": "no NLI model configured (set nli_model, e.g. a local "
-                "facebook/bart-large-mnli folder); the NLI score was not computed"}
     prem, hyp, owner = [], [], []
     for i, (ph, rec) in enumerate(zip(phrases, records)):
         for t in ph:
@@ -468,7 +462,22 @@ def evaluate_seetrue(results: Sequence[dict[str, Any]], records, epsilon: float,
     for i in range(len(results)):
         mine = [p for p, o in zip(probs, owner) if o == i]
         per[i] = float(np.mean(mine)) if mine else 0.0
-    name = nli_model if isinstance(nli_model, str) else type(nli_model[0]).__name__
+    return per
+
+
+def evaluate_seetrue(results: Sequence[dict[str, Any]], records, epsilon: float, nli_model, device: str | None = None,
+                     per_caption: np.ndarray | None = None) -> dict[str, Any]:
+    """SeeTRUE-Feedback as the official evaluation computes it: every predicted phrase scored by NLI
+    against the annotated misalignment (seetrue_caption_scores; `per_caption` when already computed);
+    the benchmark score is the mean over captions. Without an NLI model the score is not computed and
+    the result says so."""
+    phrases = [predicted_phrases(r, epsilon) for r in results]
+    out: dict[str, Any] = {"seetrue_share_with_phrase": float(np.mean([bool(p) for p in phrases])) if phrases else float("nan")}
+    if not nli_model and per_caption is None:
+        return {**out, "seetrue_nli": None, "seetrue_note": "no NLI model configured (set nli_model, e.g. a local "
+                "facebook/bart-large-mnli folder); the NLI score was not computed"}
+    per = per_caption if per_caption is not None else seetrue_caption_scores(results, records, epsilon, nli_model, device)
+    name = nli_model if isinstance(nli_model, str) else type(nli_model[0]).__name__ if nli_model else "(saved scores)"
     return {**out, "seetrue_nli": float(per.mean()) if len(per) else float("nan"), "seetrue_note": f"NLI model {name}"}
 
 

@@ -99,22 +99,40 @@ def _domain_order(dom: str) -> tuple[int, str]:
 
 
 def _foil_frame(recs, res) -> pd.DataFrame:
+    """results_<foil benchmark>.csv: one row per pair with what its metrics read (the words' counts give the
+    LA chance lines; whether the foil word's string repeats tells where LA by string and by position differ)."""
+    words = [[w for w, _ in clip4dm._all_words(x)[0]] for x in res]
     return pd.DataFrame({"id": [r.id for r in recs], "domain": [r.group for r in recs], "is_foil": [r.is_foil for r in recs],
                          "foil_word": [r.misaligned_words[0] if r.is_foil else "" for r in recs],
                          "foil_position": [r.misaligned_positions[0] if r.misaligned_positions else None for r in recs],
                          "negative_word": [x["negative_word"] for x in res],
                          "lowest_word_position": [x["lowest_word_position"] for x in res],
                          "clip_score": [x["clip_score"] for x in res], "f_clipscore": [clip4dm.f_clipscore(x) for x in res],
-                         "sum_negative_attribution": [x["sum_negative_attribution"] for x in res]})
+                         "sum_negative_attribution": [x["sum_negative_attribution"] for x in res],
+                         "n_words": [len([w for w in ws if w not in clip4dm.PUNCT]) for ws in words],
+                         "n_content_words": [len(clip4dm.content_words(ws)) for ws in words],
+                         "foil_word_repeated": [r.is_foil and sum(dsets.normalize_word(w) == dsets.normalize_word(r.misaligned_words[0])
+                                                                  for w in dsets.caption_words(r.caption)) > 1
+                                                for r in recs]})
 
 
-def _threshold_frame(recs, res, eps: float) -> pd.DataFrame:
-    return pd.DataFrame({"id": [r.id for r in recs], "caption": [r.caption for r in recs],
-                         "misaligned": [" ".join(r.misaligned_words) for r in recs],
-                         "misaligned_positions": [r.misaligned_positions for r in recs], "score": [r.score for r in recs],
-                         "negative_word": [x["negative_word"] for x in res],
-                         "predicted_phrase": [clip4dm.predicted_phrase_text(x, eps) for x in res],
-                         "clip_score": [x["clip_score"] for x in res], "f_clipscore": [clip4dm.f_clipscore(x) for x in res]})
+def _threshold_frame(recs, res, eps: float, raw: Sequence[dict[str, Any]] | None = None,
+                     extra: dict[str, Sequence[Any]] | None = None) -> pd.DataFrame:
+    """results_<threshold benchmark>.csv: one row per pair; `raw`: each pair's stored attributions (word
+    attributions, positions, cosine as JSON: what every threshold metric is recomputed from); `extra`:
+    further per-pair columns (SeeTRUE's NLI scores)."""
+    t = pd.DataFrame({"id": [r.id for r in recs], "caption": [r.caption for r in recs],
+                      "misaligned": [" ".join(r.misaligned_words) for r in recs],
+                      "misaligned_positions": [r.misaligned_positions for r in recs], "score": [r.score for r in recs],
+                      "negative_word": [x["negative_word"] for x in res],
+                      "predicted_phrase": [clip4dm.predicted_phrase_text(x, eps) for x in res],
+                      "clip_score": [x["clip_score"] for x in res], "f_clipscore": [clip4dm.f_clipscore(x) for x in res]})
+    if raw is not None:
+        t["attribution"] = [json.dumps({"word_attributions": x["word_attributions"], "cos": x["cos"],
+                                        "word_positions": x.get("word_positions")}, separators=(",", ":")) for x in raw]
+    for k, v in (extra or {}).items():
+        t[k] = list(v)
+    return t
 
 
 def score_foil(run: EncoderRun, data: dict[str, Any]) -> None:
@@ -202,9 +220,10 @@ def pick_epsilon(sweep: pd.DataFrame, tie: float = EPSILON_TIE) -> pd.DataFrame:
 
 def score_threshold_benchmarks(run: EncoderRun, data: dict[str, Any], nli_model=None, device: str | None = None) -> None:
     """HAT, RichHF and SeeTRUE under `threshold` at the chosen epsilon, as the official main.py
-    scores them; writes results_<benchmark>.csv."""
+    scores them; writes results_<benchmark>.csv with each pair's attributions (and SeeTRUE's NLI
+    scores per caption), from which every one of these metrics is recomputed."""
     eps = run.epsilon if run.epsilon_chosen is None else run.epsilon_chosen
-    rows, res_by = [], {}
+    rows, res_by, extra = [], {}, {}
     if "hat" in data:
         res_by["hat"] = run.results("hat", "threshold", eps)
         m = clip4dm.evaluate_hat(res_by["hat"], data["hat"].records, eps)
@@ -216,36 +235,55 @@ def score_threshold_benchmarks(run: EncoderRun, data: dict[str, Any], nli_model=
         run.metrics.update(m)
         rows.append({"benchmark": "richhf", **m})
     if "seetrue" in data:
+        recs = data["seetrue"].records
         res_by["seetrue"] = run.results("seetrue", "threshold", eps)
-        m = clip4dm.evaluate_seetrue(res_by["seetrue"], data["seetrue"].records, eps, nli_model, device)
+        per = clip4dm.seetrue_caption_scores(res_by["seetrue"], recs, eps, nli_model, device) if nli_model else None
+        m = clip4dm.evaluate_seetrue(res_by["seetrue"], recs, eps, nli_model, device, per_caption=per)
         run.seetrue_note = m["seetrue_note"] + ("" if m["seetrue_nli"] is None else f" -> {m['seetrue_nli']:.3f}")
         run.metrics["seetrue_share_with_phrase"] = m["seetrue_share_with_phrase"]
         if m["seetrue_nli"] is not None:
             run.metrics["seetrue_nli_score"] = m["seetrue_nli"]
-            run.metrics.update(seetrue_controls(data["seetrue"].records, nli_model, device))
+            oracle, guess = seetrue_control_scores(recs, nli_model, device)
+            if np.isfinite(oracle).any():
+                run.metrics.update({"seetrue_nli_oracle": float(np.nanmean(oracle)),
+                                    "seetrue_nli_random_word": float(np.nanmean(guess))})
+            extra["seetrue"] = {"nli_score": per, "nli_oracle": oracle, "nli_random_word": guess}
             held = nli_heldout_accuracy(nli_model)
             if held is not None:
                 run.metrics["nli_heldout_acc"] = held
     for name, res in res_by.items():
-        write_text(run.out_dir / f"results_{name}.csv", _threshold_frame(data[name].records, res, eps).to_csv(index=False))
+        raw = [run.raw_by[p] for p in run.pairs[name]]
+        write_text(run.out_dir / f"results_{name}.csv",
+                   _threshold_frame(data[name].records, res, eps, raw, extra.get(name)).to_csv(index=False))
     run.threshold_table = pd.DataFrame(rows).set_index("benchmark").T if rows else None
 
 
-def seetrue_controls(records: Sequence[Any], nli_model, device: str | None = None, seed: int = 0) -> dict[str, float]:
-    """Where SeeTRUE's NLI score can lie with this NLI model: the annotation scored against itself
-    (`seetrue_nli_oracle`, a perfect localiser) and one random content word of the caption per
-    record (`seetrue_nli_random_word`, a localiser that guesses)."""
-    recs = [r for r in records if r.misaligned_words]
-    if not recs:
-        return {}
+def seetrue_control_scores(records: Sequence[Any], nli_model, device: str | None = None,
+                           seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Where SeeTRUE's NLI score can lie with this NLI model, per record (NaN where the record has no
+    annotation): the annotation scored against itself (a perfect localiser: `seetrue_nli_oracle` is the
+    mean) and one random content word of the caption (a localiser that guesses: `seetrue_nli_random_word`)."""
+    oracle, guess = np.full(len(records), np.nan), np.full(len(records), np.nan)
+    idx = [i for i, r in enumerate(records) if r.misaligned_words]
+    if not idx:
+        return oracle, guess
     rng = np.random.default_rng(seed)
-    guess = []
-    for r in recs:
-        words = [w.strip(",.") for w in clip4dm.content_words(r.caption.split())]
-        guess.append(words[rng.integers(len(words))] if words else "")
-    prem = [r.misaligned_words[0] for r in recs]
-    return {"seetrue_nli_oracle": float(np.mean(clip4dm.nli_entailment(prem, prem, nli_model, device))),
-            "seetrue_nli_random_word": float(np.mean(clip4dm.nli_entailment(prem, guess, nli_model, device)))}
+    words = []
+    for i in idx:
+        ws = [w.strip(",.") for w in clip4dm.content_words(records[i].caption.split())]
+        words.append(ws[rng.integers(len(ws))] if ws else "")
+    prem = [records[i].misaligned_words[0] for i in idx]
+    oracle[idx] = clip4dm.nli_entailment(prem, prem, nli_model, device)
+    guess[idx] = clip4dm.nli_entailment(prem, words, nli_model, device)
+    return oracle, guess
+
+
+def seetrue_controls(records: Sequence[Any], nli_model, device: str | None = None, seed: int = 0) -> dict[str, float]:
+    """The two controls' means over the records with an annotation (seetrue_control_scores); {} without any."""
+    oracle, guess = seetrue_control_scores(records, nli_model, device, seed)
+    if not np.isfinite(oracle).any():
+        return {}
+    return {"seetrue_nli_oracle": float(np.nanmean(oracle)), "seetrue_nli_random_word": float(np.nanmean(guess))}
 
 
 def nli_heldout_accuracy(nli_model) -> float | None:

@@ -19,7 +19,7 @@ import numpy as np
 from lib.artifacts import write_json, write_text
 from lib.debate import (DIFFICULTY, LABELS, TYPES, CallTrace, Court, CourtConfig, SampleResult, balanced_sample,
                         cost_summary, evaluate, report_text)
-from lib.metrics import claim_metric_keys, claim_row, claim_tests, interval_keys, paired_accuracy_test
+from lib.metrics import claim_metric_keys, claim_row, claim_tests, cold_run_metric_keys, interval_keys, paired_accuracy_test
 
 
 def run_variant(chat, samples: Sequence[Any], cfg: CourtConfig, out_dir: Path, name: str, model: str,

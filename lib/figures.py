@@ -32,6 +32,7 @@ from lib.metrics import average_precision, mean_ci, precision_recall_points
 from lib.params import load_profile
 from lib.sei import Prediction
 from lib.serving import throughput_figure
+import os
 
 
 @dataclass(frozen=True)
@@ -739,7 +740,6 @@ def redraw_all(profile: str, progress: bool = True, root: Path | None = None) ->
 
 def _link(folder: Path, base: Path) -> str:
     """The relative link prefix from `base` to `folder` ("" when they are the same folder)."""
-    import os
     rel = Path(os.path.relpath(folder, base)).as_posix()
     return "" if rel == "." else rel + "/"
 
@@ -750,7 +750,6 @@ def write_index(rows: list[dict[str, Any]], profiles: tuple[str, ...] = ("embedd
     for each of `profiles` that has it. Written to figures/README.md (`profile` a published profile,
     or None), beside an unpublished profile's figures (artifacts/<profile>/figures/README.md), or to
     `root`/README.md with each profile's figures under `root`/<profile>/."""
-    import os
     index = Path(root) / "README.md" if root else figures_index(profile or PUBLISHED_PROFILES[0])
     dirs = {p: (Path(root) / p if root else figures_dir(p)) for p in profiles}
     have = {p: {x.stem for x in dirs[p].glob("*.png")} for p in profiles}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,6 +27,22 @@ import pandas as pd
 
 from lib.artifacts import read_json
 from lib.results import TIMING
+from lib.captioning import caption_quality_from_scores
+from lib.metrics import metrics_at, per_type_accuracy, pr_best_f1_threshold
+from lib import trace_report
+from lib.clip4dm import _norm, average_precision
+from lib.clip4dm_report import NOCAPS_DOMAIN_KEYS, pick_epsilon
+from lib import clip4dm
+from lib.sei import Prediction
+from lib import sei
+from lib import sei_report as rep
+from lib import textmetrics as tm
+from lib.debate import cost_summary, evaluate
+from lib.debate_report import claim_frame, results_from_jsonl, seed_spread, stage_metrics
+from collections import Counter
+from lib import crosseval as ce
+from lib.metrics import pairwise_mcnemar
+from lib.params import load_profile
 
 #: stage -> function(folder of results/<profile>/<stage>/, results/<profile>/) -> recomputed metrics
 RECOMPUTE: dict[str, Callable[[Path, Path], dict[str, Any]]] = {}
@@ -43,17 +60,8 @@ RECORDED: dict[str, tuple[tuple[str, str], ...]] = {
          "and the last two are its parameters"),
     ),
     "03_clip4dm": (
-        (r"(nocaps_)?(n_repeated_foil_word|la_chance|la_chance_content)(_.*)?",
-         "needs each foil caption's words; results_*.csv keep the foil word, its position and the scores"),
-        (r"hat_.*|richhf_.*|seetrue_.*|nli_.*|epsilon_val_.*",
-         "scored from every word's attribution at the chosen epsilon (attributions.jsonl, about 17 MB, is not "
-         "committed) or by the NLI model"),
-        (r"pairs_per_s.*|pixels_ready|batched_.*|floor_ratio", "the speed benchmark on this machine"),
-    ),
-    "04_few_shot": (
-        (r"(expl|int)_.*", "explanations and interventions scored against HatReD / MemeSense references, which "
-                           "results/ does not keep (the scores per setting: results.json)"),
-        (r"agent_.*", "the task agents scored against their held-out references (table3.json)"),
+        (r"pixels_ready|batched_max_abs_diff", "the speed benchmark on this machine (its inputs' form and the "
+                                               "batched path's largest difference from one pair at a time)"),
     ),
     "02_finetuning": (
         (r".*text_train_pick_share", "the training curve's last-epoch pick share (runs/*/result.json: curve)"),
@@ -76,6 +84,8 @@ class _Folder:
 
     def __truediv__(self, name: str) -> Path:
         p = self.d / name
+        if not p.exists() and p.with_name(p.name + ".gz").exists():     # committed gzipped (lib.results.RESULT_GZIP)
+            return p.with_name(p.name + ".gz")
         if not p.exists():
             nb = self.d.name.split("_")[0] if self.d.name[:2].isdigit() else self.d.name
             raise MissingResult(f"{p} is missing: `make reproduce NB={nb}` writes it (and commits it under results/)")
@@ -120,7 +130,6 @@ def _data(d: Path, root: Path) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- 01 captioning
 @stage("01_captioning")
 def _captioning(d: Path, root: Path) -> dict[str, Any]:
-    from lib.captioning import caption_quality_from_scores
     cap = pd.read_csv(_file(d) / "captioned.csv", dtype={"id": str})
     names = list(dict.fromkeys(cap.dataset))
     m: dict[str, Any] = {}
@@ -140,7 +149,6 @@ def _captioning(d: Path, root: Path) -> dict[str, Any]:
 def _trace_runs(d: Path, root: Path) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """Every run of notebook 02 rebuilt from results/: its record (result.json) with the evaluation's
     split metrics, optimistic-threshold numbers and per-type accuracies recomputed from predictions.csv."""
-    from lib.metrics import metrics_at, per_type_accuracy, pr_best_f1_threshold
     gold = pd.read_csv(_file(root / "00_data_prep") / "memes.csv", dtype={"id": str, "type": str}) \
         if (root / "00_data_prep" / "memes.csv").exists() else pd.DataFrame(columns=["id", "type"])
     types = dict(zip(gold.id, gold.type))
@@ -149,7 +157,7 @@ def _trace_runs(d: Path, root: Path) -> tuple[dict[str, dict[str, Any]], dict[st
         if not (run_dir / "result.json").exists():
             continue
         r = read_json(run_dir / "result.json")
-        preds = pd.read_csv(run_dir / "predictions.csv", dtype={"id": str})
+        preds = pd.read_csv(_file(run_dir) / "predictions.csv", dtype={"id": str})
         splits = {}
         for split, g in preds.groupby("split", sort=False):
             p, y, thr = g.probability.to_numpy(float), g.label.to_numpy(int), float(g.threshold.iloc[0])
@@ -171,7 +179,6 @@ def _trace_runs(d: Path, root: Path) -> tuple[dict[str, dict[str, Any]], dict[st
 
 @stage("02_finetuning")
 def _trace(d: Path, root: Path) -> dict[str, Any]:
-    from lib import trace_report
     runs, types = _trace_runs(d, root)
     variants = read_json(_file(d) / "variants.json")                  # variant name -> run folder (the first seed)
     by_name = {name: runs[folder] for name, folder in variants.items()}
@@ -221,12 +228,17 @@ def _foil_table(f: Path) -> pd.DataFrame:
 
 def _foil_metrics(t: pd.DataFrame) -> dict[str, float]:
     """FOIL / nocaps-FOIL metrics from a results_<benchmark>.csv table (one row per pair, most_negative)."""
-    from lib.clip4dm import _norm, average_precision
     foil = t[t.is_foil.astype(str) == "True"]
     pos = pd.to_numeric(foil.foil_position, errors="coerce")
     low = pd.to_numeric(foil.lowest_word_position, errors="coerce")
     orig = (t.is_foil.astype(str) != "True").tolist()
-    return {"la": float(np.mean((low == pos) & low.notna())) if len(foil) else float("nan"),
+    chance = {}
+    if "n_words" in t:
+        chance = {"la_chance": float(np.mean([1.0 / max(1, int(n)) for n in foil.n_words])) if len(foil) else float("nan"),
+                  "la_chance_content": float(np.mean([1.0 / max(1, int(n)) for n in foil.n_content_words]))
+                  if len(foil) else float("nan"),
+                  "n_repeated_foil_word": int(foil.foil_word_repeated.astype(str).eq("True").sum())}
+    return {**chance, "la": float(np.mean((low == pos) & low.notna())) if len(foil) else float("nan"),
             "la_official_string": float(np.mean([bool(n) and _norm(n) == _norm(w)
                                                  for n, w in zip(foil.negative_word, foil.foil_word)])),
             "ap_clipscore": average_precision(t.clip_score.astype(float).tolist(), orig),
@@ -236,7 +248,6 @@ def _foil_metrics(t: pd.DataFrame) -> dict[str, float]:
 
 @stage("03_clip4dm")
 def _clip4dm(d: Path, root: Path) -> dict[str, Any]:
-    from lib.clip4dm_report import NOCAPS_DOMAIN_KEYS, pick_epsilon
     m: dict[str, Any] = {}
     roles = {"": d}
     hn = d / "hard_negatives.csv"
@@ -248,7 +259,8 @@ def _clip4dm(d: Path, root: Path) -> dict[str, Any]:
             f = folder / f"results_{bench}.csv"
             if f.exists():
                 m.update({f"{prefix}{k}{suffix}": v for k, v in _foil_metrics(_foil_table(f)).items()
-                          if not (suffix and k == "la_official_string")})
+                          if not (suffix and k in ("la_official_string", "la_chance", "la_chance_content",
+                                                   "n_repeated_foil_word"))})
     f = d / "results_nocaps_foil.csv"
     if f.exists():
         t = _foil_table(f)
@@ -258,16 +270,67 @@ def _clip4dm(d: Path, root: Path) -> dict[str, Any]:
                 part = _foil_metrics(g)
                 m.update({f"nocaps_la_{short}": part["la"], f"nocaps_ap_fclipscore_{short}": part["ap_fclipscore"],
                           f"nocaps_ap_clipscore_{short}": part["ap_clipscore"]})
-    sweep = d / "epsilon_sweep.csv"
-    if sweep.exists():
-        sw = pick_epsilon(pd.read_csv(sweep).drop(columns=["within_tie", "chosen"], errors="ignore"))
-        m["epsilon_chosen"] = float(sw.loc[sw["chosen"], "epsilon"].iloc[0])
+    eps = float(read_json(_file(d) / "settings.json")["epsilon"])
+    if (d / "epsilon_sweep.csv").exists():
+        sw = pick_epsilon(pd.read_csv(d / "epsilon_sweep.csv").drop(columns=["within_tie", "chosen"], errors="ignore"))
+        row = sw[sw["chosen"]].iloc[0]
+        m.update({"epsilon_chosen": float(row["epsilon"]), "epsilon_val_share_abstaining": float(row["share_abstaining"]),
+                  "epsilon_val_word_f1": float(row["word_f1"])})
+        eps = m["epsilon_chosen"]
+    m.update(_threshold_metrics(d, eps))
+    nli = root / "models" / "memeworld-nli" / "training.json"
+    if nli.exists() and "nli_heldout_acc" in read_json(nli).get("metrics", {}):
+        m["nli_heldout_acc"] = read_json(nli)["metrics"]["nli_heldout_acc"]
     return {k: v for k, v in m.items() if v is not None}
+
+
+@dataclass
+class _PairRecord:
+    """What the threshold benchmarks' scoring reads of a record, rebuilt from its results row."""
+    caption: str
+    misaligned_words: list
+    misaligned_positions: list
+    score: float | None
+    token_labels: None = None
+
+    @property
+    def is_foil(self) -> bool:
+        return bool(self.misaligned_words)
+
+
+def _threshold_metrics(d: Path, eps: float) -> dict[str, Any]:
+    """HAT, RichHF and SeeTRUE from their results tables: each pair's stored attributions selected again at
+    the chosen epsilon (clip4dm.select) and scored by the library's own functions; SeeTRUE's NLI scores per
+    caption as written (the NLI model is not rerun)."""
+    m: dict[str, Any] = {}
+    for bench in ("hat", "richhf", "seetrue"):
+        f = d / f"results_{bench}.csv"
+        if not f.exists() and f.with_name(f.name + ".gz").exists():
+            f = f.with_name(f.name + ".gz")
+        if not f.exists():
+            continue
+        t = pd.read_csv(f, keep_default_na=False, dtype={"misaligned": str, "caption": str})
+        res = [clip4dm.select(json.loads(a), "threshold", eps) for a in t.attribution]
+        recs = [_PairRecord(c, (mis.split() if bench != "seetrue" else [mis]) if mis else [], json.loads(pos),
+                            float(sc) if sc not in ("", None) else None)
+                for c, mis, pos, sc in zip(t.caption, t.misaligned, t.misaligned_positions, t.score)]
+        if bench == "hat":
+            m.update(clip4dm.evaluate_hat(res, recs, eps))
+        elif bench == "richhf":
+            m.update(clip4dm.evaluate_richhf(res, recs, eps))
+        else:
+            per = pd.to_numeric(t.nli_score, errors="coerce").to_numpy(float) if "nli_score" in t else None
+            st = clip4dm.evaluate_seetrue(res, recs, eps, None, per_caption=per)
+            m["seetrue_share_with_phrase"] = st["seetrue_share_with_phrase"]
+            if per is not None:
+                m["seetrue_nli_score"] = st["seetrue_nli"]
+                m["seetrue_nli_oracle"] = float(np.nanmean(pd.to_numeric(t.nli_oracle, errors="coerce")))
+                m["seetrue_nli_random_word"] = float(np.nanmean(pd.to_numeric(t.nli_random_word, errors="coerce")))
+    return m
 
 
 # ----------------------------------------------------------------------------- 04 few-shot
 def _fewshot_predictions(d: Path) -> dict[str, list]:
-    from lib.sei import Prediction
     by: dict[str, list] = {}
     for r in _jsonl(_file(d) / "predictions_fhm.jsonl"):
         by.setdefault(r["setting"], []).append(Prediction(**{k: v for k, v in r.items() if k != "model"}))
@@ -276,16 +339,21 @@ def _fewshot_predictions(d: Path) -> dict[str, list]:
 
 @stage("04_few_shot")
 def _fewshot(d: Path, root: Path) -> dict[str, Any]:
-    from lib import sei
-    from lib import sei_report as rep
     settings = read_json(_file(d) / "settings.json")
     retriever = settings["retrievers"][0]
     main = sei.main_setting_name(settings["retrievers"], settings["shots"])
     by = _fewshot_predictions(d)
     results = read_json(_file(d) / "results.json")
-    # every setting's classification and label-following, again from its answers
+    # every setting's classification, label-following and generated texts' scores, again from its answers
+    # and the references they were scored against (references_fhm.json)
+    refs = read_json(_file(d) / "references_fhm.json")
+    bs = tm.BertScoreSpec(model=settings["bertscore"]["model"], layers=int(settings["bertscore"]["layers"]),
+                          proxy=bool(settings["bertscore"].get("proxy", False)))
     for name, preds in by.items():
-        results[name] = {**results[name], **sei.classification(preds), **rep.exemplar_label_following(preds)}
+        results[name] = {**results[name], **sei.classification(preds), **rep.exemplar_label_following(preds),
+                         **sei.generation_scores(preds, refs["explanation"], refs["intervention"],
+                                                 settings["semsim_model"], bertscore=bs,
+                                                 stemmer=settings["rouge_stemmer"])}
     # the label vote of the retrieved exemplars (no model) and the retrieval's agreement: from the saved
     # ranking and the gold labels and types of the pool (the train split)
     gold = pd.read_csv(_file(root / "00_data_prep") / "memes.csv", dtype={"id": str, "type": str})
@@ -303,7 +371,7 @@ def _fewshot(d: Path, root: Path) -> dict[str, Any]:
                                **sei.retrieval_quality(ranked[:, :n], pool, queries)}
                               for n in sorted(set(settings["shots"]) | {knn_n})])
     claims, cold = rep.claim_frame({**by, "knn_vote": knn}, main, retriever, spread=True)
-    rows3 = read_json(_file(d) / "table3.json")["rows"]
+    rows3 = rep.table3_rows(_jsonl(_file(d) / "agent_outputs.jsonl"), settings["semsim_model"], bs)
     committed = read_json(_file(d) / "metrics.json")
     maj = max(np.mean([q.label for q in queries]), 1 - np.mean([q.label for q in queries]))
 
@@ -317,8 +385,6 @@ def _fewshot(d: Path, root: Path) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- 05 debate
 @stage("05_debate")
 def _debate(d: Path, root: Path) -> dict[str, Any]:
-    from lib.debate import cost_summary, evaluate
-    from lib.debate_report import claim_frame, results_from_jsonl, seed_spread, stage_metrics
     settings = read_json(_file(d) / "settings.json")
     runs = {}
     for f in sorted(d.glob("eval_*.json")):
@@ -331,7 +397,6 @@ def _debate(d: Path, root: Path) -> dict[str, Any]:
                       "cost": cost_summary(res, ev["config"]["rounds"])}
     main = runs.get("arcade") or next(iter(runs.values()))
     gts = [r.gt for r in main["results"]]
-    from collections import Counter
     chance = Counter(gts).most_common(1)[0][1] / len(gts)
     claims, cold = claim_frame(runs, settings["class_mode"], spread=True)
     committed = read_json(_file(d) / "metrics.json")
@@ -341,9 +406,6 @@ def _debate(d: Path, root: Path) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- 06 evaluation
 @stage("06_evaluation")
 def _evaluation(d: Path, root: Path) -> dict[str, Any]:
-    from lib import crosseval as ce
-    from lib.metrics import pairwise_mcnemar
-    from lib.params import load_profile
     preds = pd.read_csv(_file(d) / "predictions_common.csv", dtype={"id": str})
     gold = pd.read_csv(_file(root / "00_data_prep") / "memes.csv", dtype={"id": str, "type": str})
     gold = gold[gold.split.str.startswith("test")].set_index("id")

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import fnmatch
+import gzip
+import hashlib
 import json
 import os
 import platform
@@ -18,6 +21,9 @@ from pathlib import Path
 
 from lib import ROOT
 from lib.artifacts import ARTIFACTS_ROOT, RESULTS_ROOT, read_json, write_bytes, write_json, write_text
+from lib.chat.cache import ResponseCache, default_cache_path
+from lib.costs import Assumptions, cost_rows, markdown
+from lib.params import stages
 
 
 
@@ -61,11 +67,19 @@ RESULT_FILES: dict[str, tuple[str, ...]] = {
                    "*/metrics.json"),
     "serving": ("metrics.json", "details.json"),
     "04_few_shot": ("metrics.json", "results.json", "predictions_*.jsonl", "claims.csv", "cold_runs.csv",
-                    "table3.json", "settings.json", "coherence.csv", "exemplars_*.json", "retrieval.csv"),
+                    "table3.json", "agent_outputs.jsonl", "references_*.json", "settings.json", "coherence.csv",
+                    "exemplars_*.json", "retrieval.csv"),
     "05_debate": ("metrics.json", "settings.json", "results_*.jsonl", "eval_*.json", "claims.csv", "cold_runs.csv"),
     "06_evaluation": ("metrics.json", "comparison.csv", "predictions_common.csv", "mcnemar*.csv", "injection*.csv", "confounders.csv",
                       "common.json", "gallery.json"),
     "07_figures": (),
+}
+
+#: per-item files committed gzipped (results/<profile>/<stage>/<name>.gz; pandas and the checks read either):
+#: the large tables no figure reads
+RESULT_GZIP: dict[str, tuple[str, ...]] = {
+    "02_finetuning": ("runs/*/predictions.csv",),
+    "03_clip4dm": ("results_hat.csv", "results_richhf.csv", "results_seetrue.csv"),
 }
 
 #: a cap on everything under results/<profile>/ (the committed answers included); publish_run says when it is passed
@@ -103,23 +117,26 @@ def publish_stage(profile: str, stage: str) -> list[str]:
         for line in compare_metrics(read_json(dest / "metrics.json"), read_json(files["metrics.json"]),
                                     seed_spread(profile, stage)):
             print(f"   {stage}: {line}")
+    written = {}
     for rel, f in files.items():
-        target = dest / rel
         data = _scrubbed(f)
+        if any(fnmatch.fnmatch(rel, pat) for pat in RESULT_GZIP.get(stage, ())):
+            rel, data = rel + ".gz", gzip.compress(data, mtime=0)       # no timestamp: the same rows, the same bytes
+        target = dest / rel
         if not target.exists() or target.read_bytes() != data:
             write_bytes(target, data)
+        written[rel] = target
     if dest.exists():
         for old in [x for x in dest.rglob("*") if x.is_file()]:
-            if old.relative_to(dest).as_posix() not in files:
+            if old.relative_to(dest).as_posix() not in written:
                 old.unlink()
-    return sorted(files)
+    return sorted(written)
 
 
 def publish_run(profile: str) -> None:
     """After a run: the answers its stages used (results/<profile>/cache/), the stage timings and the
     machine (results/<profile>/timings.json), the digests of the saved notebooks' code and outputs
     (results/<profile>/notebooks.json: the notebooks that go with these results); then the size check."""
-    from lib.chat.cache import ResponseCache, default_cache_path
     cache = default_cache_path(profile)
     if cache.exists():
         n = ResponseCache(cache).export(cache_export_path(profile))
@@ -143,9 +160,7 @@ def publish_run(profile: str) -> None:
 def notebook_digests(profile: str) -> dict[str, str]:
     """sha256 of each saved notebook's code cells and their outputs (not its markdown: a reading may be
     edited after the run without running it again). Embedded notebooks are saved in place."""
-    import hashlib
     import nbformat
-    from lib.params import stages
     out = {}
     for st in stages():
         if st.notebook is None:
@@ -220,7 +235,6 @@ def compare_metrics(committed: dict, new: dict, spread: dict[str, tuple[float, f
 
 def collect(profile: str) -> list[tuple[str, str, object]]:
     """(stage, metric, value) of every committed metrics.json of the profile, in stage order."""
-    from lib.params import stages
     rows = []
     for st in stages():
         mfile = results_dir(profile) / st.name / "metrics.json"
@@ -342,8 +356,11 @@ def findings_rows(profile: str) -> list[dict[str, str]]:
                      "p": f"{_p(m2['caption_benefit_mcnemar_p'])} (McNemar)"})
     m3 = read_json(d / "03_clip4dm" / "metrics.json") if (d / "03_clip4dm" / "metrics.json").exists() else {}
     if "ap_fclipscore" in m3:
+        ft = d / "03_clip4dm" / "foil_table.csv"
+        n = next((r["n_pairs"] for r in csv.DictReader(ft.open(encoding="utf-8")) if r["benchmark"] == "foil"), "—") \
+            if ft.exists() else "—"
         rows.append({"system": "CLIP4DM", "claim": "F-CLIPScore ranks foils better than CLIPScore (FOIL AP)",
-                     "A vs B": "F-CLIPScore vs CLIPScore", "n": f"{m3.get('hat_n', '—')} pairs; 1 model",
+                     "A vs B": "F-CLIPScore vs CLIPScore", "n": f"{n} caption pairs; 1 trained model",
                      "effect": f"{m3['ap_fclipscore'] - m3['ap_clipscore']:+.3f} (AP {m3['ap_fclipscore']:.3f} vs "
                                f"{m3['ap_clipscore']:.3f})", "p": "— (no test yet)"})
     for stage, system, items in (("04_few_shot", "See, Explain, Intervene", "memes"),
@@ -378,7 +395,6 @@ def _minutes(s: float) -> str:
 def timings_block(profile: str = "embedded") -> str:
     """`make reproduce`'s measured time per stage (results/<profile>/timings.json) and `make test`'s
     (results/make_test.json), each with the machine that measured it."""
-    from lib.params import stages
     out = []
     if timings_path(profile).exists():
         t = read_json(timings_path(profile))
@@ -409,7 +425,6 @@ def timings_block(profile: str = "embedded") -> str:
 
 def costs_block(profile: str = "paper") -> str:
     """docs/gpu-costs.md's table: `python -m lib.costs` for the paper profile on one H100 80GB."""
-    from lib.costs import Assumptions, cost_rows, markdown
     a = Assumptions()
     rows = cost_rows(profile, a)
     return (f"Profile `{profile}`, memes of {a.image_size[0]} x {a.image_size[1]} px, one {a.gpu}:\n\n"
@@ -444,6 +459,47 @@ def serving_block(profile: str = "embedded") -> str:
                f"{m.get('greedy_agreement_served_vs_hf', float('nan')):.0%} of the prompts (4-bit kernels against "
                f"dequantized float32).")
     return "\n".join(out)
+
+
+def notebook_cost(stage: str, profile: str = "embedded") -> str:
+    """A notebook header's cost cell: the stage's measured time from nothing and in the latest run
+    (results/<profile>/timings.json), and the paper profile's estimate on one GPU (lib.costs)."""
+    parts = []
+    if timings_path(profile).exists():
+        t = read_json(timings_path(profile))
+        cold, last = t.get("stages", {}).get(stage), t.get("last_run", {}).get(stage)
+        cores = re.search(r"(\d+) CPU cores", t.get("machine", ""))
+        where = f"{cores.group(1)} CPU cores" if cores else "this machine"
+        if cold:
+            parts.append(f"embedded: {_minutes(cold['wall_s'])} on {where} from nothing (`make reproduce`)"
+                         + (f", {_minutes(last['wall_s'])} in the latest run on what earlier runs left" if last else ""))
+    rows = [r for r in cost_rows("paper", Assumptions()) if r.stage[:2] == stage[:2]]
+    if rows:
+        hours, gib = sum(r.gpu_hours for r in rows), max(r.gpu_gib for r in rows)
+        kinds = sorted({r.kind for r in rows} - {"none"})
+        parts.append("paper: " + ("no GPU" if hours == 0 and gib == 0 else
+                                  f"about {hours:.1f} GPU-hours and {gib:.0f} GiB on one {Assumptions().gpu} "
+                                  f"({', '.join(kinds)}; `python -m lib.costs`)"))
+    return "; ".join(parts) or "not measured yet"
+
+
+def update_notebook_headers(profile: str = "embedded") -> bool:
+    """Fill the `cost` block of each notebook's opening cell (markdown only: the saved outputs stay the run's)."""
+    import nbformat
+    changed = False
+    for st in stages():
+        if st.notebook is None:
+            continue
+        nb = nbformat.read(str(st.notebook), as_version=4)
+        cell = nb.cells[0]
+        new = _replace_block(cell.source, "cost", notebook_cost(st.name, profile)).replace("\n<!-- cost:end -->",
+                                                                                        " <!-- cost:end -->")
+        new = new.replace("<!-- cost:start -->\n", "<!-- cost:start --> ")
+        if new != cell.source:
+            cell.source = new
+            write_text(st.notebook, nbformat.writes(nb) + "\n")
+            changed = True
+    return changed
 
 
 #: generated blocks: file -> marker name -> function of the profile (`make results` fills them; the
@@ -487,7 +543,7 @@ def update_readme(readme: Path | None = None) -> bool:
     if not DOCS_RESULTS.exists() or DOCS_RESULTS.read_text(encoding="utf-8") != page:
         write_text(DOCS_RESULTS, page)
         changed = True
-    return changed
+    return update_notebook_headers() or changed
 
 
 def main(argv: list[str] | None = None) -> int:

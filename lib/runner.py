@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -499,7 +500,6 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"error: --fresh would delete artifacts/{args.profile}/ (a published profile's models, caches "
                       f"and runs); use `make clean-artifacts PROFILE={args.profile}` if you mean it", file=sys.stderr)
                 return 2
-            import shutil
             shutil.rmtree(ARTIFACTS_ROOT / args.profile, ignore_errors=True)
         return reproduce(args.profile, args.only, force=args.force, cold=args.cold,
                          publish=False if args.no_publish else None)

@@ -100,14 +100,15 @@ def train_agents(out_root: Path, recipe: AgentRecipe, data: dict[str, list[Agent
 def evaluate_agents(agents: dict[str, dict[str, Any]], data: dict[str, list[AgentExample]], templates: dict[str, str],
                     emb: dict[str, np.ndarray], cache, eval_n: int = 0, max_new_tokens: int = 100, seed: int = 0,
                     intervention_input: str = "generated", semsim_model: str = "minilm", bertscore=None,
-                    batch_size: int = 32, progress: bool = True) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+                    batch_size: int = 32, progress: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Table 3: each agent on its held-out examples (a seeded subset of eval_n), beside the
     nearest-training-meme baseline. The intervention agent reads the commonsense agent's output
-    (`generated`, as deployed) or the gold commonsense (`gold`)."""
-    rows, outputs = [], {}
+    (`generated`, as deployed) or the gold commonsense (`gold`). Returns the table's rows and one item per
+    example (agent, id, the agent's text, the baseline's, the references, the answer's status: what
+    table3_rows scores, kept as agent_outputs.jsonl)."""
     rng = random.Random(seed)
     chats = {a: agent_chat(agents[a]["dir"], cache, batch_size=batch_size) for a in AGENTS}
-    held = {}
+    held, outputs, items = {}, {}, []
     for a in AGENTS:
         test = [e for e in data[a] if e.split == "test"]
         if eval_n and len(test) > eval_n:
@@ -116,7 +117,7 @@ def evaluate_agents(agents: dict[str, dict[str, Any]], data: dict[str, list[Agen
     # the intervention agent is evaluated on the commonsense agent's memes: generate commonsense first
     for a in AGENTS:
         test = held[a]
-        items = [(e.img_path, e.inputs) for e in test]
+        its = [(e.img_path, e.inputs) for e in test]
         if a == "intervention" and intervention_input == "generated":
             cs = dict(zip([e.id for e in held["commonsense"]], outputs.get("commonsense", [])))
             missing = [e for e in test if e.id not in cs]
@@ -125,23 +126,33 @@ def evaluate_agents(agents: dict[str, dict[str, Any]], data: dict[str, list[Agen
                                   [(e.img_path, {"ocr": e.inputs["ocr"]}) for e in missing], max_new_tokens,
                                   progress=progress)
                 cs.update({e.id: r.text for e, r in zip(missing, extra)})
-            items = [(e.img_path, {**e.inputs, "commonsense": cs[e.id]}) for e in test]
-        res = run_agent(chats[a], templates[a], items, max_new_tokens, desc=a, progress=progress)
-        preds = [r.text for r in res]
-        outputs[a] = preds
-        train = [e for e in data[a] if e.split == "train"]
-        base = nearest_train_baseline(test, train, emb)
-        refs = [e.references for e in test]
-        s = score_texts(preds, refs, semsim_model, bertscore)
-        b = score_texts(base, refs, semsim_model, bertscore)
-        rows.append({"agent": a, "n": len(test), "rouge_l": s["rouge_l"], "semsim": s["semsim"],
+            its = [(e.img_path, {**e.inputs, "commonsense": cs[e.id]}) for e in test]
+        res = run_agent(chats[a], templates[a], its, max_new_tokens, desc=a, progress=progress)
+        outputs[a] = [r.text for r in res]
+        base = nearest_train_baseline(test, [e for e in data[a] if e.split == "train"], emb)
+        items += [{"agent": a, "id": e.id, "output": r.text, "baseline": b, "references": list(e.references),
+                   "gold": e.target, "status": r.status} for e, r, b in zip(test, res, base)]
+    return table3_rows(items, semsim_model, bertscore), items
+
+
+def table3_rows(items: Sequence[dict[str, Any]], semsim_model: str = "minilm", bertscore=None) -> list[dict[str, Any]]:
+    """Table 3's rows from the per-example items of evaluate_agents: each agent's scores against the
+    references beside the nearest-training-meme baseline's, whether it learned more than copying (both
+    ROUGE-L and semantic similarity above the baseline's), and three examples."""
+    rows = []
+    for a in dict.fromkeys(x["agent"] for x in items):
+        its = [x for x in items if x["agent"] == a]
+        refs = [x["references"] for x in its]
+        s = score_texts([x["output"] for x in its], refs, semsim_model, bertscore)
+        b = score_texts([x["baseline"] for x in its], refs, semsim_model, bertscore)
+        rows.append({"agent": a, "n": len(its), "rouge_l": s["rouge_l"], "semsim": s["semsim"],
                      "bertscore_f1": s["bertscore_f1"], "baseline_rouge_l": b["rouge_l"],
                      "baseline_semsim": b["semsim"], "baseline_bertscore_f1": b["bertscore_f1"],
-                     "n_failed": sum(r.status != "ok" for r in res),
+                     "n_failed": sum(x["status"] != "ok" for x in its),
                      "learned": bool(s["rouge_l"] > b["rouge_l"] and s["semsim"] > b["semsim"]),
-                     "examples": [{"id": e.id, "gold": e.target, "agent": p, "nearest_train": q}
-                                  for e, p, q in list(zip(test, preds, base))[:3]]})
-    return rows, outputs
+                     "examples": [{"id": x["id"], "gold": x["gold"], "agent": x["output"], "nearest_train": x["baseline"]}
+                                  for x in its[:3]]})
+    return rows
 
 
 def table3_frame(rows: Sequence[dict[str, Any]], profile: str, bertscore_label: str = "BERTScore-F1"):
@@ -416,7 +427,8 @@ main_setting_name = sei.main_setting_name      # the main row's name (kept here 
 SETTINGS_KEYS = ("datasets", "train_split", "agent_base", "agent_recipe", "agent_overrides", "agent_prompt_dir",
                  "agent_max_new_tokens", "retrievers", "shots", "order", "controls", "models", "serve_preset",
                  "images", "prompt_dir", "temperature", "max_new_tokens", "parser", "seed", "answer_format",
-                 "string_max_length", "knn_n", "eval_n", "eval_balance", "cold_runs")
+                 "string_max_length", "knn_n", "eval_n", "eval_balance", "cold_runs", "semsim_model", "bertscore",
+                 "rouge_stemmer", "explanation_refs", "intervention_refs")
 
 
 class FewShotModerator:

@@ -71,15 +71,15 @@ def test_the_table_covers_every_stage_and_says_what_kind_each_number_is():
     assert md.count("\n") == len(rows) + 1
 
 
-def test_readme_vllm_commands_hold_the_longest_few_shot_prompt():
-    """The serve commands the README prints must fit the profile's 8-shot prompts (default meme size)."""
+def test_documented_vllm_commands_hold_the_longest_few_shot_prompt():
+    """The serve commands docs/models-and-serving.md prints must fit the profile's 8-shot prompts (default meme size)."""
     from lib.params import load_profile
     section = load_profile("paper")["04_few_shot"]
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "models-and-serving.md").read_text(encoding="utf-8")
     for name, served in (("internvl3.5-8b", "internvl3.5-8b"), ("pixtral-12b", "pixtral-12b")):
         need = costs.vllm_settings(name, section, Assumptions().image_size, Assumptions())
         cmds = [ln for ln in text.splitlines() if ln.startswith("vllm serve") and f"--served-model-name {served}" in ln]
-        assert cmds, f"README prints no vllm serve command for {served}"
+        assert cmds, f"docs/models-and-serving.md prints no vllm serve command for {served}"
         for cmd in cmds:
             m = re.search(r"--max-model-len (\d+)", cmd)
             assert m and int(m.group(1)) >= need["longest_prompt"], f"{cmd!r}: needs --max-model-len >= {need['longest_prompt']}"

@@ -289,7 +289,7 @@ def test_hf_clip_attributed_forward_equals_the_full_one(clip_tok, n_layers, froz
         torch.testing.assert_close(row_b, a[ar, :, pool], rtol=1e-5, atol=1e-6)
         if g_full is not None:
             gb = g_fast[i][:, :, 0] if b.shape[2] == 1 else g_fast[i][ar, :, pool]
-            torch.testing.assert_close(gb, g_full[i][ar, :, pool], rtol=1e-4, atol=1e-7)
+            torch.testing.assert_close(gb, g_full[i][ar, :, pool], rtol=1e-4, atol=1e-6)   # float32 sums in another order
     assert all(torch.isfinite(g).all() for g in g_fast) and g_fast[-1].abs().sum() > 0
     with pytest.raises(ValueError, match="n_layers=3"):
         enc.text_forward_attributed(tokens, 3)

@@ -106,7 +106,8 @@ def test_claim_frame_pairs_settings_on_shared_memes_with_the_exact_test():
     r = c.set_index("B")
     assert list(r.index) == ["random_4", "zero_shot", "enc/2"]                 # claims whose settings ran
     assert (r.loc["random_4", "n"], r.loc["random_4", "only A right"], r.loc["random_4", "only B right"]) == (40, 12, 0)
-    assert r.loc["random_4", "exact McNemar p"] == pytest.approx(float(f"{binomtest(0, 12, 0.5).pvalue:.3g}"))
+    assert r.loc["random_4", "p"] == pytest.approx(float(f"{binomtest(0, 12, 0.5).pvalue:.3g}"))
+    assert r.loc["random_4", "test"] == "exact McNemar" and r.loc["random_4", "runs"] == 1
     assert (r.loc["zero_shot", "acc B"], r.loc["zero_shot", "only A right"]) == (0.0, 30)
     assert (r.loc["enc/2", "n"], r.loc["enc/2", "acc A"], r.loc["enc/2", "majority line"]) == (10, 1.0, 0.5)
     m = rep.claim_metrics(c)

@@ -164,18 +164,26 @@ def test_real_fhm_without_confounder_annotations_gives_an_empty_table_not_an_err
     assert t[["subset", "value", "n"]].values.tolist() == [["image", 0.5, 2]]
 
 
-def test_a_smoke_run_never_rewrites_the_readme_results(monkeypatch):
-    """`make test` ends with the paper-smoke profile; its numbers must not replace the README's table."""
+def test_a_smoke_run_never_rewrites_the_readme_results(monkeypatch, tmp_path):
+    """`make test` ends with the paper-smoke profile; its numbers must not replace the README's table
+    (only a published profile's run publishes and regenerates the README's blocks)."""
     import contextlib
     import lib.runner as runner
-    from lib.params import Stage
-    calls = []
+    from lib.params import stages
+    calls, published = [], []
+    monkeypatch.setattr(runner, "ARTIFACTS_ROOT", tmp_path)
+    monkeypatch.setattr(runner, "default_cache_path", lambda profile: tmp_path / profile / "cache" / "responses.sqlite")
     monkeypatch.setattr(runner, "profile_services", lambda profile: contextlib.nullcontext())
     monkeypatch.setattr(runner, "run_notebook", lambda st, profile, params: None)
     monkeypatch.setattr(runner, "update_readme", lambda path: calls.append(path))
-    st = [Stage("07_figures", notebook=ROOT / "notebooks" / "07_figures.ipynb")]
-    assert runner._run_stages(st, "paper-smoke", {"07_figures": {}}) == 0 and calls == []
-    assert runner._run_stages(st, "embedded", {"07_figures": {}}) == 0 and len(calls) == 1
+    monkeypatch.setattr(runner.results, "publish_stage", lambda profile, stage: published.append((profile, stage)))
+    monkeypatch.setattr(runner.results, "publish_run", lambda profile: published.append((profile, "run")))
+    sections = {s.name: {} for s in stages()}
+    st = [s for s in stages() if s.name == "07_figures"]
+    assert runner._run_stages(st, "paper-smoke", sections) == 0 and calls == [] and published == []
+    assert (tmp_path / "paper-smoke" / "07_figures" / ".stamp.json").exists()
+    assert runner._run_stages(st, "embedded", sections, force=True, publish=True) == 0 and len(calls) == 1
+    assert published == [("embedded", "07_figures"), ("embedded", "run")]
 
 
 def test_loopback_presets_reach_the_running_server_and_name_it_not_its_port(server, monkeypatch):

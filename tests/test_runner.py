@@ -95,26 +95,25 @@ def test_ci_runs_make_test():
     assert "make test" in script and os.access(ROOT / ".ci" / "run", os.X_OK)
 
 
-def test_readme_results_table_from_metrics(tmp_path, monkeypatch):
-    from lib import artifacts, results
-    monkeypatch.setattr(results, "ARTIFACTS_ROOT", tmp_path)
-    monkeypatch.setattr(artifacts, "ARTIFACTS_ROOT", tmp_path)
-    (tmp_path / "embedded" / "02_x").mkdir(parents=True)
-    (tmp_path / "embedded" / "02_x" / "metrics.json").write_text(json.dumps({"auroc": 0.91234, "n": 7}))
-    readme = tmp_path / "README.md"
-    readme.write_text(f"intro\n{results.START}\nold\n{results.END}\nend\n")
+def test_generated_blocks_are_filled_from_the_results_and_the_rest_is_kept(tmp_path, monkeypatch):
+    """`make results` replaces only what sits between a block's markers, with what its function returns for
+    the embedded profile; a document without the markers, and a second run, change nothing."""
+    from lib import results
+    readme, other = tmp_path / "README.md", tmp_path / "other.md"
+    readme.write_text("intro\n<!-- findings:start -->\nold 0.5\n<!-- findings:end -->\nkept\n"
+                      "<!-- timings:start --><!-- timings:end -->\nend\n")
+    other.write_text("no markers here\n")
+    monkeypatch.setattr(results, "BLOCKS", {readme: {"findings": lambda p: f"| {p} | 0.91 |\n",
+                                                     "timings": lambda p: "12 min"},
+                                            other: {"findings": lambda p: "never written"}})
+    monkeypatch.setattr(results, "DOCS_RESULTS", tmp_path / "results.md")
+    monkeypatch.setattr(results, "results_page", lambda: "# page\n")
+    monkeypatch.setattr(results, "update_notebook_headers", lambda: False)
     assert results.update_readme(readme)
-    text = readme.read_text()
-    assert "| 02_x | `auroc` | 0.9123 |" in text and "| 02_x | `n` | 7 |" in text and "old" not in text
-    assert "Profile `embedded`" in text and "CPU cores" in text and text.endswith("end\n")
-    # running one stage later keeps the rows of the stages whose metrics are not here
-    (tmp_path / "embedded" / "02_x" / "metrics.json").unlink()
-    (tmp_path / "embedded" / "05_y").mkdir()
-    (tmp_path / "embedded" / "05_y" / "metrics.json").write_text(json.dumps({"acc": 0.5}))
-    assert results.update_readme(readme)
-    text = readme.read_text()
-    assert "| 02_x | `auroc` | 0.9123 |" in text and "| 05_y | `acc` | 0.5 |" in text
-    assert text.index("| 02_x |") < text.index("| 05_y |")
+    assert readme.read_text() == ("intro\n<!-- findings:start -->\n| embedded | 0.91 |\n<!-- findings:end -->\nkept\n"
+                                  "<!-- timings:start -->\n12 min\n<!-- timings:end -->\nend\n")
+    assert other.read_text() == "no markers here\n" and (tmp_path / "results.md").read_text() == "# page\n"
+    assert not results.update_readme(readme)
 
 
 def test_failing_stage_keeps_notebook_and_parks_the_failed_run(tmp_path):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from lib import ROOT
 from lib.chat.messages import ChatResult
+from lib.artifacts import write_bytes
 
 #: the environment variable naming the stage that is running (set by lib.runner)
 STAGE_ENV = "COMPENDIUM_STAGE"
@@ -95,15 +96,16 @@ class ResponseCache:
     def export(self, out: str | Path) -> int:
         """Write the answers some stage's last run used as gzipped JSON lines sorted by key (key, model,
         status, payload; no timestamps: the same answers give the same bytes), atomically. Returns the count."""
-        from lib.artifacts import write_bytes
         rows = self._retry(lambda: self._conn().execute(
             "SELECT key, model, status, payload FROM responses WHERE status!='failed' AND key IN "
             "(SELECT key FROM used) ORDER BY key").fetchall())
         buf = io.BytesIO()
+        root = str(ROOT) + "/"
         with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz:
-            for key, model, status, payload in rows:
-                gz.write((json.dumps({"key": key, "model": model, "status": status, "payload": json.loads(payload)},
-                                     ensure_ascii=True, sort_keys=True) + "\n").encode("ascii"))
+            for key, model, status, payload in rows:      # answers are found by key: the model's path is made relative
+                line = json.dumps({"key": key, "model": model, "status": status, "payload": json.loads(payload)},
+                                  ensure_ascii=True, sort_keys=True).replace(root, "")
+                gz.write((line + "\n").encode("ascii"))
         write_bytes(out, buf.getvalue())
         return len(rows)
 
