@@ -637,10 +637,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 # ----------------------------------------------------------------------------- cached runs
 def select(raw: dict[str, Any], sorted_by: str, epsilon: float) -> dict[str, Any]:
     """A result dict from stored word attributions and cosine, under any selection rule."""
@@ -702,3 +698,7 @@ def attribute_pairs(model: CLIP4DM, pairs: Sequence[tuple[str, str]], cache_path
             f.flush()
             os.fsync(f.fileno())
     return [done[k] for k in keys]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -263,18 +263,20 @@ def draw_trace_seeds(profile: str):
     import pandas as pd
     t = pd.read_csv(_art(profile, "02_finetuning/seeds.csv"))
     variants = list(dict.fromkeys(t.variant))
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
+    fig, axes = plt.subplots(2, 1, figsize=(max(8.0, 1.0 * len(variants) + 2), 6.4), sharex=True)
     for ax, col, label in ((axes[0], "accuracy", "accuracy (test_seen)"), (axes[1], "acc_type_001", "accuracy on type 001")):
         for k, v in enumerate(variants):
             g = t[t.variant == v][col]
+            mean, sd = float(g.mean()), float(g.std()) if len(g) > 1 else 0.0
             ax.scatter([k] * len(g), g, color=_tab10(k), alpha=0.7, zorder=3)
-            ax.errorbar([k + 0.15], [g.mean()], yerr=[g.std() if len(g) > 1 else 0], fmt="s", color="k", capsize=4)
-            ax.annotate(f"{g.mean():.3f} ± {g.std():.3f}", (k + 0.2, g.mean()), fontsize=7, va="center")
-        ax.set_xticks(range(len(variants)), variants)
-        ax.set_xlim(-0.5, len(variants) - 0.2)
+            # an accuracy lies in [0, 1]: the sd bar is drawn inside that range (its length is in the label)
+            ax.errorbar([k + 0.18], [mean], yerr=[[min(sd, mean)], [min(sd, 1 - mean)]], fmt="s", color="k", capsize=4)
+            ax.annotate(f"{mean:.3f}\n± {sd:.3f}", (k + 0.26, mean), fontsize=7, va="center")
+        ax.set_xlim(-0.5, len(variants) - 0.1)
         ax.set_ylabel(label)
+    axes[1].set_xticks(range(len(variants)), variants, rotation=30, ha="right")
     n = int(t.groupby("variant").size().min())
-    fig.suptitle(f"TRACE over {n} seeds: dots are seeds, squares mean ± sd", fontsize=10)
+    fig.suptitle(f"TRACE over {n} seeds: dots are seeds, squares mean ± sd (bars kept inside [0, 1])", fontsize=10)
     fig.tight_layout()
     return fig
 

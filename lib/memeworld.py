@@ -1010,10 +1010,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 def tag_vocabulary() -> list[str]:
     """Every object MemeWorld draws, as a tagger vocabulary (TRACE grounding in the embedded profile)."""
     return (list(BENIGN_OBJECTS) + [f"{s} sigil" for s in SYMBOLS] + [f"crossed-out {s} sigil" for s in SYMBOLS]
@@ -1035,3 +1031,7 @@ def object_box(position: str, size: int = 128, style: str = "fhm") -> list[float
     cy, r = _object_row(size, style)
     cx = POSITIONS[position] * size
     return [cx - r, cy - r, cx + r, cy + r]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,10 +1,13 @@
 """Notebook 04's steps, tables and figures (See, Explain, Intervene).
 
-    pool, queries = load_memes(profile, "fhm", ...)
-    agents = train_agents(profile, recipe, data, ...)          # four fine-tuned agents (cached)
-    table3 = agent_table(agents, data, emb, ...)                # held-out scores beside the baseline
-    silver = write_silver(...)                                  # captions, explanations, interventions
-    preds, cost = run_setting(...)                              # lib.sei, one per setting
+    agents = train_agents(out_root, recipe, data, templates, ...)      # four fine-tuned agents (cached)
+    rows, items = evaluate_agents(agents, data, templates, emb, ...)  # Table 3: held-out scores beside the
+                                                                       #   nearest-training-meme baseline
+    ex = retrieve_exemplars(dataset, memes, train_split, test_split, ...)   # ranked exemplar pools
+    plans = plan_settings(settings, queries, pool, ...)               # which exemplars each prompt shows
+    silver = make_silver(pool, needs, agents, ...)                    # silver captions, explanations, interventions
+    result, preds = evaluate_setting(chat, setting, queries, pool, plan, silver, ...)   # lib.sei, per setting
+    claims, cold = claim_frame(preds, main_name, retriever, spread=True)       # each claim's paired test
 """
 from __future__ import annotations
 

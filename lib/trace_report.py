@@ -384,10 +384,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
-
-
 # ----------------------------------------------------------------------------- notebook 02's runs
 @dataclass
 class TraceRuns:
@@ -605,3 +601,7 @@ def caption_benefit(runs: dict[str, dict[str, Any]], default: str, seed_tab: pd.
         out.update({"caption_benefit_seeds_mean": float(d.mean()), "caption_benefit_seeds_sd": float(d.std()),
                     "caption_benefit_seeds_positive": int((d > 0).sum()), "caption_benefit_n_seeds": int(len(d))})
     return out
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
