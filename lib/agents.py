@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -35,7 +36,6 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
-from accelerate import Accelerator
 from PIL import Image
 from tqdm.auto import tqdm
 from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -45,7 +45,8 @@ from lib.artifacts import MissingInputError
 from lib.chat import Chat, GenParams, image, text, user
 from lib.chat.hf import HFChatBackend
 from lib.memeworld_vlm import save_model
-from lib.presets import default_device, folder_identity, get_preset, torch_dtype
+from lib.presets import default_device, folder_identity, get_preset, new_accelerator, torch_dtype
+from lib.train_memory import check_fits, shape_of
 
 AGENTS = ("captioner", "explainer", "commonsense", "intervention")
 AGENT_SOURCES = {"captioner": "memecap", "explainer": "hatred", "commonsense": "memesense", "intervention": "memesense"}
@@ -89,6 +90,11 @@ class AgentRecipe:
                                      #   how long; PaliGemma-448 puts 1024 image tokens in every prompt)
     mixed_precision: str = "no"      # accelerate: no | bf16 | fp16
     dtype: str = "float32"           # weights dtype for loading (paper: bfloat16)
+    gradient_checkpointing: bool = False   # recompute each layer in the backward pass (non-reentrant): the
+                                     #   paper's batch 8 x 1536 tokens fits an 80 GB GPU only with it on; the
+                                     #   same gradients, about 1.3x the compute
+    drop_cut_answers: bool = False   # an example whose whole answer max_len cuts away is an error (it would
+                                     #   train on no token); true leaves such examples out and counts them
     seed: int = 0
     threads: int = 2
     prompt_dir: str = "params/prompts/sei/agents"
@@ -229,6 +235,7 @@ def encode_example(proc, img, prompt: str, target: str, max_len: int) -> dict[st
                                                               "token_type_ids")}
         if "token_type_ids" in enc:                  # PaliGemma: 0 prefix (bidirectional), 1 suffix (causal)
             extra["token_type_ids"] = enc["token_type_ids"][0].tolist()
+    full_len, answer_tokens = len(ids), sum(t != -100 for t in labels)
     if len(ids) > max_len:
         img_id = image_token_id(proc)
         last_img = max((k for k, t in enumerate(ids) if t == img_id), default=-1) if img_id is not None else -1
@@ -241,7 +248,9 @@ def encode_example(proc, img, prompt: str, target: str, max_len: int) -> dict[st
         ids, labels = ids[:max_len], labels[:max_len]
         if "token_type_ids" in extra:
             extra["token_type_ids"] = extra["token_type_ids"][:max_len]
-    return {"input_ids": ids, "labels": labels, **extra}
+    # what max_len left of the answer ("_" keys are bookkeeping: the collator leaves them out of the batch)
+    return {"input_ids": ids, "labels": labels, **extra, "_full_len": full_len, "_answer_tokens": answer_tokens,
+            "_answer_kept": sum(t != -100 for t in labels)}
 
 
 def _collate(batch: list[dict[str, Any]], pad_id: int):
@@ -261,8 +270,10 @@ def _collate(batch: list[dict[str, Any]], pad_id: int):
             tt[i, :len(b["token_type_ids"])] = torch.tensor(b["token_type_ids"])
         out["token_type_ids"] = tt
     for key in batch[0]:
-        if key not in ("input_ids", "labels", "token_type_ids"):
+        if key not in ("input_ids", "labels", "token_type_ids") and not key.startswith("_"):
             out[key] = torch.stack([b[key] for b in batch])
+    if "_id" in batch[0]:
+        out["_ids"] = [b["_id"] for b in batch]      # which examples: named when a step's loss is not finite
     return out
 
 
@@ -281,7 +292,8 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
         train = sorted(rng.sample(train, recipe.max_train), key=lambda e: e.id)
     model, proc, src = _load_base(recipe.base, recipe.dtype)
     base_digest = folder_identity(src)
-    rec_json = {k: v for k, v in asdict(recipe).items() if k not in ("threads", "prompt_dir")}
+    rec_json = {k: v for k, v in asdict(recipe).items() if k not in ("threads", "prompt_dir", "gradient_checkpointing")
+                and not (k == "drop_cut_answers" and not v)}    # neither changes the weights a recipe trains
     key = hashlib.sha256(json.dumps({"base": base_digest, "recipe": rec_json,
                                      "data": examples_digest(train, template)}, sort_keys=True).encode()).hexdigest()[:16]
     rec_path = out_dir / "training.json"
@@ -295,10 +307,22 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
     encoded = []
     for e in tqdm(train, desc=f"encode {agent}", disable=not progress, leave=False):
         with Image.open(e.img_path) as im:
-            encoded.append(encode_example(proc, im.convert("RGB"), render_prompt(template, e.inputs), " " + e.target
-                                          if _leading_space(proc) else e.target, recipe.max_len))
-    acc = Accelerator(mixed_precision=recipe.mixed_precision, gradient_accumulation_steps=recipe.grad_accum,
-                      cpu=default_device() == "cpu")
+            enc = encode_example(proc, im.convert("RGB"), render_prompt(template, e.inputs), " " + e.target
+                                 if _leading_space(proc) else e.target, recipe.max_len)
+        encoded.append({**enc, "_id": e.id})
+    encoded, cut = answers_in_reach(encoded, agent, recipe)
+    if recipe.gradient_checkpointing:
+        if hasattr(model, "activation_checkpointing_enable"):          # transformers >= 5.x's name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    checkpointing = bool(getattr(model, "is_gradient_checkpointing", False))
+    device = default_device()
+    if device == "cuda":                                 # before anything is on the GPU: refuse what cannot fit
+        check_recipe_memory(model, recipe, max(len(x["input_ids"]) for x in encoded))
+    acc = new_accelerator(mixed_precision=recipe.mixed_precision, gradient_accumulation_steps=recipe.grad_accum,
+                          cpu=device == "cpu")
     g = torch.Generator().manual_seed(recipe.seed)
     loader = torch.utils.data.DataLoader(encoded, batch_size=recipe.batch_size, shuffle=True, generator=g,
                                          collate_fn=lambda b: _collate(b, tok.pad_token_id or 0))
@@ -312,25 +336,69 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
     for epoch in range(recipe.epochs):
         model.train()
         losses = []
-        for batch in loader:
+        for step, batch in enumerate(loader, 1):
+            ids = batch.pop("_ids")
             with acc.accumulate(model):
                 loss = model(**batch).loss
+                value = float(loss.detach())
+                if not math.isfinite(value):
+                    raise FloatingPointError(
+                        f"agent {agent}: the training loss is {value} at epoch {epoch + 1}, step {step} of "
+                        f"{len(loader)} (memes {', '.join(ids)}); nothing was saved (recipe: lr {recipe.lr}, "
+                        f"mixed_precision {recipe.mixed_precision}, dtype {recipe.dtype})")
                 acc.backward(loss)
                 if acc.sync_gradients:
                     acc.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 sched.step()
                 opt.zero_grad(set_to_none=True)
-            losses.append(float(loss.detach()))
+            losses.append(value)
             bar.update(1)
         curve.append({"epoch": epoch + 1, "loss": float(np.mean(losses)), "seconds": time.time() - t0})
     bar.close()
     record = {"agent": agent, "key": key, "base": recipe.base, "base_digest": base_digest, "recipe": asdict(recipe),
-              "n_train": len(train), "curve": curve, "train_s": time.time() - t0}
+              "n_train": len(encoded), "n_answer_cut": cut["whole"], "n_answer_shortened": cut["part"],
+              "gradient_checkpointing": checkpointing, "curve": curve, "train_s": time.time() - t0}
     if acc.is_main_process:
         save_model(acc.unwrap_model(model), proc, out_dir, record)
     acc.wait_for_everyone()
     return {**record, "cached": False}
+
+
+def answers_in_reach(encoded: list[dict[str, Any]], agent: str, recipe: AgentRecipe
+                     ) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """The encoded examples that keep at least one answer token after `max_len`, and how many lost it all
+    ("whole") or its end ("part"). An example with no answer token contributes nothing to the loss, and a
+    batch made only of such examples has a NaN loss (0 / 0), so one is an error naming the examples and the
+    max_len they need, unless the recipe's drop_cut_answers leaves them out (the record counts them)."""
+    whole = [x for x in encoded if x["_answer_kept"] == 0]
+    part = sum(1 for x in encoded if 0 < x["_answer_kept"] < x["_answer_tokens"])
+    if whole and not recipe.drop_cut_answers:
+        need = max(x["_full_len"] for x in whole)
+        names = ", ".join(str(x["_id"]) for x in whole[:10]) + (", ..." if len(whole) > 10 else "")
+        raise AgentDataError(
+            f"agent {agent}: max_len {recipe.max_len} cuts away the whole answer of {len(whole)} of {len(encoded)} "
+            f"training examples (memes {names}); they would train on no token, and a batch of only such "
+            f"examples has a NaN loss. Set agent_recipe's max_len to at least {need} (the longest of them, "
+            f"answer included), or drop_cut_answers: true to leave them out (the training record counts them)")
+    kept = [x for x in encoded if x["_answer_kept"] > 0]
+    if not kept:
+        raise AgentDataError(f"agent {agent}: no training example keeps an answer token at max_len {recipe.max_len}")
+    return kept, {"whole": len(whole), "part": part}
+
+
+def check_recipe_memory(model, recipe: AgentRecipe, seq_len: int, free_bytes: float | None = None) -> dict[str, float]:
+    """Refuse (RecipeMemoryError) a recipe whose training step cannot fit the GPU's free memory with a 10%
+    margin, naming a batch size / accumulation / checkpointing that fits (lib.train_memory's estimate from
+    the model's configuration; `free_bytes` defaults to what the current CUDA device has free)."""
+    if free_bytes is None:
+        free_bytes = gpu_free_bytes()
+    return check_fits(shape_of(model), recipe.batch_size, recipe.grad_accum, seq_len, free_bytes,
+                      recipe.gradient_checkpointing, where="this GPU")
+
+
+def gpu_free_bytes() -> float:
+    return float(torch.cuda.mem_get_info()[0])
 
 
 def _leading_space(proc) -> bool:

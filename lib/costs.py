@@ -12,8 +12,9 @@ Three kinds of number, and the table says which is which:
   an n-shot prompt, the vLLM `--max-model-len` that holds it, KV-cache bytes per token, weight
   bytes, and the host memory of notebook 02's feature cache (`feature_cache_bytes`, equal to
   `trace.FeatureCache.nbytes` by construction and by test);
-- **estimated**: activation memory of a training step (Korthikanti et al. 2022, per layer
-  `34 s b h` bytes in 16-bit with fused attention, plus the logits) and GPU time from FLOPs
+- **estimated**: the GPU memory of a training step (`lib.train_memory`: weights and Adam, each
+  layer's activations with a gated MLP and eager attention's quadratic term, float32 logits over
+  the vocabulary; within 10% of the peaks measured for the agent recipe on an H100) and GPU time from FLOPs
   (`2 P T` per prompt token, `6 P T` per training token) at an assumed share of the GPU's peak, or
   from weight reads per decoding step; every assumption is a field of `Assumptions`;
 - **cited**: CLIP4DM's captions per second on a GPU, from its paper.
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lib.params import load_profile
+from lib.train_memory import ModelShape, TowerShape, settings_that_fit, step_bytes
 
 GIB = 1024 ** 3
 
@@ -65,6 +67,12 @@ CHECKPOINTS: dict[str, Checkpoint] = {
         vision_layers=27, vision_hidden=1152,
         note="Gemma-2B decoder (18 layers, one KV head of 256) + SigLIP-So400m/14 at 448 px: 1024 image tokens"),
 }
+
+#: PaliGemma-3B-448's training shape (lib.train_memory) from its config.json: Gemma-2B's gated MLP is 8x its
+#: width, SigLIP-So400m sees 1024 patches, 257,216-token vocabulary; eager attention, as measured
+PALIGEMMA_TRAINING = ModelShape(params=2.92e9, decoder=TowerShape(18, 2048, 16_384, 8, True), vocab=257_216,
+                                image_tokens=1024, vision=TowerShape(27, 1152, 4304, 16, False), weight_bytes=2,
+                                eager_attention=True)
 
 #: the paper profile's data, in memes (public splits; REFERENCE.md and the See-Explain-Intervene
 #: paper's Table 1 give the counts)
@@ -156,20 +164,6 @@ def feature_cache_bytes(n_memes: int, n_texts: int, seq_len: int, text_width: in
 
 # ----------------------------------------------------------------------------- estimated: memory and time
 
-def training_bytes(ck: Checkpoint, batch: int, seq_len: int, image_tokens_: int, dtype_bytes: int = 2) -> dict[str, float]:
-    """Full fine-tuning in 16-bit weights with Adam (states in the weights' dtype, as torch keeps
-    them): weights + gradients + two moments, the activations of every layer (34 s b h bytes with
-    fused attention) of the decoder and the vision tower, and the logits (16-bit, then float32 in
-    the loss)."""
-    p = ck.params_b * 1e9
-    states = p * dtype_bytes * 4
-    act = 34 * seq_len * batch * ck.hidden * ck.layers
-    if ck.vision_layers:
-        act += 34 * image_tokens_ * batch * ck.vision_hidden * ck.vision_layers
-    logits = batch * seq_len * ck.vocab * (dtype_bytes + 4)
-    return {"weights_grads_adam": states, "activations": act, "logits": logits, "total": states + act + logits}
-
-
 def prefill_seconds(ck: Checkpoint, tokens: float, a: Assumptions) -> float:
     return 2 * ck.params_b * 1e9 * tokens / (a.peak_tflops * 1e12 * a.mfu_prefill)
 
@@ -255,16 +249,21 @@ def cost_rows(profile: str = "paper", a: Assumptions | None = None) -> list[Row]
     sec4 = p["04_few_shot"]
     pg = CHECKPOINTS["paligemma-3b-pt-448"]
     rec = sec4["agent_recipe"]
-    tr = training_bytes(pg, int(rec["batch_size"]), int(rec["max_len"]), 1024)
-    half = max(1, int(rec["batch_size"]) // 2)
-    half_gib = training_bytes(pg, half, int(rec["max_len"]), 1024)["total"] / GIB
+    b, acc, ml = int(rec["batch_size"]), int(rec.get("grad_accum", 1)), int(rec["max_len"])
+    ckpt = bool(rec.get("gradient_checkpointing", False))
+    tr = step_bytes(PALIGEMMA_TRAINING, b, ml, ckpt)
+    smaller = settings_that_fit(PALIGEMMA_TRAINING, b, acc, ml, 48 * GIB, ckpt)
     train_tok = S["agent_examples"] * int(rec["epochs"]) * (1024 + 250)
     rows.append(Row("04 agents: training", f"4 PaliGemma-3B-448 full fine-tunes, {S['agent_examples']:,} examples "
-                    f"x {rec['epochs']} epochs, batch {rec['batch_size']} x {rec['max_len']} tokens",
+                    f"x {rec['epochs']} epochs, batch {b} x {ml} tokens"
+                    f"{', gradient checkpointing' if ckpt else ''}",
                     train_seconds(pg, train_tok, a) / 3600, tr["total"] / GIB, 24.0, "estimated",
-                    f"weights + gradients + Adam {tr['weights_grads_adam'] / GIB:.1f} GiB, activations "
-                    f"{tr['activations'] / GIB:.1f}, logits {tr['logits'] / GIB:.1f}: train before any vLLM server starts; "
-                    f"a 48 GB GPU: batch_size {half}, grad_accum 2 ({half_gib:.0f} GiB)"))
+                    f"weights + Adam {tr['states'] / GIB:.1f} GiB, activations {tr['activations'] / GIB:.1f}, "
+                    f"logits {tr['logits'] / GIB:.1f} (lib.train_memory; train_agent refuses a recipe that does not fit): "
+                    f"train before any vLLM server starts"
+                    + (f"; a 48 GB GPU: batch_size {smaller[0]['batch_size']}, grad_accum {smaller[0]['grad_accum']}"
+                       f"{', gradient checkpointing' if smaller[0]['gradient_checkpointing'] else ''} "
+                       f"({smaller[0]['gib']:.0f} GiB)" if smaller else "")))
     silver = (S["fhm_train"] + S["mami_train"]) * 3.5 + S["fhm_extended"] + S["mami_extended"]
     rows.append(Row("04 agents: silver texts", f"up to {silver:,.0f} generations (exemplar pools' captions, "
                     "explanations, interventions; the queries' captions), transformers batch "

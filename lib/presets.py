@@ -227,6 +227,28 @@ def default_device() -> str:
     return "cpu"
 
 
+#: set to "1" where a process shares the cores with another heavy one (`make test` runs two profiles side by
+#: side): servers started then let their idle threads sleep instead of spinning (llama.cpp's poll 0)
+SHARED_CPU = "COMPENDIUM_SHARED_CPU"
+
+
+def new_accelerator(**kwargs):
+    """An `accelerate.Accelerator` for one training run, in a process that may already have made others.
+
+    accelerate keeps one AcceleratorState per process and refuses a second Accelerator whose mixed
+    precision differs ("AcceleratorState has already been initialized and cannot be changed"): a
+    kernel that trained one agent in bf16 could not train the next in fp16, nor run TRACE's training
+    after either. Each run here builds its Accelerator, prepares its objects, trains and saves before
+    the next one starts, so the previous run's state is reset first (the mixed-precision state and
+    the gradient-accumulation state; the process group of a distributed launch, PartialState, is
+    kept)."""
+    from accelerate import Accelerator          # lazy on purpose: reading presets needs no accelerate
+    from accelerate.state import AcceleratorState, GradientState
+    AcceleratorState._reset_state(reset_partial_state=False)
+    GradientState._reset_state()
+    return Accelerator(**kwargs)
+
+
 # ----------------------------------------------------------------------------- backend registries
 def registrar(table: dict[str, str]):
     """A class decorator factory that records `name -> "module:Class"` in `table` (chat and encoder

@@ -29,6 +29,7 @@ from lib.artifacts import require, stage_dir, write_json, write_text
 from lib.encoders import load_encoder
 from lib.metrics import bootstrap_ci, mcnemar, per_type_accuracy
 from lib.params import load_profile
+from lib.presets import new_accelerator
 from lib.trace import (CACHE_DTYPES, LOSS_CONFIGS, MODALITIES, MULTIOFF_RECIPE, FeatureCache, MemeBatchData,
                        TrainConfig, Trainer, config_diff, load_checkpoint, unfrozen_layer_indices)
 
@@ -354,9 +355,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = load_profile(a.profile).get("02_finetuning", {})
     acc = None
     try:
-        from accelerate import Accelerator
-        acc = Accelerator(mixed_precision="no")      # AMP is the Trainer's own autocast
-    except ImportError:
+        acc = new_accelerator(mixed_precision="no")  # AMP is the Trainer's own autocast
+    except ImportError:                              # accelerate is optional here: the device is then the profile's
         pass
     device = str(acc.device) if acc is not None else p.get("device")
     given = {"loss_config": a.loss_config, "epochs": a.epochs, "cache_dtype": a.cache_dtype, "seed": a.seed}

@@ -12,7 +12,8 @@ LIB = Path(__file__).resolve().parents[1] / "lib"
 
 #: lib/README.md's layers, lowest first: a module may import its own layer and the ones below
 LAYERS = {
-    0: {"lib", "lib.artifacts", "lib.prompts", "lib.presets", "lib.metrics", "lib.plotting", "lib.envfiles"},
+    0: {"lib", "lib.artifacts", "lib.prompts", "lib.presets", "lib.metrics", "lib.plotting", "lib.envfiles",
+        "lib.train_memory"},
     1: {"lib.datasets", "lib.render", "lib.injection", "lib.memeworld", "lib.data_prep"},
     2: {"lib.chat", "lib.encoders", "lib.serve", "lib.llm_adapt", "lib.memeworld_vlm", "lib.nli", "lib.textmetrics"},
     3: {"lib.captioning", "lib.trace", "lib.clip4dm", "lib.agents", "lib.sei", "lib.debate"},

@@ -3,6 +3,7 @@ libraries, and the agent trainer on a tiny LLaVA-architecture model."""
 import collections
 import collections.abc
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -393,6 +394,97 @@ def test_prefix_models_train_and_answer_without_a_chat_template(tiny_paligemma, 
         chat.backend.complete_batch([[{"role": "system", "content": [{"type": "text", "text": "x"}]},
                                       {"role": "user", "content": [{"type": "text", "text": "y"}]}]],
                                     __import__("lib.chat", fromlist=["GenParams"]).GenParams(max_new_tokens=2))
+
+
+def test_training_twice_in_one_process_with_two_precisions_and_then_trace(tiny_agent_base, tmp_path):
+    """accelerate keeps one state per process and refuses a second Accelerator with another mixed precision;
+    every run here starts from a fresh one (a kernel trains agents in bf16 and fp32, then TRACE)."""
+    from accelerate import Accelerator
+    from lib.agents import AgentRecipe, build_agent_data, train_agent
+    from lib.presets import new_accelerator
+    data = build_agent_data(*_records(tmp_path)[1:], _records(tmp_path)[0])
+    tpl = "The meme is {label}. Explain why. Its text: {ocr}"
+    for k, mp in enumerate(("no", "bf16", "no")):
+        rec = train_agent(data["explainer"], tmp_path / f"agent_{k}", AgentRecipe(
+            base=str(tiny_agent_base), epochs=1, lr=1e-3, batch_size=4, threads=1, mixed_precision=mp), tpl,
+            progress=False)
+        assert not rec["cached"] and np.isfinite(rec["curve"][0]["loss"]) and rec["recipe"]["mixed_precision"] == mp
+    # the state the last run left is live: without the reset accelerate refuses another precision
+    with pytest.raises(ValueError, match="already been initialized"):
+        Accelerator(mixed_precision="bf16", cpu=True)
+    assert new_accelerator(mixed_precision="bf16", cpu=True).mixed_precision == "bf16"   # then TRACE's path
+    assert new_accelerator(mixed_precision="no").mixed_precision == "no"
+
+
+def test_an_answer_cut_away_entirely_is_an_error_or_dropped_and_counted(tiny_paligemma, tmp_path):
+    """A max_len that leaves an example no answer token used to give a NaN loss (a batch of only such
+    examples) without an error."""
+    from PIL import Image
+    from lib.agents import AgentDataError, AgentRecipe, _load_base, build_agent_data, encode_example, train_agent
+    memes, cap, hat, sense = _records(tmp_path)
+    for m in memes[:2]:
+        m.text = f"{m.text} " + "a long text that fills the prompt " * 3     # memes 0 and 1: long prompts
+    data = build_agent_data(cap, hat, sense, memes)
+    tpl = "explain why {label} {ocr}"
+    _, proc, _ = _load_base(str(tiny_paligemma), "float32")
+    train = [e for e in data["explainer"] if e.split == "train"]
+    encs = {e.id: encode_example(proc, Image.open(e.img_path).convert("RGB"), tpl.format(**e.inputs), e.target, 4096)
+            for e in train}
+    prompt_len = {i: x["labels"].index(next(t for t in x["labels"] if t != -100)) for i, x in encs.items()}
+    short = max(v for i, v in prompt_len.items() if i not in ("0", "1"))
+    assert min(prompt_len["0"], prompt_len["1"]) > short + 2
+    recipe = AgentRecipe(base=str(tiny_paligemma), epochs=1, lr=1e-3, batch_size=2, threads=1, max_len=short + 2)
+    with pytest.raises(AgentDataError) as e:
+        train_agent(data["explainer"], tmp_path / "cut", recipe, tpl, progress=False)
+    need = max(len(encs[i]["input_ids"]) for i in ("0", "1"))
+    assert f"max_len {short + 2} cuts away the whole answer of 2 of 9" in str(e.value)
+    assert "memes 0, 1" in str(e.value) and f"at least {need}" in str(e.value)
+    rec = train_agent(data["explainer"], tmp_path / "cut", replace(recipe, drop_cut_answers=True), tpl, progress=False)
+    assert rec["n_train"] == 7 and rec["n_answer_cut"] == 2 and rec["n_answer_shortened"] == 7
+    assert np.isfinite(rec["curve"][0]["loss"])
+
+
+def test_a_non_finite_loss_stops_training_naming_the_step_and_memes(tiny_agent_base, tmp_path):
+    import torch
+    from lib.agents import AgentRecipe, _load_base, build_agent_data, train_agent
+    from lib.memeworld_vlm import save_model
+    model, proc, _ = _load_base(str(tiny_agent_base), "float32")
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    save_model(model, proc, tmp_path / "nan_base")
+    memes, cap, hat, sense = _records(tmp_path)
+    data = build_agent_data(cap, hat, sense, memes)
+    with pytest.raises(FloatingPointError, match=r"loss is nan at epoch 1, step 1 of 3 \(memes "):
+        train_agent(data["explainer"], tmp_path / "nan_agent", AgentRecipe(base=str(tmp_path / "nan_base"), epochs=1,
+                                                                           batch_size=4, threads=1),
+                    "The meme is {label}. {ocr}", progress=False)
+    assert not (tmp_path / "nan_agent" / "config.json").exists()
+
+
+def test_gradient_checkpointing_gives_the_same_training_and_the_same_agent_key(tiny_paligemma, tmp_path):
+    from lib.agents import AgentRecipe, build_agent_data, train_agent
+    data = build_agent_data(*_records(tmp_path)[1:], _records(tmp_path)[0])
+    recipe = AgentRecipe(base=str(tiny_paligemma), epochs=1, lr=1e-3, batch_size=4, threads=1)
+    plain = train_agent(data["explainer"], tmp_path / "plain", recipe, "explain {label} {ocr}", progress=False)
+    ckpt = train_agent(data["explainer"], tmp_path / "ckpt", replace(recipe, gradient_checkpointing=True),
+                       "explain {label} {ocr}", progress=False)
+    assert ckpt["gradient_checkpointing"] and not plain["gradient_checkpointing"]       # it was on, and only there
+    assert ckpt["key"] == plain["key"]                    # the same weights: a cached agent is reused either way
+    assert ckpt["curve"][0]["loss"] == pytest.approx(plain["curve"][0]["loss"], rel=1e-4)
+
+
+def test_on_a_gpu_a_recipe_that_cannot_fit_is_refused_before_training(tiny_agent_base, tmp_path, monkeypatch):
+    """The memory check runs before anything reaches the GPU (its free-memory query is mocked here)."""
+    import lib.agents as agents
+    from lib.train_memory import RecipeMemoryError
+    monkeypatch.setattr(agents, "default_device", lambda: "cuda")
+    monkeypatch.setattr(agents, "gpu_free_bytes", lambda: 1024.0)
+    data = agents.build_agent_data(*_records(tmp_path)[1:], _records(tmp_path)[0])
+    with pytest.raises(RecipeMemoryError, match=r"this GPU has 0.0 GiB free"):
+        agents.train_agent(data["explainer"], tmp_path / "big", agents.AgentRecipe(base=str(tiny_agent_base), epochs=1,
+                                                                                   batch_size=4, threads=1),
+                           "explain {label} {ocr}", progress=False)
+    assert not (tmp_path / "big").exists()
 
 
 def test_mami_records_join_the_same_memes(memeworld_small):
