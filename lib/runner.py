@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -29,7 +30,7 @@ from lib.chat import loopback
 from lib.chat.cache import STAGE_ENV, ResponseCache, default_cache_path
 from lib.chat.keys import read_dotenv, remembered_env_files
 from lib.params import ProfileError, Stage, profile_path, select_stages, stages, validate_profile
-from lib.presets import OVERLAY_ENV, overlay_path, presets, read_overlay, resolve_model_path
+from lib.presets import OVERLAY_ENV, SHARED_CPU, overlay_path, presets, read_overlay, resolve_model_path
 from lib.results import README_PROFILES, update_readme
 
 #: the profile `make test` runs after the embedded stages: the paper profile on tiny stand-ins
@@ -151,9 +152,26 @@ def run_notebook(stage: Stage, profile: str, params: dict) -> Path:
     finally:
         if tmp.exists() and sys.exc_info()[0] is not None:
             tmp.unlink()
+    write_cell_timings(tmp, ARTIFACTS_ROOT / profile / "notebooks" / f"{src.stem}.cells.json")
     scrub_notebook(tmp, output_path=out.relative_to(ROOT))
     os.replace(tmp, out)  # the executed notebook replaces the old one only when it ran through
     return out
+
+
+def write_cell_timings(executed: Path, dest: Path, min_s: float = 0.5) -> list[dict[str, Any]]:
+    """Where a stage's time went: the seconds of each code cell that took at least `min_s`, slowest first,
+    with the cell's first line (papermill's per-cell durations, which the saved notebook does not keep)."""
+    import nbformat
+    nb = nbformat.read(str(executed), as_version=4)
+    rows = []
+    for i, cell in enumerate(nb.cells):
+        d = cell.metadata.get("papermill", {}).get("duration")
+        if cell.cell_type == "code" and d is not None and d >= min_s:
+            first = next((ln for ln in cell.source.splitlines() if ln.strip() and not ln.lstrip().startswith("#")), "")
+            rows.append({"cell": i, "seconds": round(float(d), 1), "code": first[:100]})
+    rows.sort(key=lambda r: -r["seconds"])
+    write_json(dest, {"notebook": executed.name.removeprefix(".").replace(".running", ""), "cells": rows})
+    return rows
 
 
 def run_module(stage: Stage, profile: str) -> None:
@@ -397,6 +415,65 @@ def test(skip_unit: bool = False, record: Path | None = None) -> int:
         return _run_test_steps(Path(tmp), skip_unit, record)
 
 
+#: what a lane that shares the cores sets: OpenMP threads (torch) and llama.cpp's threads sleep when idle
+#: instead of spinning, so two processes with 2 threads each on 2 cores do not starve each other
+SHARED_CPU_ENV = {"OMP_WAIT_POLICY": "PASSIVE", SHARED_CPU: "1"}
+
+
+Command = tuple[str, list[str]]          # (name, argv)
+
+
+def _run_command(name: str, cmd: list[str], env: dict[str, str], xml: Path, out=None) -> tuple[str, float, int]:
+    if cmd[1:3] == ["-m", "pytest"]:
+        cmd = cmd + [f"--junitxml={xml}"]
+    t0 = time.time()
+    rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT if out else None).returncode
+    return name, time.time() - t0, rc
+
+
+def _run_lanes(lanes: list[list[Command]], env: dict[str, str], report_dir: Path, tag: str
+               ) -> tuple[int, list[tuple[str, float, int]], list[Path]]:
+    """Run lanes side by side, each a sequence of commands that stops at its first failure. The first lane
+    prints live; each other lane writes to a log (artifacts/test-logs/) whose stage lines, and the last 60
+    lines of a failed command, are printed when the lane ends. Returns the first non-zero exit code (0 when
+    every command passed), each command's (name, seconds, exit code) and the junit files written."""
+    logs = ARTIFACTS_ROOT / "test-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    lane_env = {**env, **SHARED_CPU_ENV}
+    rows: dict[tuple[int, int], tuple[str, float, int]] = {}
+    xmls: list[Path] = []
+
+    def lane(k: int, commands: list[Command]) -> None:
+        log = logs / f"{tag}_lane{k}.log"
+        out = None if k == 0 else log.open("w", encoding="utf-8")
+        try:
+            for m, (name, cmd) in enumerate(commands):
+                xml = report_dir / f"{tag}_{k}_{m}.xml"
+                xmls.append(xml)
+                if out is not None:
+                    out.write(f"\n=== {name}\n")
+                    out.flush()
+                rows[k, m] = _run_command(name, cmd, lane_env, xml, out)
+                if rows[k, m][2]:
+                    break
+        finally:
+            if out is not None:
+                out.close()
+                lines = log.read_text(encoding="utf-8", errors="replace").replace("\r", "\n").splitlines()
+                shown = [ln for ln in lines if ln.startswith(("=== ", "== ")) or " passed" in ln or "done in" in ln]
+                failed = any(rows.get((k, m), ("", 0, 0))[2] for m in range(len(commands)))
+                print(f"\n--- lane {k + 1} ({', '.join(n for n, _ in commands)}) ran beside the above; its log: "
+                      f"{relpath(log)}\n" + "\n".join(shown + (["..."] + lines[-60:] if failed else [])), flush=True)
+
+    threads = [threading.Thread(target=lane, args=(k, c)) for k, c in enumerate(lanes)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ordered = [rows[key] for key in sorted(rows)]
+    return next((code for _, _, code in ordered if code), 0), ordered, xmls
+
+
 def _git_status() -> str | None:
     try:
         r = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT, capture_output=True,
@@ -413,6 +490,7 @@ def _venv_seconds() -> float | None:
 
 
 def _run_test_steps(report_dir: Path, skip_unit: bool, record: Path | None = None) -> int:
+    t_start = time.time()
     env = _env()
     py = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     try:
@@ -422,32 +500,44 @@ def _run_test_steps(report_dir: Path, skip_unit: bool, record: Path | None = Non
         print(f"error: {e}", file=sys.stderr)
         return 2
     status_before = _git_status()
-    steps: list[tuple[str, list[str]]] = [("committed results", py + ["tests", "-m", "results"])]
-    if not skip_unit:
-        steps.append(("unit tests", py + ["tests", "-m", "not results and not ci_run and not gpu"]))
-    # every stage at test sizes, from nothing: the ci run's own folder is wiped first (it is scratch)
-    steps.append((f"profile {CI_PROFILE} (every stage at test sizes)",
-                  [sys.executable, "-m", "lib.runner", "reproduce", "--profile", CI_PROFILE, "--force", "--fresh"]))
-    steps.append((f"checks of the {CI_PROFILE} run", py + ["tests", "-m", "ci_run"]))
-    # the paper profile's code end to end on tiny stand-ins (params/paper-smoke.yaml): a first GPU run's plumbing
-    steps.append((f"profile {SMOKE_PROFILE}", [sys.executable, "-m", "lib.runner", "reproduce", "--profile", SMOKE_PROFILE]))
-    timings = []
+    # the checks of the committed results first (seconds); then two lanes side by side: every stage at test
+    # sizes from nothing (the ci run's own folder is wiped first: it is scratch), and beside it the unit tests
+    # and the paper profile's code end to end on tiny stand-ins (params/paper-smoke.yaml: a first GPU run's
+    # plumbing). No lane keeps both cores busy all the time (notebook start-up, imports, single-threaded
+    # Python, a server waiting for its client), so side by side they take about 10 minutes less on 2 cores
+    # than one after the other. Then the checks of what the ci run wrote.
+    first: Command = ("committed results", py + ["tests", "-m", "results"])
+    ci_run: Command = (f"profile {CI_PROFILE} (every stage at test sizes)",
+                       [sys.executable, "-m", "lib.runner", "reproduce", "--profile", CI_PROFILE, "--force", "--fresh"])
+    unit: Command = ("unit tests", py + ["tests", "-m", "not results and not ci_run and not gpu"])
+    smoke: Command = (f"profile {SMOKE_PROFILE}", [sys.executable, "-m", "lib.runner", "reproduce", "--profile",
+                                                   SMOKE_PROFILE])
+    last: Command = (f"checks of the {CI_PROFILE} run", py + ["tests", "-m", "ci_run"])
+    lanes = [[ci_run], ([] if skip_unit else [unit]) + [smoke]]
+    timings: list[tuple[str, float, int]] = []
     totals = [0, 0, 0]
     rc = 0
-    for i, (name, cmd) in enumerate(steps):
-        print(f"\n=== {name}", flush=True)
-        t0 = time.time()
-        xml = report_dir / f"step{i}.xml"
-        if cmd[1:3] == ["-m", "pytest"]:
-            cmd = cmd + [f"--junitxml={xml}"]
-        rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
-        timings.append((name, time.time() - t0))
+    xmls: list[Path] = []
+    for k, step in enumerate([first, lanes, last]):
+        if isinstance(step, list):
+            print("\n=== side by side: " + " | ".join(", ".join(n for n, _ in ln) for ln in step), flush=True)
+            rc, rows, files = _run_lanes(step, env, report_dir, f"step{k}")
+            xmls += files
+        else:
+            print(f"\n=== {step[0]}", flush=True)
+            xmls.append(report_dir / f"step{k}.xml")
+            rows = [_run_command(*step, env, xmls[-1])]
+            rc = rows[0][2]
+        timings += rows
+        failed = next((name for name, _, code in rows if code), None)
+        if failed:
+            print(f"\nFAILED: {failed} (exit {rc})", file=sys.stderr)
+            break
+    for xml in xmls:
         for k, v in enumerate(_junit_counts(xml)):
             totals[k] += v
-        if rc != 0:
-            print(f"\nFAILED: {name} (exit {rc})", file=sys.stderr)
-            totals[1] = max(totals[1], 1)
-            break
+    if rc:
+        totals[1] = max(totals[1], 1)
     if rc == 0 and status_before is not None:
         after = _git_status()
         if after != status_before:
@@ -459,17 +549,20 @@ def _run_test_steps(report_dir: Path, skip_unit: bool, record: Path | None = Non
         else:
             print("\nthe working tree is as it was (git status unchanged)")
             totals[0] += 1
+    wall = time.time() - t_start
     print("\n=== timings")
-    for name, dt in timings:
+    for name, dt, _ in timings:
         print(f"  {dt:7.1f}s  {name}")
-    print(f"  {sum(dt for _, dt in timings):7.1f}s  total")
+    print(f"  {wall:7.1f}s  total (wall; the side-by-side steps overlap)")
     print(f"summary: {totals[0]} passed, {totals[1]} failed, {totals[2]} skipped")
     if record is not None and rc == 0:       # make test's measured record (results/make_test.json once copied back)
         venv = _venv_seconds() or 0.0
         rev = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True)
         write_json(record, {"machine": results.machine_description(), "commit": rev.stdout.strip(),
-                            "total_s": round(sum(dt for _, dt in timings) + venv, 1), "venv_s": round(venv, 1),
-                            "steps": {name: round(dt, 1) for name, dt in timings}, "passed": totals[0]})
+                            "total_s": round(wall + venv, 1), "venv_s": round(venv, 1),
+                            "steps": {name: round(dt, 1) for name, dt, _ in timings},
+                            "side_by_side": [" then ".join(n for n, _ in ln) for ln in lanes],
+                            "passed": totals[0]})
         print(f"record: {record}")
     return rc
 

@@ -55,7 +55,7 @@ import httpx
 
 from lib import ROOT
 from lib.artifacts import pid_alive, write_json
-from lib.presets import Preset, PresetError, get_preset, resolve_model_path
+from lib.presets import SHARED_CPU, Preset, PresetError, get_preset, resolve_model_path
 
 STATE_DIR = ROOT / "artifacts" / "serve"
 
@@ -171,6 +171,8 @@ def server_params(cfg: ServeConfig, model_alias: str, host: str, port: int):
         p.cpuparams.n_threads = cfg.threads
     if cfg.threads_batch:
         p.cpuparams_batch.n_threads = cfg.threads_batch
+    if os.environ.get(SHARED_CPU) == "1":           # another heavy process shares the cores: sleep, do not spin
+        p.cpuparams.poll = p.cpuparams_batch.poll = 0
     if cfg.lora_path is not None:
         p.lora_adapters = [xlc.CommonAdapterLoraInfo(str(cfg.lora_path), float(cfg.lora_scale))]
     p.endpoint_metrics = True
