@@ -8,6 +8,7 @@ threshold" mean the same thing everywhere.
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import warnings
 from typing import Any, Sequence
@@ -419,10 +420,91 @@ def run_spread(runs_a: Sequence[dict[str, bool]], runs_b: Sequence[dict[str, boo
     return rows
 
 
+# ----------------------------------------------------------------------------- power of the paired test
+def mcnemar_power(n: int, discordance: float, difference: float, alpha: float = 0.05) -> float:
+    """Power of the exact McNemar test (the two-sided binomial test on the discordant pairs, as
+    `paired_accuracy_test` runs it, rejecting at p < alpha) for `n` paired items of which a share
+    `discordance` is discordant, when the accuracy difference A - B is `difference`, by enumeration:
+    the number of discordant items m ~ Binomial(n, discordance) and, given m, the items only A gets
+    right ~ Binomial(m, (discordance + difference) / (2 discordance)); summed over the rejection region."""
+    from scipy.stats import binom
+    if n < 0 or not 0 <= discordance <= 1 or abs(difference) > discordance + 1e-12:
+        raise ValueError(f"mcnemar_power: need n >= 0 and |difference| <= discordance <= 1 (n={n}, "
+                         f"discordance={discordance}, difference={difference})")
+    if n == 0 or discordance == 0:
+        return 0.0
+    q = min(1.0, max(0.0, (discordance + difference) / (2 * discordance)))
+    m, kmax = _mcnemar_rejection(n, alpha)
+    if len(m) == 0:
+        return 0.0
+    reject = binom.cdf(kmax, m, q) + binom.sf(m - kmax - 1, m, q)       # min(b, c) <= kmax, in either tail
+    return float(min(1.0, np.sum(binom.pmf(m, n, discordance) * reject)))
+
+
+@functools.lru_cache(maxsize=256)
+def _mcnemar_rejection(n: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """For each number of discordant items m <= n at which the exact test can reject: the largest
+    min(b, c) whose two-sided binomial p is below alpha."""
+    from scipy.stats import binom
+    ms, ks = [], []
+    for m in range(1, n + 1):
+        k = np.arange(m // 2 + 1)
+        ok = k[np.minimum(1.0, 2 * binom.cdf(k, m, 0.5)) < alpha]
+        if len(ok):
+            ms.append(m)
+            ks.append(int(ok.max()))
+    return np.array(ms, int), np.array(ks, int)
+
+
+def mcnemar_mdd(n: int, discordance: float, power: float = 0.80, alpha: float = 0.05) -> float:
+    """The minimum detectable difference: the smallest |A - B| that the exact McNemar test detects with
+    probability `power` at `n` items and this discordance (bisection on `mcnemar_power`, which grows with
+    the difference). NaN when no difference the discordance allows (at most the discordance itself)
+    reaches that power: the test cannot see any effect of that discordance at this n."""
+    if n <= 0 or discordance <= 0 or mcnemar_power(n, discordance, discordance, alpha) < power:
+        return float("nan")
+    lo, hi = 0.0, float(discordance)
+    for _ in range(24):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mcnemar_power(n, discordance, mid, alpha) < power else (lo, mid)
+    return hi
+
+
+#: the verdicts of a claims table, and their written rules (`verdict`)
+VERDICTS = {
+    "reproduced": "the effect is in the paper's direction, p < 0.05, and the positive control was detected",
+    "not reproduced": "the positive control was detected and the difference's interval excludes the paper's effect",
+    "underpowered": "the positive control was not detected, or the minimum detectable difference exceeds the "
+                    "paper's effect",
+    "inconclusive": "none of the above: the interval holds both no effect and the paper's effect",
+    "reproduced, no control": "the effect is in the paper's direction with p < 0.05, but no positive control ran",
+    "no test": "no positive control ran for this claim and p >= 0.05 (or the effect goes the other way): a null "
+               "cannot be read either way",
+}
+
+
+def verdict(difference: float, ci_difference: tuple[float, float], p: float, paper_effect: float,
+            mdd: float, control_detected: bool | None) -> str:
+    """A claim's verdict from its paired test (the difference A - B, its interval and p), the paper's
+    effect (signed, in the same units; A is the paper's better arm, so it is positive), the test's minimum
+    detectable difference and whether the positive control at the same n was detected (None: no
+    control ran). The rules are VERDICTS', checked in that order."""
+    if control_detected is None:
+        return "reproduced, no control" if difference > 0 and p < 0.05 else "no test"
+    if control_detected and difference > 0 and p < 0.05:
+        return "reproduced"
+    if control_detected and not (ci_difference[0] <= paper_effect <= ci_difference[1]):
+        return "not reproduced"
+    if not control_detected or not (mdd <= abs(paper_effect)):
+        return "underpowered"
+    return "inconclusive"
+
+
 def claim_row(claim: str, a: str, b: str, t: dict[str, Any], what: str) -> dict[str, Any]:
     """One row of a claims table (notebooks 04 and 05): a paired test's result `t`
     (paired_accuracy_test, or pooled_paired_test over cold runs) for settings `a` and `b`, rounded
-    for reading, the intervals as "[lo, hi]"."""
+    for reading, the intervals as "[lo, hi]", and the test's minimum detectable difference at 80% power
+    (`mcnemar_mdd`: NaN where no difference of the observed discordance reaches it)."""
     ci = t.get("ci_difference", (float("nan"), float("nan")))
     return {"claim": claim, "A": a, "B": b, "n": t["n"], "runs": t.get("runs", 1),
             "acc A": round(t["acc_a"], 3), "95% CI A": f"[{t['ci_a'][0]:.2f}, {t['ci_a'][1]:.2f}]",
@@ -430,7 +512,17 @@ def claim_row(claim: str, a: str, b: str, t: dict[str, Any], what: str) -> dict[
             "A-B": round(t["difference"], 3), "95% CI A-B": f"[{ci[0]:.2f}, {ci[1]:.2f}]",
             "only A right": t["only_a_right"], "only B right": t["only_b_right"],
             "test": t.get("test", "exact McNemar"), "p": float(f"{t['p']:.3g}"),
-            "majority line": round(t["majority_acc"], 3), "what it isolates": what}
+            "MDD (80% power)": _mdd_of(t), "majority line": round(t["majority_acc"], 3), "what it isolates": what}
+
+
+def _mdd_of(t: dict[str, Any]) -> float:
+    """A claims row's minimum detectable difference: the exact McNemar test's at the row's n and its observed
+    discordance (the share of items one arm gets right and the other wrong; pooled rows: the items whose run
+    means differ, a conservative stand-in for the pooled test's own power). NaN: no difference reaches 80%."""
+    n = int(t["n"])
+    disc = (t["only_a_right"] + t["only_b_right"]) / n if n else 0.0
+    mdd = mcnemar_mdd(n, disc)
+    return round(mdd, 3) if mdd == mdd else float("nan")
 
 
 def cold_runs_of(name: str, names: Sequence[str]) -> list[str]:

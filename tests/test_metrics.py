@@ -8,8 +8,8 @@ from lib.metrics import best_threshold, mcnemar, metrics_at, per_type_accuracy, 
 def test_threshold_sweep_equals_the_definition():
     rng = np.random.default_rng(0)
     checked = 0
-    for _ in range(25):
-        n = int(rng.integers(5, 200))
+    for _ in range(14):
+        n = int(rng.integers(5, 120))
         y, p = rng.integers(0, 2, n), np.round(rng.random(n), int(rng.integers(1, 4)))     # ties included
         if len(set(y.tolist())) < 2:
             continue
@@ -19,7 +19,7 @@ def test_threshold_sweep_equals_the_definition():
             np.testing.assert_allclose(s[by], slow, atol=1e-12)
             assert best_threshold(p, y, by) == s["threshold"][int(np.argmax(np.round(slow, 12)))]
         checked += 1
-    assert checked > 15
+    assert checked > 9
 
 
 def test_per_type_accuracy_counts_and_mcnemar_needs_pairs():
@@ -199,3 +199,51 @@ def test_metric_rows_wilson_interval_for_accuracy_and_bootstrap_for_the_rest():
     k = interval_keys("acc", 4 / 6, 6)
     assert set(k) == {"acc_ci_low", "acc_ci_high"} and k["acc_ci_low"] == rows["accuracy"]["ci_low"]
     assert interval_keys("acc", None, 6) == {} and interval_keys("acc", 0.5, 0) == {}
+
+
+# ----------------------------------------------------------------------------- power of the paired test
+def test_mcnemar_power_equals_a_simulation_of_the_test_itself():
+    """The enumerated power against the share of simulated samples that statsmodels' exact McNemar rejects."""
+    from lib.metrics import mcnemar, mcnemar_power
+    rng = np.random.default_rng(0)
+    for n, disc, diff in ((40, 0.3, 0.2), (96, 0.25, 0.1), (60, 0.5, 0.0)):
+        sims, rejected = 1500, 0
+        p10, p01 = (disc + diff) / 2, (disc - diff) / 2
+        for _ in range(sims):
+            cell = rng.choice(4, size=n, p=[p10, p01, (1 - disc) / 2, (1 - disc) / 2])   # A only, B only, both, neither
+            a, b = np.isin(cell, (0, 2)), np.isin(cell, (1, 2))
+            rejected += mcnemar(a, b, exact=True)["pvalue"] < 0.05
+        power = mcnemar_power(n, disc, diff)
+        se = np.sqrt(max(power * (1 - power), 0.01) / sims)
+        assert abs(rejected / sims - power) < 4 * se, (n, disc, diff, rejected / sims, power)
+        if diff == 0:
+            assert power <= 0.05                                     # the exact test keeps its size
+
+
+def test_the_minimum_detectable_difference_at_the_sizes_the_claims_use():
+    from lib.metrics import mcnemar_mdd, mcnemar_power
+    mdd = mcnemar_mdd(96, 0.25)
+    assert 0.12 < mdd < 0.17 and mcnemar_power(96, 0.25, mdd) == pytest.approx(0.80, abs=0.01)
+    assert np.isnan(mcnemar_mdd(24, 0.25)) and np.isnan(mcnemar_mdd(16, 0.25))   # no allowed difference reaches 80%
+    assert mcnemar_mdd(768, 0.25) < mcnemar_mdd(192, 0.25) < mdd                   # more items, smaller MDD
+    powers = [mcnemar_power(96, 0.3, d) for d in (0.0, 0.05, 0.1, 0.2, 0.3)]
+    assert powers == sorted(powers) and powers[-1] > 0.99
+    with pytest.raises(ValueError, match="difference"):
+        mcnemar_power(96, 0.1, 0.2)
+
+
+@pytest.mark.parametrize("args, expected", [
+    ((0.12, (0.03, 0.21), 0.01, 0.10, 0.08, True), "reproduced"),
+    ((0.00, (-0.05, 0.05), 1.0, 0.10, 0.08, True), "not reproduced"),
+    ((0.02, (-0.10, 0.14), 0.7, 0.10, 0.08, False), "underpowered"),
+    ((0.02, (-0.10, 0.14), 0.7, 0.10, 0.15, True), "underpowered"),
+    ((0.02, (-0.10, 0.14), 0.7, 0.10, float("nan"), True), "underpowered"),
+    ((0.05, (-0.01, 0.12), 0.09, 0.10, 0.08, True), "inconclusive"),
+    ((-0.12, (-0.21, -0.03), 0.01, 0.10, 0.08, True), "not reproduced"),        # significant, the wrong way
+    ((0.02, (-0.10, 0.14), 0.7, 0.10, 0.08, None), "no test"),
+    ((0.12, (0.03, 0.21), 0.01, 0.10, 0.08, None), "reproduced, no control"),
+])
+def test_the_verdict_follows_its_written_rules(args, expected):
+    from lib.metrics import VERDICTS, verdict
+    v = verdict(*args)
+    assert v == expected and v in VERDICTS
