@@ -14,6 +14,15 @@ user turn with the image, the target as the assistant turn; loss on the answer o
 model without one (PaliGemma-pt) as a prefix + suffix through its processor. Training runs under
 `accelerate` (one process here; `accelerate launch` spreads it over several GPUs).
 
+On a GPU, `train_agent` first estimates one step's memory from the model's configuration
+(`lib.train_memory`) and refuses a recipe that cannot fit the free memory with a 10% margin, naming
+a batch size, accumulation and checkpointing that fit. The paper profile trains with
+`gradient_checkpointing` and `answer_logits_only` (the same loss from the answer span's logits):
+without them, batch 8 x 1,536 tokens of PaliGemma-3B does not fit 80 GB. An example whose answer
+`max_len` cuts away entirely is an error (or, with `drop_cut_answers`, left out and counted), and a
+non-finite loss stops training naming the step and its memes; each run starts from a fresh
+accelerate state, so one kernel can train in two precisions.
+
 A trained agent is a model folder like any other: it is driven through `lib.chat` (response
 cache included) for Table 3 and for silver data. Training is cached on its inputs: the same
 base weights, examples, prompts and recipe reuse the saved agent.
@@ -95,6 +104,9 @@ class AgentRecipe:
                                      #   same gradients, about 1.3x the compute
     drop_cut_answers: bool = False   # an example whose whole answer max_len cuts away is an error (it would
                                      #   train on no token); true leaves such examples out and counts them
+    answer_logits_only: bool = False  # the same loss from the logits of the answer span alone: PaliGemma's
+                                     #   257k-vocabulary logits over all 1,536 positions (and their float32
+                                     #   copy) are most of a batch's memory; off: the model's own loss
     seed: int = 0
     threads: int = 2
     prompt_dir: str = "params/prompts/sei/agents"
@@ -292,8 +304,9 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
         train = sorted(rng.sample(train, recipe.max_train), key=lambda e: e.id)
     model, proc, src = _load_base(recipe.base, recipe.dtype)
     base_digest = folder_identity(src)
-    rec_json = {k: v for k, v in asdict(recipe).items() if k not in ("threads", "prompt_dir", "gradient_checkpointing")
-                and not (k == "drop_cut_answers" and not v)}    # neither changes the weights a recipe trains
+    rec_json = {k: v for k, v in asdict(recipe).items()             # what changes the weights a recipe trains
+                if k not in ("threads", "prompt_dir", "gradient_checkpointing", "answer_logits_only")
+                and not (k == "drop_cut_answers" and not v)}
     key = hashlib.sha256(json.dumps({"base": base_digest, "recipe": rec_json,
                                      "data": examples_digest(train, template)}, sort_keys=True).encode()).hexdigest()[:16]
     rec_path = out_dir / "training.json"
@@ -320,7 +333,10 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
     checkpointing = bool(getattr(model, "is_gradient_checkpointing", False))
     device = default_device()
     if device == "cuda":                                 # before anything is on the GPU: refuse what cannot fit
-        check_recipe_memory(model, recipe, max(len(x["input_ids"]) for x in encoded))
+        longest = max(len(x["input_ids"]) for x in encoded)
+        earliest = min(next(k for k, t in enumerate(x["labels"]) if t != -100) for x in encoded)
+        check_recipe_memory(model, recipe, longest,     # answer logits: at most from the earliest answer on
+                            logit_tokens=longest - earliest + 1 if recipe.answer_logits_only else None)
     acc = new_accelerator(mixed_precision=recipe.mixed_precision, gradient_accumulation_steps=recipe.grad_accum,
                           cpu=device == "cpu")
     g = torch.Generator().manual_seed(recipe.seed)
@@ -339,7 +355,7 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
         for step, batch in enumerate(loader, 1):
             ids = batch.pop("_ids")
             with acc.accumulate(model):
-                loss = model(**batch).loss
+                loss = answer_loss(model, batch) if recipe.answer_logits_only else model(**batch).loss
                 value = float(loss.detach())
                 if not math.isfinite(value):
                     raise FloatingPointError(
@@ -365,6 +381,24 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
     return {**record, "cached": False}
 
 
+def answer_loss(model, batch: dict[str, Any]) -> "torch.Tensor":
+    """The causal-LM loss on the answer tokens (mean cross-entropy over labels != -100, in float32), computing
+    logits only for the positions that predict them: batches are right-padded, so the last
+    `n - earliest answer position + 1` positions hold every answer of the batch (`logits_to_keep`). The same
+    value and gradients as the model's own loss, without the vocabulary-wide logits of the prompt."""
+    labels = batch["labels"]
+    n = labels.shape[1]
+    has = labels != -100
+    rows = has.any(dim=1)
+    first = int(has[rows].float().argmax(dim=1).min()) if bool(rows.any()) else n - 1
+    keep = n - first + 1
+    out = model(**{k: v for k, v in batch.items() if k != "labels"}, logits_to_keep=keep)
+    logits = out.logits[:, :-1].float()
+    target = labels[:, n - keep + 1:]
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
+                                             ignore_index=-100)
+
+
 def answers_in_reach(encoded: list[dict[str, Any]], agent: str, recipe: AgentRecipe
                      ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """The encoded examples that keep at least one answer token after `max_len`, and how many lost it all
@@ -387,14 +421,15 @@ def answers_in_reach(encoded: list[dict[str, Any]], agent: str, recipe: AgentRec
     return kept, {"whole": len(whole), "part": part}
 
 
-def check_recipe_memory(model, recipe: AgentRecipe, seq_len: int, free_bytes: float | None = None) -> dict[str, float]:
+def check_recipe_memory(model, recipe: AgentRecipe, seq_len: int, free_bytes: float | None = None,
+                        logit_tokens: int | None = None) -> dict[str, float]:
     """Refuse (RecipeMemoryError) a recipe whose training step cannot fit the GPU's free memory with a 10%
     margin, naming a batch size / accumulation / checkpointing that fits (lib.train_memory's estimate from
     the model's configuration; `free_bytes` defaults to what the current CUDA device has free)."""
     if free_bytes is None:
         free_bytes = gpu_free_bytes()
     return check_fits(shape_of(model), recipe.batch_size, recipe.grad_accum, seq_len, free_bytes,
-                      recipe.gradient_checkpointing, where="this GPU")
+                      recipe.gradient_checkpointing, where="this GPU", logit_tokens=logit_tokens)
 
 
 def gpu_free_bytes() -> float:

@@ -105,6 +105,7 @@ class Assumptions:
     text_tokens_per_shot: int = 360   # an exemplar's text: OCR, caption, explanation and intervention (<= 100 each), label
     text_tokens_fixed: int = 700      # system prompt, definition, instructions, the query's text
     answer_tokens: int = 100          # the paper's max_new_tokens
+    agent_answer_tokens: int = 250    # an agent's training target (a caption, explanation or intervention), at most
     trace_run_minutes: float = 6.0    # one TRACE run on cached features (30 epochs of 8,500 memes)
     clip4dm_captions_per_s: dict[str, float] = field(default_factory=lambda: {
         "clip-vit-b32": 12.0, "clip-vit-h14": 7.1})   # CLIP4DM paper, "FPS" on one GPU
@@ -251,12 +252,13 @@ def cost_rows(profile: str = "paper", a: Assumptions | None = None) -> list[Row]
     rec = sec4["agent_recipe"]
     b, acc, ml = int(rec["batch_size"]), int(rec.get("grad_accum", 1)), int(rec["max_len"])
     ckpt = bool(rec.get("gradient_checkpointing", False))
-    tr = step_bytes(PALIGEMMA_TRAINING, b, ml, ckpt)
-    smaller = settings_that_fit(PALIGEMMA_TRAINING, b, acc, ml, 48 * GIB, ckpt)
-    train_tok = S["agent_examples"] * int(rec["epochs"]) * (1024 + 250)
+    logit_tok = a.agent_answer_tokens + 1 if rec.get("answer_logits_only") else None
+    tr = step_bytes(PALIGEMMA_TRAINING, b, ml, ckpt, logit_tokens=logit_tok)
+    smaller = settings_that_fit(PALIGEMMA_TRAINING, b, acc, ml, 48 * GIB, ckpt, logit_tokens=logit_tok)
+    train_tok = S["agent_examples"] * int(rec["epochs"]) * (1024 + a.agent_answer_tokens)
     rows.append(Row("04 agents: training", f"4 PaliGemma-3B-448 full fine-tunes, {S['agent_examples']:,} examples "
                     f"x {rec['epochs']} epochs, batch {b} x {ml} tokens"
-                    f"{', gradient checkpointing' if ckpt else ''}",
+                    f"{', gradient checkpointing' if ckpt else ''}{', logits of the answers only' if logit_tok else ''}",
                     train_seconds(pg, train_tok, a) / 3600, tr["total"] / GIB, 24.0, "estimated",
                     f"weights + Adam {tr['states'] / GIB:.1f} GiB, activations {tr['activations'] / GIB:.1f}, "
                     f"logits {tr['logits'] / GIB:.1f} (lib.train_memory; train_agent refuses a recipe that does not fit): "

@@ -83,8 +83,9 @@ def _layer_bytes_per_token(t: TowerShape, seq: int, eager: bool, act_bytes: int)
 
 
 def step_bytes(shape: ModelShape, batch: int, seq_len: int, gradient_checkpointing: bool = False,
-               act_bytes: int = 2) -> dict[str, float]:
-    """Peak bytes of one training step with Adam, by term (see the module docstring)."""
+               act_bytes: int = 2, logit_tokens: int | None = None) -> dict[str, float]:
+    """Peak bytes of one training step with Adam, by term (see the module docstring). `logit_tokens`: the
+    positions whose logits are computed (default all `seq_len`; the answer span with `answer_logits_only`)."""
     states = shape.params * shape.weight_bytes * 3
     d = shape.decoder
     layer = _layer_bytes_per_token(d, seq_len, shape.eager_attention, act_bytes) * seq_len * batch
@@ -99,7 +100,7 @@ def step_bytes(shape: ModelShape, batch: int, seq_len: int, gradient_checkpointi
         acts = kept + max(layer, vis_layer)
     else:
         acts = layer * d.layers + vis_layer * (shape.vision.layers if shape.vision is not None else 0)
-    logits = batch * seq_len * shape.vocab * (act_bytes + 4 + 4)
+    logits = batch * (logit_tokens or seq_len) * shape.vocab * (act_bytes + 4 + 4)
     return {"states": states, "activations": acts, "logits": logits, "total": states + acts + logits}
 
 
@@ -108,7 +109,8 @@ def fits(total_bytes: float, available_bytes: float, margin: float = 0.10) -> bo
 
 
 def settings_that_fit(shape: ModelShape, batch: int, grad_accum: int, seq_len: int, available_bytes: float,
-                      gradient_checkpointing: bool, margin: float = 0.10) -> list[dict[str, Any]]:
+                      gradient_checkpointing: bool, margin: float = 0.10,
+                      logit_tokens: int | None = None) -> list[dict[str, Any]]:
     """Settings with the same effective batch (batch x grad_accum) that fit, best first: the same batch with
     gradient checkpointing, then smaller batches with more accumulation, with and without checkpointing."""
     effective = batch * grad_accum
@@ -117,7 +119,7 @@ def settings_that_fit(shape: ModelShape, batch: int, grad_accum: int, seq_len: i
         b = batch
         while b >= 1:
             if effective % b == 0:
-                need = step_bytes(shape, b, seq_len, ckpt)["total"]
+                need = step_bytes(shape, b, seq_len, ckpt, logit_tokens=logit_tokens)["total"]
                 if fits(need, available_bytes, margin):
                     out.append({"batch_size": b, "grad_accum": effective // b, "gradient_checkpointing": ckpt,
                                 "gib": need / GIB})
@@ -131,13 +133,15 @@ class RecipeMemoryError(RuntimeError):
 
 
 def check_fits(shape: ModelShape, batch: int, grad_accum: int, seq_len: int, available_bytes: float,
-               gradient_checkpointing: bool, where: str = "the GPU", margin: float = 0.10) -> dict[str, float]:
+               gradient_checkpointing: bool, where: str = "the GPU", margin: float = 0.10,
+               logit_tokens: int | None = None) -> dict[str, float]:
     """Raise RecipeMemoryError, naming settings that fit, when one step's estimated peak (plus `margin`)
     exceeds `available_bytes`; otherwise return the estimate's terms."""
-    est = step_bytes(shape, batch, seq_len, gradient_checkpointing)
+    est = step_bytes(shape, batch, seq_len, gradient_checkpointing, logit_tokens=logit_tokens)
     if fits(est["total"], available_bytes, margin):
         return est
-    alts = settings_that_fit(shape, batch, grad_accum, seq_len, available_bytes, gradient_checkpointing, margin)
+    alts = settings_that_fit(shape, batch, grad_accum, seq_len, available_bytes, gradient_checkpointing, margin,
+                             logit_tokens)
     terms = ", ".join(f"{k} {v / GIB:.1f}" for k, v in est.items() if k != "total")
     hint = ("; settings with the same effective batch that fit: " + "; ".join(
         f"batch_size {a['batch_size']}, grad_accum {a['grad_accum']}, gradient_checkpointing "

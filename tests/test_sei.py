@@ -487,6 +487,42 @@ def test_on_a_gpu_a_recipe_that_cannot_fit_is_refused_before_training(tiny_agent
     assert not (tmp_path / "big").exists()
 
 
+@pytest.mark.parametrize("base", ["tiny_paligemma", "tiny_agent_base"])
+def test_the_answer_only_loss_equals_the_models_loss_from_fewer_logits(base, request):
+    """answer_logits_only: the loss and its gradients from the answer span's logits equal the model's own."""
+    import torch
+    from PIL import Image
+    from lib.agents import _collate, _load_base, answer_loss, encode_example
+    model, proc, _ = _load_base(str(request.getfixturevalue(base)), "float32")
+    prompts = ["explain why", "explain why the meme is hateful and who it names", "why"]
+    answers = ["it calls them vermin", "a", "the meme is hateful because it calls them vermin"]
+    enc = [encode_example(proc, Image.new("RGB", (32, 32), (9 * k, 50, 90)), p, a, 4096)
+           for k, (p, a) in enumerate(zip(prompts, answers))]
+    tok = getattr(proc, "tokenizer", proc)
+    batch = _collate(enc, tok.pad_token_id or 0)
+    model.train()
+    torch.manual_seed(0)
+    full = model(**batch).loss
+    g_full = torch.autograd.grad(full, [p for p in model.parameters() if p.requires_grad][-3:])
+    torch.manual_seed(0)
+    seen = {}
+    real_forward = model.forward
+
+    def spy(*a, **kw):
+        out = real_forward(*a, **kw)
+        seen["positions"] = out.logits.shape[1]
+        return out
+    model.forward = spy
+    part = answer_loss(model, batch)
+    g_part = torch.autograd.grad(part, [p for p in model.parameters() if p.requires_grad][-3:])
+    assert part.item() == pytest.approx(full.item(), rel=1e-5)
+    for a, b in zip(g_full, g_part):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    labels = batch["labels"]
+    first = min(int((row != -100).float().argmax()) for row in labels)
+    assert seen["positions"] == labels.shape[1] - first + 1 < labels.shape[1]      # fewer logits than positions
+
+
 def test_mami_records_join_the_same_memes(memeworld_small):
     """MemeWorld's MAMI copy names memes by file ('01234.png'): they join FHM's ids."""
     from lib.data_prep import load_all
