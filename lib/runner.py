@@ -500,10 +500,9 @@ def _run_test_steps(report_dir: Path, skip_unit: bool, record: Path | None = Non
         print(f"error: {e}", file=sys.stderr)
         return 2
     status_before = _git_status()
-    # the checks of the committed results first (seconds); then two lanes side by side: every stage at test
-    # sizes from nothing (the ci run's own folder is wiped first: it is scratch), and beside it the unit tests
-    # and the paper profile's code end to end on tiny stand-ins (params/paper-smoke.yaml: a first GPU run's
-    # plumbing). No lane keeps both cores busy all the time (notebook start-up, imports, single-threaded
+    # two lanes side by side: every stage at test sizes from nothing (the ci run's own folder is wiped first: it
+    # is scratch), and beside it the checks of the committed results, the unit tests and the paper profile's code
+    # end to end on tiny stand-ins (params/paper-smoke.yaml: a first GPU run's plumbing). No lane keeps both cores busy all the time (notebook start-up, imports, single-threaded
     # Python, a server waiting for its client), so side by side they take about 10 minutes less on 2 cores
     # than one after the other. Then the checks of what the ci run wrote.
     first: Command = ("committed results", py + ["tests", "-m", "results"])
@@ -513,12 +512,12 @@ def _run_test_steps(report_dir: Path, skip_unit: bool, record: Path | None = Non
     smoke: Command = (f"profile {SMOKE_PROFILE}", [sys.executable, "-m", "lib.runner", "reproduce", "--profile",
                                                    SMOKE_PROFILE])
     last: Command = (f"checks of the {CI_PROFILE} run", py + ["tests", "-m", "ci_run"])
-    lanes = [[ci_run], ([] if skip_unit else [unit]) + [smoke]]
+    lanes = [[ci_run], [first] + ([] if skip_unit else [unit]) + [smoke]]
     timings: list[tuple[str, float, int]] = []
     totals = [0, 0, 0]
     rc = 0
     xmls: list[Path] = []
-    for k, step in enumerate([first, lanes, last]):
+    for k, step in enumerate([lanes, last]):
         if isinstance(step, list):
             print("\n=== side by side: " + " | ".join(", ".join(n for n, _ in ln) for ln in step), flush=True)
             rc, rows, files = _run_lanes(step, env, report_dir, f"step{k}")
