@@ -330,13 +330,15 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
-    checkpointing = bool(getattr(model, "is_gradient_checkpointing", False))
-    device = default_device()
+    checkpointing = bool(getattr(model, "is_activation_checkpointing", None)      # transformers >= 5.x's name
+                         if hasattr(model, "is_activation_checkpointing")
+                         else getattr(model, "is_gradient_checkpointing", False))
+    device, estimate = default_device(), None
     if device == "cuda":                                 # before anything is on the GPU: refuse what cannot fit
         longest = max(len(x["input_ids"]) for x in encoded)
         earliest = min(next(k for k, t in enumerate(x["labels"]) if t != -100) for x in encoded)
-        check_recipe_memory(model, recipe, longest,     # answer logits: at most from the earliest answer on
-                            logit_tokens=longest - earliest + 1 if recipe.answer_logits_only else None)
+        estimate = check_recipe_memory(model, recipe, longest,   # answer logits: at most from the earliest answer on
+                                       logit_tokens=longest - earliest + 1 if recipe.answer_logits_only else None)
     acc = new_accelerator(mixed_precision=recipe.mixed_precision, gradient_accumulation_steps=recipe.grad_accum,
                           cpu=device == "cpu")
     g = torch.Generator().manual_seed(recipe.seed)
@@ -373,8 +375,10 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
         curve.append({"epoch": epoch + 1, "loss": float(np.mean(losses)), "seconds": time.time() - t0})
     bar.close()
     record = {"agent": agent, "key": key, "base": recipe.base, "base_digest": base_digest, "recipe": asdict(recipe),
-              "n_train": len(encoded), "n_answer_cut": cut["whole"], "n_answer_shortened": cut["part"],
-              "gradient_checkpointing": checkpointing, "curve": curve, "train_s": time.time() - t0}
+              "n_train": len(encoded), "tokens_per_example": float(np.mean([len(x["input_ids"]) for x in encoded])),
+              "n_answer_cut": cut["whole"], "n_answer_shortened": cut["part"],
+              "gradient_checkpointing": checkpointing, "curve": curve,
+              "memory_estimate_gib": round(estimate["total"] / 2 ** 30, 2) if estimate else None, "train_s": time.time() - t0}
     if acc.is_main_process:
         save_model(acc.unwrap_model(model), proc, out_dir, record)
     acc.wait_for_everyone()

@@ -131,10 +131,22 @@ def pixtral(out: Path) -> Path:
     return _save_generative(LlavaForConditionalGeneration(cfg), proc, tok, out)
 
 
-def paligemma(out: Path) -> Path:
+#: google/paligemma-3b-pt-448's shapes (its config.json): SigLIP-So400m/14 at 448 px, Gemma-2B with a
+#: 257,216-token vocabulary; `paligemma(full_shape=True)` builds a random model of exactly these
+PALIGEMMA_3B = {
+    "vision": {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "num_attention_heads": 16},
+    "text": {"vocab_size": 257_216, "hidden_size": 2048, "intermediate_size": 16_384, "num_hidden_layers": 18,
+             "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256},
+    "projection_dim": 2048,
+}
+
+
+def paligemma(out: Path, full_shape: bool = False, device: str = "cpu") -> Path:
     """google/paligemma-3b-pt-448's classes: PaliGemmaForConditionalGeneration (SigLIP at 448 px,
     patch 14: 1024 image tokens; a Gemma decoder) and PaliGemmaProcessor; no chat template (the
-    pretrained checkpoint takes a prefix)."""
+    pretrained checkpoint takes a prefix). Tiny by default; `full_shape`: the checkpoint's own sizes
+    (PALIGEMMA_3B: 2.9B parameters, built in bf16 on `device`), for measuring memory and speed."""
+    import torch
     from transformers import (GemmaTokenizerFast, PaliGemmaConfig, PaliGemmaForConditionalGeneration,
                               PaliGemmaProcessor, SiglipImageProcessor)
     tok = GemmaTokenizerFast(tokenizer_object=_bpe(["<pad>", "<eos>", "<bos>", "<unk>"]), bos_token="<bos>",
@@ -143,16 +155,20 @@ def paligemma(out: Path) -> Path:
     ip.image_seq_length = 1024
     proc = PaliGemmaProcessor(image_processor=ip, tokenizer=tok)
     tok = proc.tokenizer
+    tiny = {"vision": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2},
+            "text": {"vocab_size": len(tok), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                     "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16},
+            "projection_dim": 32}
+    dims = PALIGEMMA_3B if full_shape else tiny
     cfg = PaliGemmaConfig(
-        vision_config={"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
-                       "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 448, "patch_size": 14},
-        text_config={"model_type": "gemma", "vocab_size": len(tok), "hidden_size": 32, "intermediate_size": 64,
-                     "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
-                     "pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id,
-                     "eos_token_id": tok.eos_token_id},
-        projection_dim=32, image_token_index=tok.convert_tokens_to_ids("<image>"))
+        vision_config={"model_type": "siglip_vision_model", "image_size": 448, "patch_size": 14, **dims["vision"]},
+        text_config={"model_type": "gemma", "pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id,
+                     "eos_token_id": tok.eos_token_id, **dims["text"]},
+        projection_dim=dims["projection_dim"], image_token_index=tok.convert_tokens_to_ids("<image>"))
     _seed()
-    return _save_generative(PaliGemmaForConditionalGeneration(cfg), proc, tok, out)
+    with torch.device(device):
+        model = PaliGemmaForConditionalGeneration(cfg)
+    return _save_generative(model.to(torch.bfloat16) if full_shape else model, proc, tok, out)
 
 
 def _save_generative(model, proc, tok, out: Path) -> Path:

@@ -19,7 +19,7 @@ LAYERS = {
     3: {"lib.captioning", "lib.trace", "lib.clip4dm", "lib.agents", "lib.sei", "lib.debate"},
     4: {"lib.trace_report", "lib.clip4dm_report", "lib.agents_report", "lib.sei_report", "lib.debate_report",
         "lib.embedded_models", "lib.serving", "lib.crosseval", "lib.figures", "lib.results", "lib.report",
-        "lib.params", "lib.param_schemas", "lib.runner", "lib.costs", "lib.smoke_models", "lib.recompute",
+        "lib.params", "lib.param_schemas", "lib.runner", "lib.costs", "lib.measure", "lib.smoke_models", "lib.recompute",
         "lib.nbcheck"},
 }
 

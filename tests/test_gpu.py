@@ -116,3 +116,32 @@ def test_an_agent_trains_in_mixed_precision_and_generates_on_the_gpu(tiny_palige
     test = [e for e in data["explainer"] if e.split == "test"]
     res = run_agent(chat, "explain why {label} {ocr}", [(e.img_path, e.inputs) for e in test], 5, progress=False)
     assert [r.status for r in res] == ["ok"] * len(test)
+
+
+def test_the_paper_agent_recipe_at_full_shape_trains_within_its_estimate_or_is_refused(tmp_path):
+    """One step of params/paper.yaml's agent recipe on a random PaliGemma-3B-448 (its full shape, bf16) through
+    train_agent: on a GPU with room it trains, with a finite loss and a peak within 25% of lib.train_memory's
+    estimate; on a smaller one it is refused before training, naming settings that fit."""
+    _need_cuda()
+    from lib import smoke_models
+    from lib.agents import AgentRecipe, gpu_free_bytes, train_agent
+    from lib.measure import long_examples
+    from lib.params import load_profile
+    from lib.train_memory import GIB, RecipeMemoryError
+    base = smoke_models.paligemma(tmp_path / "pg3b", full_shape=True, device="cuda")
+    torch.cuda.empty_cache()
+    examples = long_examples(tmp_path / "memes", 10, words=80)         # about 1,450 of max_len's 1,536 tokens
+    section = load_profile("paper")["04_few_shot"]["agent_recipe"]
+    recipe = AgentRecipe(base=str(base), **{**section, "epochs": 1, "max_train": section["batch_size"]})
+    free = gpu_free_bytes()
+    torch.cuda.reset_peak_memory_stats()
+    try:
+        rec = train_agent(examples, tmp_path / "agent", recipe, "explain why {label} {ocr}", progress=False)
+    except RecipeMemoryError as e:
+        assert "settings with the same effective batch that fit" in str(e) or "no batch size fits" in str(e)
+        pytest.skip(f"refused on a GPU with {free / GIB:.1f} GiB free, as it should be: {e}")
+    peak = torch.cuda.max_memory_allocated() / GIB
+    print(f"paper agent recipe, one step at full shape: peak {peak:.1f} GiB, estimate {rec['memory_estimate_gib']} GiB, "
+          f"{rec['train_s']:.1f} s for {rec['n_train']} examples, torch {torch.__version__}")
+    assert np.isfinite(rec["curve"][0]["loss"]) and rec["gradient_checkpointing"]
+    assert peak <= 1.25 * rec["memory_estimate_gib"]

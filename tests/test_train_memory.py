@@ -21,12 +21,11 @@ def paligemma_3b():
     the meta device: the real parameter count without allocating a byte."""
     import torch
     from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
-    cfg = PaliGemmaConfig(
-        vision_config={"model_type": "siglip_vision_model", "image_size": 448, "patch_size": 14, "hidden_size": 1152,
-                       "intermediate_size": 4304, "num_hidden_layers": 27, "num_attention_heads": 16},
-        text_config={"model_type": "gemma", "vocab_size": 257_216, "hidden_size": 2048, "intermediate_size": 16_384,
-                     "num_hidden_layers": 18, "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256},
-        projection_dim=2048, image_token_index=257_152)
+    from lib.smoke_models import PALIGEMMA_3B
+    cfg = PaliGemmaConfig(vision_config={"model_type": "siglip_vision_model", "image_size": 448, "patch_size": 14,
+                                         **PALIGEMMA_3B["vision"]},
+                          text_config={"model_type": "gemma", **PALIGEMMA_3B["text"]},
+                          projection_dim=PALIGEMMA_3B["projection_dim"], image_token_index=257_152)
     with torch.device("meta"):
         model = PaliGemmaForConditionalGeneration(cfg).to(torch.bfloat16)
     # the measured run used eager attention: its 71.8 GiB in use at the first forward (no Adam state yet) are
@@ -83,3 +82,18 @@ def test_the_cost_tables_shape_is_the_one_read_from_the_configuration(paligemma_
     from lib.costs import PALIGEMMA_TRAINING
     assert paligemma_3b.params == pytest.approx(PALIGEMMA_TRAINING.params, rel=0.01)
     assert replace(paligemma_3b, params=0) == replace(PALIGEMMA_TRAINING, params=0)
+
+
+def test_the_measurement_runs_at_toy_shape_and_reports_every_setting(tmp_path):
+    """`python -m lib.costs --measure --toy`: the GPU measurement's code on the CPU at a tiny shape."""
+    from lib import measure
+    path = measure.measure(toy=True, out_dir=tmp_path, batch_sizes=(2,), checkpointing=(False, True), work=tmp_path / "w")
+    rec = json.loads(path.read_text())["agent_training"]
+    assert rec["device"] == "CPU (toy shape)" and rec["parameters"] > 0 and rec["matmul_tflops"] > 0
+    assert [(r["batch_size"], r["gradient_checkpointing"]) for r in rec["runs"]] == [(2, False), (2, True)]
+    for r in rec["runs"]:
+        assert r["s_per_example"] > 0 and 1024 < r["tokens_per_example"] <= 1536 and 0 < r["mfu"] < 1
+    table = measure.markdown({"agent_training": rec})
+    assert table.count("\n| 2 |") == 2 and "MFU" in table
+    with pytest.raises(RuntimeError, match="needs a visible CUDA GPU"):
+        measure.measure_agent(toy=False)

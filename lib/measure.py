@@ -1,0 +1,144 @@
+"""Measured costs: the paper profile's agent recipe, at the checkpoint's full shape with random weights, on
+the visible GPU (`python -m lib.costs --measure`).
+
+For each batch size and gradient-checkpointing setting it trains a random PaliGemma-3B-448
+(`lib.smoke_models.paligemma(full_shape=True)`) through `lib.agents.train_agent`, the paper
+profile's recipe otherwise, for two short epochs on memes whose prompts fill about `max_len` tokens, and
+records the peak GPU memory, the seconds per example of the second epoch (the first pays for warm-up),
+`lib.train_memory`'s estimate beside the peak, and the model-FLOPs utilisation: 6 x parameters x tokens
+per example (forward and backward; a checkpointing recompute is not counted) against the GPU's bf16
+matrix rate measured here by a large matrix product. A setting `train_agent` refuses (it cannot fit) is a
+row that says so. `toy=True` runs the same code at the tiny shape on the CPU (what the tests do): the
+numbers then check the plumbing, not a GPU.
+
+The record is written to `artifacts/measured/<gpu>.json` with the GPU's name, torch and CUDA versions;
+copy it under `results/gpu/` to cite it.
+"""
+from __future__ import annotations
+
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from PIL import Image
+
+from lib import ROOT, smoke_models
+from lib.agents import AgentRecipe, build_agent_data, train_agent
+from lib.artifacts import write_json
+from lib.datasets import ExplanationRecord, MemeRecord
+from lib.params import load_profile
+from lib.train_memory import GIB, RecipeMemoryError
+
+
+def matmul_tflops(device: str, size: int = 8192, repeats: int = 20) -> float:
+    """The device's bf16 (CPU: float32) dense matrix rate in TFLOP/s, from `size` x `size` products."""
+    import torch
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return 2 * size ** 3 * repeats / (time.perf_counter() - t0) / 1e12
+
+
+def long_examples(folder: Path, n: int, words: int):
+    """`n` explainer examples whose meme text and reasoning each run to about `words` words."""
+    folder.mkdir(parents=True, exist_ok=True)
+    filler = ("the river folk should leave the city they say and the sign repeats it " * 40).split()[:words]
+    memes, hat = [], []
+    for i in range(n):
+        p = folder / f"{i:05d}.png"
+        Image.new("RGB", (600, 500), (20 * i % 256, 100, 200 - 10 * i % 200)).save(p)
+        memes.append(MemeRecord(str(i), p, f"text {i} " + " ".join(filler), i % 2, "train"))
+        hat.append(ExplanationRecord(str(i), p, ["group"] if i % 2 else [], [f"because {i} " + " ".join(filler[:words // 3])],
+                                     "train"))
+    return build_agent_data([], hat, [], memes)["explainer"]
+
+
+def measure_agent(batch_sizes: Sequence[int] = (2, 4, 8), checkpointing: Sequence[bool] = (False, True),
+                  toy: bool = False, profile: str = "paper", work: Path | None = None,
+                  progress: bool = False) -> dict[str, Any]:
+    """Rows of (batch size, checkpointing) -> peak GiB, estimate GiB, s per example, MFU (see the module
+    docstring). On a machine without a GPU only `toy=True` runs."""
+    import torch
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not toy:
+        raise RuntimeError("lib.costs --measure needs a visible CUDA GPU (on a CPU, --toy runs the same code at a "
+                           "tiny shape, to check it)")
+    section = load_profile(profile)["04_few_shot"]["agent_recipe"]
+    tmp = tempfile.TemporaryDirectory(prefix="measure-") if work is None else None
+    root = Path(tmp.name) if tmp else Path(work)
+    try:
+        base = smoke_models.paligemma(root / "base", full_shape=not toy, device=device)
+        from transformers import AutoConfig, AutoModelForImageTextToText
+        with torch.device("meta"):                      # the parameter count without loading the weights
+            params = float(sum(t.numel() for t in
+                               AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(base)).parameters()))
+        rate = matmul_tflops(device, size=8192 if device == "cuda" else 256, repeats=20 if device == "cuda" else 3)
+        max_len = int(section.get("max_len", 1536)) if not toy else 1536
+        words = 80 if not toy else 60                 # about 1,450 and 1,360 tokens with the image's 1,024
+        rows = []
+        for b in batch_sizes:
+            for ckpt in checkpointing:
+                recipe = AgentRecipe(base=str(base), **{**section, "epochs": 2, "batch_size": b, "grad_accum": 1,
+                                                        "max_train": 2 * b, "gradient_checkpointing": ckpt,
+                                                        "max_len": max_len, "lr": 1e-5,
+                                                        **({"mixed_precision": "no", "dtype": "float32"} if toy else {})})
+                row: dict[str, Any] = {"batch_size": b, "gradient_checkpointing": ckpt}
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats()
+                try:
+                    rec = train_agent(long_examples(root / "memes", 2 * b, words), root / f"agent_b{b}_{int(ckpt)}", recipe,
+                                      "explain why {label} {ocr}", progress=progress, force=True)
+                except RecipeMemoryError as e:
+                    rows.append({**row, "refused": re.sub(r"\s+", " ", str(e))})
+                    continue
+                second = rec["curve"][1]["seconds"] - rec["curve"][0]["seconds"]
+                s_per = second / rec["n_train"]
+                tokens = rec["tokens_per_example"]
+                row.update({"peak_gib": round(torch.cuda.max_memory_allocated() / GIB, 2) if device == "cuda" else None,
+                            "estimate_gib": rec.get("memory_estimate_gib"), "s_per_example": round(s_per, 4),
+                            "tokens_per_example": tokens,
+                            "mfu": round(6 * params * tokens / s_per / (rate * 1e12), 4)})
+                rows.append(row)
+        name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (toy shape)"
+        return {"what": "the paper profile's agent recipe through lib.agents.train_agent, random weights of "
+                        + ("a tiny PaliGemma (toy)" if toy else "PaliGemma-3B-448's shape"),
+                "device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
+                "parameters": params, "matmul_tflops": round(rate, 2), "max_len": max_len, "runs": rows}
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def measure(toy: bool = False, out_dir: Path | None = None, **kw) -> Path:
+    """Run the measurements and write them to `artifacts/measured/<device>.json`; returns the path."""
+    rec = {"agent_training": measure_agent(toy=toy, **kw)}
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", rec["agent_training"]["device"]).strip("-").lower()
+    path = (out_dir or ROOT / "artifacts" / "measured") / f"{slug}.json"
+    write_json(path, rec)
+    return path
+
+
+def markdown(rec: dict[str, Any]) -> str:
+    a = rec["agent_training"]
+    out = [f"Agent training, {a['what']}, on {a['device']} (torch {a['torch']}, CUDA {a['cuda']}; bf16 matrix rate "
+           f"{a['matmul_tflops']:.0f} TFLOP/s measured):", "",
+           "| batch | checkpointing | peak GiB | estimate GiB | s per example | MFU |", "|---|---|---|---|---|---|"]
+    for r in a["runs"]:
+        if "refused" in r:
+            out.append(f"| {r['batch_size']} | {r['gradient_checkpointing']} | refused: does not fit | | | |")
+        else:
+            out.append(f"| {r['batch_size']} | {r['gradient_checkpointing']} | {r['peak_gib']} | {r['estimate_gib']} | "
+                       f"{r['s_per_example']:.3f} | {100 * r['mfu']:.1f}% |")
+    return "\n".join(out)
