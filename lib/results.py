@@ -417,7 +417,8 @@ def timings_block(profile: str = "embedded") -> str:
     if mt.exists():
         t = read_json(mt)
         steps = "; ".join(f"{k} {_minutes(v)}" for k, v in t["steps"].items())
-        beside = "".join(f" ({' and '.join(g)} ran side by side)" for g in t.get("side_by_side", []))
+        lanes = t.get("side_by_side", [])
+        beside = f"; side by side: {' | '.join(lanes)}" if lanes else ""
         out.append(f"`make test` from a fresh clone on {t['machine']}: {_minutes(t['total_s'])} "
                    f"({_minutes(t['venv_s'])} of it creating `.venv`), {t['passed']} checks passed "
                    f"(commit {t['commit']}): {steps}{beside}.")

@@ -503,7 +503,7 @@ def _run_test_steps(report_dir: Path, skip_unit: bool, record: Path | None = Non
     # two lanes side by side: every stage at test sizes from nothing (the ci run's own folder is wiped first: it
     # is scratch), and beside it the checks of the committed results, the unit tests and the paper profile's code
     # end to end on tiny stand-ins (params/paper-smoke.yaml: a first GPU run's plumbing). No lane keeps both cores busy all the time (notebook start-up, imports, single-threaded
-    # Python, a server waiting for its client), so side by side they take about 10 minutes less on 2 cores
+    # Python, a server waiting for its client), so side by side they take several minutes less on 2 cores
     # than one after the other. Then the checks of what the ci run wrote.
     first: Command = ("committed results", py + ["tests", "-m", "results"])
     ci_run: Command = (f"profile {CI_PROFILE} (every stage at test sizes)",
