@@ -354,24 +354,29 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
     for epoch in range(recipe.epochs):
         model.train()
         losses = []
+        pending: list[tuple[int, list[str], Any]] = []   # losses stay on the device: one host sync per 16 steps
         for step, batch in enumerate(loader, 1):
             ids = batch.pop("_ids")
             with acc.accumulate(model):
                 loss = answer_loss(model, batch) if recipe.answer_logits_only else model(**batch).loss
-                value = float(loss.detach())
-                if not math.isfinite(value):
-                    raise FloatingPointError(
-                        f"agent {agent}: the training loss is {value} at epoch {epoch + 1}, step {step} of "
-                        f"{len(loader)} (memes {', '.join(ids)}); nothing was saved (recipe: lr {recipe.lr}, "
-                        f"mixed_precision {recipe.mixed_precision}, dtype {recipe.dtype})")
                 acc.backward(loss)
                 if acc.sync_gradients:
                     acc.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 sched.step()
                 opt.zero_grad(set_to_none=True)
-            losses.append(value)
+            pending.append((step, ids, loss.detach()))
             bar.update(1)
+            if len(pending) == LOSS_SYNC_EVERY or step == len(loader):
+                values = torch.stack([x[2] for x in pending]).float().cpu().tolist()
+                for (at, memes, _), value in zip(pending, values):
+                    if not math.isfinite(value):       # nothing is saved: the error ends the run here
+                        raise FloatingPointError(
+                            f"agent {agent}: the training loss is {value} at epoch {epoch + 1}, step {at} of "
+                            f"{len(loader)} (memes {', '.join(memes)}); nothing was saved (recipe: lr {recipe.lr}, "
+                            f"mixed_precision {recipe.mixed_precision}, dtype {recipe.dtype})")
+                losses += values
+                pending = []
         curve.append({"epoch": epoch + 1, "loss": float(np.mean(losses)), "seconds": time.time() - t0})
     bar.close()
     record = {"agent": agent, "key": key, "base": recipe.base, "base_digest": base_digest, "recipe": asdict(recipe),
@@ -438,6 +443,10 @@ def check_recipe_memory(model, recipe: AgentRecipe, seq_len: int, free_bytes: fl
 
 def gpu_free_bytes() -> float:
     return float(torch.cuda.mem_get_info()[0])
+
+
+#: steps between host synchronisations of the training loss (each reads the pending losses at once)
+LOSS_SYNC_EVERY = 16
 
 
 def _leading_space(proc) -> bool:
