@@ -637,6 +637,99 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- image loading
+def default_loader_workers(device: Any = None) -> int:
+    """Threads that decode and preprocess images ahead of the model: none on a CPU (the model uses every
+    core; on 2 cores a helper thread slowed the batched path), on a GPU up to 8, leaving one core free."""
+    dev = str(device or "cpu")
+    return 0 if not dev.startswith("cuda") else max(1, min(8, (os.cpu_count() or 2) - 1))
+
+
+def _load_pixels(encoder: Encoder, paths: Sequence[str], pin: bool) -> dict[str, Any]:
+    """Image files -> the encoder's own processor inputs (the same pixels on every path), in pinned memory
+    when the model is on a GPU (its copy to the device can then overlap)."""
+    import torch
+    pix = encoder.preprocess([Image.open(p).convert("RGB") for p in paths])
+    if pin:
+        pix = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in pix.items()}
+    return pix
+
+
+def image_batches(model: "CLIP4DM", paths: Sequence[str], batch_size: int, workers: int | None = None):
+    """Yields (paths of the batch, processor inputs) for image files, `batch_size` at a time, in order.
+    With `workers` > 0 the files are decoded and preprocessed on that many threads, up to 2 x workers
+    batches ahead of the model, so a GPU does not wait for the CPU (PIL's decoding and resizing release the
+    interpreter lock); 0 loads each batch in line. The pixels are the same either way: the same processor
+    on the same decoded images. None: `default_loader_workers` for the model's device."""
+    import torch
+    enc = model.encoder
+    workers = default_loader_workers(getattr(enc, "device", None)) if workers is None else int(workers)
+    if workers < 0:
+        raise ValueError(f"image_batches: workers must be >= 0, got {workers}")
+    parts = [list(paths[s:s + batch_size]) for s in range(0, len(paths), batch_size)]
+    pin = workers > 0 and str(getattr(enc, "device", "cpu")).startswith("cuda") and torch.cuda.is_available()
+    if workers == 0:
+        for part in parts:
+            yield part, _load_pixels(enc, part, False)
+        return
+    with ThreadPoolExecutor(workers) as pool:
+        ahead = 2 * workers
+        futs = [pool.submit(_load_pixels, enc, part, pin) for part in parts[:ahead]]
+        for j, part in enumerate(parts):
+            pix = futs[j].result()
+            futs[j] = None                                  # keep no more than `ahead` batches in memory
+            if j + ahead < len(parts):
+                futs.append(pool.submit(_load_pixels, enc, parts[j + ahead], pin))
+            yield part, pix
+
+
+def embed_image_files(model: "CLIP4DM", paths: Sequence[str], batch_size: int = 32, workers: int | None = None,
+                      progress: bool = False, desc: str = "CLIP4DM: images") -> dict[str, Any]:
+    """{path: normalised image embedding} for distinct image files, loaded by `image_batches`."""
+    paths = list(dict.fromkeys(paths))
+    emb: dict[str, Any] = {}
+    bar = tqdm(total=len(paths), desc=desc, disable=not progress or not paths)
+    for part, pix in image_batches(model, paths, batch_size, workers):
+        emb.update(zip(part, model.image_embeddings(pix)))
+        bar.update(len(part))
+    bar.close()
+    return emb
+
+
+def loader_ratio(model: "CLIP4DM", image_paths: Sequence[str], captions: Sequence[str], batch_size: int = 32,
+                 workers: int | None = None, repeats: int = 3) -> dict[str, Any]:
+    """How close attribution from image files comes to the model's own speed: pairs per second from the
+    files (decode, preprocess, embed, attribute, assemble words: what `attribute_pairs` does, one image per
+    pair) against the floor on the same pairs with the pixels already prepared (embed, attribute, assemble),
+    timed in alternation, best of `repeats`. On a GPU the loader's threads should bring the ratio near 1;
+    on a CPU both share the same cores."""
+    import torch
+    if len(image_paths) != len(captions):
+        raise ValueError(f"loader_ratio: {len(image_paths)} images but {len(captions)} captions")
+    w = default_loader_workers(getattr(model.encoder, "device", None)) if workers is None else int(workers)
+    ready = [_load_pixels(model.encoder, image_paths[s:s + batch_size], False)
+             for s in range(0, len(image_paths), batch_size)]
+
+    def attribute(embs):
+        for s, e in zip(range(0, len(captions), batch_size), embs):
+            caps = list(captions[s:s + batch_size])
+            scores, offsets, sims, texts = model.token_scores(None, caps, image_embeds=e)
+            [model._words(t, sc, of, float(c)) for t, sc, of, c in zip(texts, scores, offsets, sims)]
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    def from_files():
+        attribute(model.image_embeddings(pix) for _, pix in image_batches(model, image_paths, batch_size, w))
+
+    def floor():
+        attribute(model.image_embeddings(pix) for pix in ready)
+
+    t_files, t_floor = _best_of([from_files, floor], repeats)
+    n = len(captions)
+    return {"pairs": n, "batch_size": batch_size, "workers": w, "from_files_pairs_per_s": n / t_files,
+            "floor_pairs_per_s": n / t_floor, "ratio": t_floor / t_files}
+
+
 # ----------------------------------------------------------------------------- cached runs
 def select(raw: dict[str, Any], sorted_by: str, epsilon: float) -> dict[str, Any]:
     """A result dict from stored word attributions and cosine, under any selection rule."""
@@ -646,10 +739,12 @@ def select(raw: dict[str, Any], sorted_by: str, epsilon: float) -> dict[str, Any
 
 
 def attribute_pairs(model: CLIP4DM, pairs: Sequence[tuple[str, str]], cache_path, batch_size: int = 32,
-                    progress: bool = True, desc: str = "CLIP4DM") -> list[dict[str, Any]]:
+                    progress: bool = True, desc: str = "CLIP4DM", workers: int | None = None) -> list[dict[str, Any]]:
     """Word attributions and cosine for (image path, caption) pairs, stored as JSON lines in
     `cache_path` chunk by chunk: a rerun (or a run resumed after a crash) computes only the
-    pairs not stored yet. The model's settings are part of each line's key."""
+    pairs not stored yet. The model's settings are part of each line's key. Each distinct image is
+    embedded once, its file decoded and preprocessed by `image_batches` (`workers` threads ahead of the
+    model; None: none on a CPU, several on a GPU; the same pixels either way)."""
     import torch
     cache_path = Path(cache_path)
     cache_path.parent.mkdir(parents=True, exist_ok=True)
@@ -675,12 +770,7 @@ def attribute_pairs(model: CLIP4DM, pairs: Sequence[tuple[str, str]], cache_path
     todo = list(dict.fromkeys(k for k in keys if k not in done))
     by_key = {k: p for k, p in zip(keys, pairs)}
     # each image is embedded once, however many captions it has (FOIL-style benchmarks score 2-4)
-    paths = list(dict.fromkeys(by_key[k][0] for k in todo))
-    emb: dict[str, Any] = {}
-    for s in tqdm(range(0, len(paths), batch_size), desc=f"{desc}: images", disable=not progress or not paths):
-        part = paths[s:s + batch_size]
-        e = model.image_embeddings([Image.open(p).convert("RGB") for p in part])
-        emb.update(zip(part, e))
+    emb = embed_image_files(model, [by_key[k][0] for k in todo], batch_size, workers, progress, f"{desc}: images")
     with open(cache_path, "a", encoding="utf-8") as f:
         for s in tqdm(range(0, len(todo), batch_size), desc=desc, disable=not progress or not todo):
             chunk = todo[s:s + batch_size]

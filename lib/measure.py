@@ -1,5 +1,5 @@
-"""Measured costs: the paper profile's agent recipe, at the checkpoint's full shape with random weights, on
-the visible GPU (`python -m lib.costs --measure`).
+"""Measured costs on the visible GPU (`python -m lib.costs --measure`): the paper profile's agent recipe at
+the checkpoint's full shape with random weights, and CLIP4DM from image files against its floor.
 
 For each batch size and gradient-checkpointing setting it trains a random PaliGemma-3B-448
 (`lib.smoke_models.paligemma(full_shape=True)`) through `lib.agents.train_agent`, the paper
@@ -16,6 +16,8 @@ copy it under `results/gpu/` to cite it.
 """
 from __future__ import annotations
 
+import json
+import os
 import re
 import tempfile
 import time
@@ -115,23 +117,98 @@ def measure_agent(batch_sizes: Sequence[int] = (2, 4, 8), checkpointing: Sequenc
         return {"what": "the paper profile's agent recipe through lib.agents.train_agent, random weights of "
                         + ("a tiny PaliGemma (toy)" if toy else "PaliGemma-3B-448's shape"),
                 "device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
-                "parameters": params, "matmul_tflops": round(rate, 2), "max_len": max_len, "runs": rows}
+                "parameters": params, "matmul_tflops": float(f"{rate:.4g}"), "max_len": max_len, "runs": rows}
     finally:
         if tmp is not None:
             tmp.cleanup()
 
 
-def measure(toy: bool = False, out_dir: Path | None = None, **kw) -> Path:
-    """Run the measurements and write them to `artifacts/measured/<device>.json`; returns the path."""
-    rec = {"agent_training": measure_agent(toy=toy, **kw)}
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", rec["agent_training"]["device"]).strip("-").lower()
+def memes_on_disk(folder: Path, n: int, size: tuple[int, int] = (600, 500), seed: int = 0) -> list[str]:
+    """`n` meme-sized noisy PNG files (decoding and resizing them costs what a real meme's does)."""
+    import numpy as np
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    paths = []
+    for i in range(n):
+        p = folder / f"{i:05d}.png"
+        if not p.exists():
+            Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(p)
+        paths.append(str(p))
+    return paths
+
+
+def measure_clip4dm(shapes: Sequence[str] = ("B/32", "H/14"), batch_sizes: Sequence[int] = (64, 256), n: int = 1024,
+                    toy: bool = False, work: Path | None = None) -> dict[str, Any]:
+    """CLIP4DM from image files against its floor (`lib.clip4dm.loader_ratio`): for each CLIP shape (random
+    weights) and batch size, pairs per second end to end with the loader's default threads and with none,
+    and with the pixels ready. `toy`: the tiny CLIP on the CPU, a few pairs (the tests' plumbing check)."""
+    import torch
+    from lib.clip4dm import CLIP4DM, default_loader_workers, loader_ratio
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not toy:
+        raise RuntimeError("measure_clip4dm: no GPU is visible; toy=True runs the tiny shape on the CPU")
+    tmp = tempfile.TemporaryDirectory(prefix="measure-clip4dm-") if work is None else None
+    root = Path(tmp.name) if tmp is not None else Path(work)
+    try:
+        caps = [f"a photo of {w} people standing near the {v} sign" for w, v in
+                zip(("river", "hill", "salt", "moon") * n, ("red", "blue", "grey", "old", "new") * n)][:n if not toy else 8]
+        paths = memes_on_disk(root / "memes", len(caps), size=(600, 500) if not toy else (64, 48))
+        rows = []
+        for shape in (shapes if not toy else ("tiny",)):
+            d = root / shape.replace("/", "-")
+            if not (d / "config.json").exists():
+                smoke_models.clip(d) if toy else smoke_models.clip_full_shape(d, shape)
+            model = CLIP4DM.from_pretrained(str(d), device=device)
+            for b in (batch_sizes if not toy else (4,)):
+                for w in dict.fromkeys((default_loader_workers(device), 0)):
+                    r = loader_ratio(model, paths, caps, batch_size=b, workers=w, repeats=1 if toy else 2)
+                    rows.append({"shape": shape, **{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}})
+            del model
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (toy shape)"
+        return {"what": "CLIP4DM attribution from image files (decode, preprocess, embed, attribute) against the same "
+                        "pairs with the pixels ready, random weights of each CLIP shape",
+                "device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "cpu_cores": os.cpu_count(),
+                "runs": rows}
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def measure(toy: bool = False, out_dir: Path | None = None, only: Sequence[str] = ("agent_training", "clip4dm"),
+            **kw) -> Path:
+    """Run the measurements (`only`: some of them) and write them to `artifacts/measured/<device>.json`,
+    merged into what is there; returns the path."""
+    rec: dict[str, Any] = {}
+    if "agent_training" in only:
+        rec["agent_training"] = measure_agent(toy=toy, **kw)
+    if "clip4dm" in only:
+        rec["clip4dm"] = measure_clip4dm(toy=toy)
+    device = next(iter(rec.values()))["device"]
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
     path = (out_dir or ROOT / "artifacts" / "measured") / f"{slug}.json"
-    write_json(path, rec)
+    old = json.loads(path.read_text()) if path.exists() else {}
+    write_json(path, {**old, **rec})
     return path
 
 
 def markdown(rec: dict[str, Any]) -> str:
-    a = rec["agent_training"]
+    out = []
+    if "agent_training" in rec:
+        out += _agent_markdown(rec["agent_training"])
+    if "clip4dm" in rec:
+        c = rec["clip4dm"]
+        out += (["", ""] if out else []) + [
+            f"CLIP4DM, {c['what']}, on {c['device']} (torch {c['torch']}, CUDA {c['cuda']}, {c['cpu_cores']} CPU cores):",
+            "", "| shape | batch | loader threads | from files, pairs/s | pixels ready, pairs/s | ratio |",
+            "|---|---|---|---|---|---|"]
+        out += [f"| {r['shape']} | {r['batch_size']} | {r['workers']} | {r['from_files_pairs_per_s']:.0f} | "
+                f"{r['floor_pairs_per_s']:.0f} | {r['ratio']:.2f} |" for r in c["runs"]]
+    return "\n".join(out)
+
+
+def _agent_markdown(a: dict[str, Any]) -> list[str]:
     out = [f"Agent training, {a['what']}, on {a['device']} (torch {a['torch']}, CUDA {a['cuda']}; bf16 matrix rate "
            f"{a['matmul_tflops']:.0f} TFLOP/s measured):", "",
            "| batch | checkpointing | peak GiB | estimate GiB | s per example | MFU |", "|---|---|---|---|---|---|"]
@@ -141,4 +218,4 @@ def markdown(rec: dict[str, Any]) -> str:
         else:
             out.append(f"| {r['batch_size']} | {r['gradient_checkpointing']} | {r['peak_gib']} | {r['estimate_gib']} | "
                        f"{r['s_per_example']:.3f} | {100 * r['mfu']:.1f}% |")
-    return "\n".join(out)
+    return out

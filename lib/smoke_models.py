@@ -191,6 +191,34 @@ def _save_generative(model, proc, tok, out: Path) -> Path:
 
 # ----------------------------------------------------------------------------- encoders
 
+#: the CLIP checkpoints' own shapes (vision hidden, layers, heads, MLP, patch; text hidden, layers, heads, MLP;
+#: projection): openai/clip-vit-base-patch32 and laion/CLIP-ViT-H-14-laion2B-s32B-b79K
+CLIP_SHAPES = {"B/32": dict(vision=(768, 12, 12, 3072, 32), text=(512, 12, 8, 2048), projection=512),
+               "L/14": dict(vision=(1024, 24, 16, 4096, 14), text=(768, 12, 12, 3072), projection=768),
+               "H/14": dict(vision=(1280, 32, 16, 5120, 14), text=(1024, 24, 16, 4096), projection=1024)}
+
+
+def clip_full_shape(out: Path, shape: str = "B/32") -> Path:
+    """A CLIPModel of a real checkpoint's shape (`CLIP_SHAPES`) with random weights, CLIP's BPE tokenizer and
+    processor at 224 px: what a GPU measurement of CLIP4DM or TRACE needs (speed and memory, not accuracy)."""
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
+    if shape not in CLIP_SHAPES:
+        raise ValueError(f"clip_full_shape: unknown shape {shape!r}; one of {sorted(CLIP_SHAPES)}")
+    sh = CLIP_SHAPES[shape]
+    (vh, vl, vn, vm, patch), (th, tl, tn, tm) = sh["vision"], sh["text"]
+    tok = build_clip_tokenizer()
+    cfg = CLIPConfig(text_config=dict(vocab_size=len(tok), hidden_size=th, intermediate_size=tm, num_hidden_layers=tl,
+                                      num_attention_heads=tn, bos_token_id=49406, eos_token_id=49407, pad_token_id=49407),
+                     vision_config=dict(image_size=224, patch_size=patch, hidden_size=vh, intermediate_size=vm,
+                                        num_hidden_layers=vl, num_attention_heads=vn), projection_dim=sh["projection"])
+    _seed()
+    out.mkdir(parents=True, exist_ok=True)
+    CLIPModel(cfg).save_pretrained(out)
+    tok.save_pretrained(out)
+    CLIPImageProcessor(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224}).save_pretrained(out)
+    return out
+
+
 def clip(out: Path, patch: int = 32, image_size: int = 224, text_layers: int = 12) -> Path:
     """openai/clip-vit-* and laion/CLIP-ViT-H-14's classes: CLIPModel (12 text layers, as every
     one of them has: TRACE unfreezes layers n-2, n-5, n-8) with CLIP's own BPE tokenizer (built

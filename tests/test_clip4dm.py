@@ -465,3 +465,47 @@ def test_epsilon_rule_prefers_the_least_abstaining_threshold_among_near_ties():
     assert list(picked.within_tie) == [False, True, True, False]
     strict = pick_epsilon(sweep, tie=0.0)
     assert strict.loc[strict.chosen, "epsilon"].item() == -1e-3        # tie 0: the plain arg-max of F1
+
+
+def _files(tmp_path, n, seed):
+    paths = []
+    for i, im in enumerate(_imgs(n, seed=seed)):
+        im.save(tmp_path / f"img{i}.png")
+        paths.append(str(tmp_path / f"img{i}.png"))
+    return paths
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+def test_loader_threads_give_the_same_pixels_in_the_same_batches(model, tmp_path, workers):
+    """Images decoded and preprocessed ahead of the model on threads are the in-line path's pixels, batch
+    for batch, in order (a faster path that changed pixels would change every attribution)."""
+    from lib.clip4dm import image_batches
+    paths = _files(tmp_path, 7, seed=11)
+    inline = list(image_batches(model, paths, 3, workers=0))
+    threaded = list(image_batches(model, paths, 3, workers=workers))
+    assert [p for p, _ in inline] == [p for p, _ in threaded] == [paths[:3], paths[3:6], paths[6:]]
+    for (_, a), (_, b) in zip(inline, threaded):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_attribute_pairs_with_loader_threads_equals_the_inline_path(model, tmp_path):
+    from lib.clip4dm import attribute_pairs
+    paths = _files(tmp_path, 5, seed=12)
+    pairs = [(paths[i % 5], CAPTIONS[i % 4]) for i in range(9)]
+    a = attribute_pairs(model, pairs, tmp_path / "a.jsonl", batch_size=2, progress=False, workers=0)
+    b = attribute_pairs(model, pairs, tmp_path / "b.jsonl", batch_size=2, progress=False, workers=2)
+    assert a == b
+
+
+def test_the_loader_defaults_to_no_threads_on_a_cpu_and_reports_its_ratio(model, tmp_path):
+    from lib.clip4dm import default_loader_workers, image_batches, loader_ratio
+    assert default_loader_workers("cpu") == 0 and default_loader_workers(None) == 0
+    assert 1 <= default_loader_workers("cuda:0") <= 8
+    with pytest.raises(ValueError, match="workers must be >= 0"):
+        list(image_batches(model, ["x.png"], 2, workers=-1))
+    paths = _files(tmp_path, 4, seed=13)
+    r = loader_ratio(model, paths, CAPTIONS[:4], batch_size=2, repeats=1)
+    assert r["workers"] == 0 and r["pairs"] == 4 and r["from_files_pairs_per_s"] > 0 and r["floor_pairs_per_s"] > 0
+    assert r["ratio"] == pytest.approx(r["from_files_pairs_per_s"] / r["floor_pairs_per_s"])
+    with pytest.raises(ValueError, match="4 images but 3 captions"):
+        loader_ratio(model, paths, CAPTIONS[:3])

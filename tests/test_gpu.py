@@ -145,3 +145,17 @@ def test_the_paper_agent_recipe_at_full_shape_trains_within_its_estimate_or_is_r
           f"{rec['train_s']:.1f} s for {rec['n_train']} examples, torch {torch.__version__}")
     assert np.isfinite(rec["curve"][0]["loss"]) and rec["gradient_checkpointing"]
     assert peak <= 1.25 * rec["memory_estimate_gib"]
+
+
+def test_clip4dm_from_image_files_is_reported_against_its_floor(tmp_path, capsys):
+    """CLIP4DM at B/32's shape from meme-sized PNG files, with the loader's threads and without, against the
+    same pairs with the pixels ready: reported as a ratio (a speed is not asserted: it depends on the machine).
+    `python -m lib.costs --measure` writes the same rows for every shape."""
+    _need_cuda()
+    from lib.measure import markdown, measure_clip4dm
+    rec = measure_clip4dm(shapes=("B/32",), batch_sizes=(256,), n=1024, work=tmp_path)
+    workers = [r["workers"] for r in rec["runs"]]
+    assert workers[0] >= 1 and workers[-1] == 0
+    assert all(r["ratio"] > 0 and r["floor_pairs_per_s"] > 0 for r in rec["runs"])
+    with capsys.disabled():
+        print("\n" + markdown({"clip4dm": rec}))

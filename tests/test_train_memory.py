@@ -97,3 +97,22 @@ def test_the_measurement_runs_at_toy_shape_and_reports_every_setting(tmp_path):
     assert table.count("\n| 2 |") == 2 and "MFU" in table
     with pytest.raises(RuntimeError, match="needs a visible CUDA GPU"):
         measure.measure_agent(toy=False)
+    c = json.loads(path.read_text())["clip4dm"]                  # CLIP4DM from files against its floor, same record
+    assert c["device"] == "CPU (toy shape)" and [(r["shape"], r["workers"]) for r in c["runs"]] == [("tiny", 0)]
+    assert all(r["from_files_pairs_per_s"] > 0 and r["floor_pairs_per_s"] > 0 and r["ratio"] > 0 for r in c["runs"])
+    both = measure.markdown(json.loads(path.read_text()))
+    assert "MFU" in both and "| tiny | 4 | 0 |" in both
+    again = measure.measure(toy=True, out_dir=tmp_path, only=("clip4dm",))   # one part again: the rest is kept
+    assert again == path and set(json.loads(path.read_text())) == {"agent_training", "clip4dm"}
+    with pytest.raises(RuntimeError, match="no GPU is visible"):
+        measure.measure_clip4dm(toy=False)
+
+
+def test_the_full_shape_clip_stand_ins_have_the_checkpoints_shapes(tmp_path):
+    from transformers import CLIPConfig
+    from lib.smoke_models import CLIP_SHAPES, clip_full_shape
+    with pytest.raises(ValueError, match="unknown shape 'G/99'"):
+        clip_full_shape(tmp_path / "x", "G/99")
+    cfg = CLIPConfig.from_pretrained(clip_full_shape(tmp_path / "b32", "B/32"))
+    assert (cfg.vision_config.hidden_size, cfg.vision_config.num_hidden_layers, cfg.vision_config.patch_size) == (768, 12, 32)
+    assert (cfg.text_config.hidden_size, cfg.projection_dim) == (512, 512) and set(CLIP_SHAPES) == {"B/32", "L/14", "H/14"}
