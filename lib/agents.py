@@ -104,6 +104,9 @@ class AgentRecipe:
                                      #   same gradients, about 1.3x the compute
     drop_cut_answers: bool = False   # an example whose whole answer max_len cuts away is an error (it would
                                      #   train on no token); true leaves such examples out and counts them
+    attn_implementation: str = "sdpa"  # fused attention (torch's SDPA: flash / memory-efficient kernels on a
+                                     #   GPU) instead of eager's s x s scores per head; "eager" or
+                                     #   "flash_attention_2" where a model needs them; "auto": the library's default
     answer_logits_only: bool = False  # the same loss from the logits of the answer span alone: PaliGemma's
                                      #   257k-vocabulary logits over all 1,536 positions (and their float32
                                      #   copy) are most of a batch's memory; off: the model's own loss
@@ -184,7 +187,7 @@ def examples_digest(examples: Sequence[AgentExample], template: str) -> str:
 
 
 # ----------------------------------------------------------------------------- encoding
-def _load_base(base: str, dtype: str):
+def _load_base(base: str, dtype: str, attn_implementation: str = "auto"):
     p = Path(base)
     if not (p.is_dir() and (p / "config.json").exists()):
         pr = get_preset("chat", base)
@@ -197,7 +200,8 @@ def _load_base(base: str, dtype: str):
     else:
         src, kw = str(p), {}
     proc = AutoProcessor.from_pretrained(src, **kw)
-    model = AutoModelForImageTextToText.from_pretrained(src, dtype=torch_dtype(dtype), **kw)
+    attn = {} if attn_implementation in (None, "auto") else {"attn_implementation": attn_implementation}
+    model = AutoModelForImageTextToText.from_pretrained(src, dtype=torch_dtype(dtype), **kw, **attn)
     return model, proc, src
 
 
@@ -302,10 +306,10 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
     if recipe.max_train and len(train) > recipe.max_train:
         rng = random.Random(recipe.seed)
         train = sorted(rng.sample(train, recipe.max_train), key=lambda e: e.id)
-    model, proc, src = _load_base(recipe.base, recipe.dtype)
+    model, proc, src = _load_base(recipe.base, recipe.dtype, recipe.attn_implementation)
     base_digest = folder_identity(src)
     rec_json = {k: v for k, v in asdict(recipe).items()             # what changes the weights a recipe trains
-                if k not in ("threads", "prompt_dir", "gradient_checkpointing", "answer_logits_only")
+                if k not in ("threads", "prompt_dir", "gradient_checkpointing", "answer_logits_only", "attn_implementation")
                 and not (k == "drop_cut_answers" and not v)}
     key = hashlib.sha256(json.dumps({"base": base_digest, "recipe": rec_json,
                                      "data": examples_digest(train, template)}, sort_keys=True).encode()).hexdigest()[:16]
@@ -382,7 +386,8 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
     record = {"agent": agent, "key": key, "base": recipe.base, "base_digest": base_digest, "recipe": asdict(recipe),
               "n_train": len(encoded), "tokens_per_example": float(np.mean([len(x["input_ids"]) for x in encoded])),
               "n_answer_cut": cut["whole"], "n_answer_shortened": cut["part"],
-              "gradient_checkpointing": checkpointing, "curve": curve,
+              "gradient_checkpointing": checkpointing,
+              "attn_implementation": getattr(model.config, "_attn_implementation", None), "curve": curve,
               "memory_estimate_gib": round(estimate["total"] / 2 ** 30, 2) if estimate else None, "train_s": time.time() - t0}
     if acc.is_main_process:
         save_model(acc.unwrap_model(model), proc, out_dir, record)

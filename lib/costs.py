@@ -255,12 +255,15 @@ def cost_rows(profile: str = "paper", a: Assumptions | None = None) -> list[Row]
     b, acc, ml = int(rec["batch_size"]), int(rec.get("grad_accum", 1)), int(rec["max_len"])
     ckpt = bool(rec.get("gradient_checkpointing", False))
     logit_tok = a.agent_answer_tokens + 1 if rec.get("answer_logits_only") else None
-    tr = step_bytes(PALIGEMMA_TRAINING, b, ml, ckpt, logit_tokens=logit_tok)
-    smaller = settings_that_fit(PALIGEMMA_TRAINING, b, acc, ml, 48 * GIB, ckpt, logit_tokens=logit_tok)
+    # the recipe's attention: eager keeps the s x s scores per head, SDPA (the default) does not
+    shape = replace(PALIGEMMA_TRAINING, eager_attention=rec.get("attn_implementation", "sdpa") == "eager")
+    tr = step_bytes(shape, b, ml, ckpt, logit_tokens=logit_tok)
+    smaller = settings_that_fit(shape, b, acc, ml, 48 * GIB, ckpt, logit_tokens=logit_tok)
     train_tok = S["agent_examples"] * int(rec["epochs"]) * (1024 + a.agent_answer_tokens)
     rows.append(Row("04 agents: training", f"4 PaliGemma-3B-448 full fine-tunes, {S['agent_examples']:,} examples "
                     f"x {rec['epochs']} epochs, batch {b} x {ml} tokens"
-                    f"{', gradient checkpointing' if ckpt else ''}{', logits of the answers only' if logit_tok else ''}",
+                    f"{', gradient checkpointing' if ckpt else ''}{', logits of the answers only' if logit_tok else ''}"
+                    f"{', eager attention' if shape.eager_attention else ', fused (SDPA) attention'}",
                     train_seconds(pg, train_tok, a) / 3600, tr["total"] / GIB, 24.0, "estimated",
                     f"weights + Adam {tr['states'] / GIB:.1f} GiB, activations {tr['activations'] / GIB:.1f}, "
                     f"logits {tr['logits'] / GIB:.1f} (lib.train_memory; train_agent refuses a recipe that does not fit): "

@@ -473,6 +473,21 @@ def test_gradient_checkpointing_gives_the_same_training_and_the_same_agent_key(t
     assert ckpt["curve"][0]["loss"] == pytest.approx(plain["curve"][0]["loss"], rel=1e-4)
 
 
+def test_fused_attention_trains_like_eager_attention_under_the_same_agent_key(tiny_paligemma, tmp_path):
+    """attn_implementation (SDPA by default: no s x s score matrix per head) is the same function as eager
+    attention: the same key, the same loss to float tolerance; the record names the one that ran."""
+    from lib.agents import AgentRecipe, build_agent_data, train_agent
+    data = build_agent_data(*_records(tmp_path)[1:], _records(tmp_path)[0])
+    recipe = AgentRecipe(base=str(tiny_paligemma), epochs=1, lr=1e-3, batch_size=4, threads=1)
+    assert recipe.attn_implementation == "sdpa"
+    fused = train_agent(data["explainer"], tmp_path / "sdpa", recipe, "explain {label} {ocr}", progress=False)
+    eager = train_agent(data["explainer"], tmp_path / "eager", replace(recipe, attn_implementation="eager"),
+                        "explain {label} {ocr}", progress=False)
+    assert (fused["attn_implementation"], eager["attn_implementation"]) == ("sdpa", "eager")
+    assert fused["key"] == eager["key"]
+    assert fused["curve"][0]["loss"] == pytest.approx(eager["curve"][0]["loss"], rel=1e-4)
+
+
 def test_on_a_gpu_a_recipe_that_cannot_fit_is_refused_before_training(tiny_agent_base, tmp_path, monkeypatch):
     """The memory check runs before anything reaches the GPU (its free-memory query is mocked here)."""
     import lib.agents as agents
