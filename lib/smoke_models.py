@@ -141,14 +141,25 @@ PALIGEMMA_3B = {
 }
 
 
+def paligemma_config(dims: dict | None = None, image_token_index: int = 257_152, **special_ids):
+    """A PaliGemmaConfig at 448 px, patch 14 (1024 image tokens) with `dims` (default PALIGEMMA_3B: the
+    checkpoint's own sizes); `special_ids`: the tokenizer's pad / bos / eos ids for the Gemma decoder."""
+    from transformers import PaliGemmaConfig
+    dims = dims or PALIGEMMA_3B
+    return PaliGemmaConfig(
+        vision_config={"model_type": "siglip_vision_model", "image_size": 448, "patch_size": 14, **dims["vision"]},
+        text_config={"model_type": "gemma", **special_ids, **dims["text"]},
+        projection_dim=dims["projection_dim"], image_token_index=image_token_index)
+
+
 def paligemma(out: Path, full_shape: bool = False, device: str = "cpu") -> Path:
     """google/paligemma-3b-pt-448's classes: PaliGemmaForConditionalGeneration (SigLIP at 448 px,
     patch 14: 1024 image tokens; a Gemma decoder) and PaliGemmaProcessor; no chat template (the
     pretrained checkpoint takes a prefix). Tiny by default; `full_shape`: the checkpoint's own sizes
     (PALIGEMMA_3B: 2.9B parameters, built in bf16 on `device`), for measuring memory and speed."""
     import torch
-    from transformers import (GemmaTokenizerFast, PaliGemmaConfig, PaliGemmaForConditionalGeneration,
-                              PaliGemmaProcessor, SiglipImageProcessor)
+    from transformers import (GemmaTokenizerFast, PaliGemmaForConditionalGeneration, PaliGemmaProcessor,
+                              SiglipImageProcessor)
     tok = GemmaTokenizerFast(tokenizer_object=_bpe(["<pad>", "<eos>", "<bos>", "<unk>"]), bos_token="<bos>",
                              eos_token="<eos>", pad_token="<pad>", unk_token="<unk>")
     ip = SiglipImageProcessor(size={"height": 448, "width": 448})
@@ -159,12 +170,8 @@ def paligemma(out: Path, full_shape: bool = False, device: str = "cpu") -> Path:
             "text": {"vocab_size": len(tok), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
                      "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16},
             "projection_dim": 32}
-    dims = PALIGEMMA_3B if full_shape else tiny
-    cfg = PaliGemmaConfig(
-        vision_config={"model_type": "siglip_vision_model", "image_size": 448, "patch_size": 14, **dims["vision"]},
-        text_config={"model_type": "gemma", "pad_token_id": tok.pad_token_id, "bos_token_id": tok.bos_token_id,
-                     "eos_token_id": tok.eos_token_id, **dims["text"]},
-        projection_dim=dims["projection_dim"], image_token_index=tok.convert_tokens_to_ids("<image>"))
+    cfg = paligemma_config(PALIGEMMA_3B if full_shape else tiny, image_token_index=tok.convert_tokens_to_ids("<image>"),
+                           pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     _seed()
     with torch.device(device):
         model = PaliGemmaForConditionalGeneration(cfg)

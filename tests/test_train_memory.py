@@ -20,14 +20,10 @@ def paligemma_3b():
     """google/paligemma-3b-pt-448's shapes (SigLIP-So400m at 448 px, Gemma-2B with its 257k vocabulary) on
     the meta device: the real parameter count without allocating a byte."""
     import torch
-    from transformers import PaliGemmaConfig, PaliGemmaForConditionalGeneration
-    from lib.smoke_models import PALIGEMMA_3B
-    cfg = PaliGemmaConfig(vision_config={"model_type": "siglip_vision_model", "image_size": 448, "patch_size": 14,
-                                         **PALIGEMMA_3B["vision"]},
-                          text_config={"model_type": "gemma", **PALIGEMMA_3B["text"]},
-                          projection_dim=PALIGEMMA_3B["projection_dim"], image_token_index=257_152)
+    from transformers import PaliGemmaForConditionalGeneration
+    from lib.smoke_models import paligemma_config
     with torch.device("meta"):
-        model = PaliGemmaForConditionalGeneration(cfg).to(torch.bfloat16)
+        model = PaliGemmaForConditionalGeneration(paligemma_config()).to(torch.bfloat16)
     # the measured run used eager attention: its 71.8 GiB in use at the first forward (no Adam state yet) are
     # weights 5.5 + bf16 logits 5.9 + activations 60.4, i.e. 7.5 GiB of activations per example, which only
     # the eager term (the s x s scores per head) accounts for
