@@ -10,7 +10,9 @@
 #   make reproduce PROFILE=paper    the same notebooks with params/paper.yaml
 #   make reproduce PROFILE=paper-smoke   the paper profile's code on tiny stand-in models and data (CPU, ~6 min)
 #   make test                       the code: committed-results checks, unit tests, every stage at test sizes
-#                                   (PROFILE=ci), paper-smoke; leaves the working tree as it was
+#                                   (PROFILE=ci, replaying the committed ci answers; COLD=1 asks afresh),
+#                                   paper-smoke; leaves the working tree as it was
+#   make ci-answers                 refresh the ci answers make test replays (results/ci/cache/) after a prompt change
 #   make report                     the executed notebooks as a static HTML site (artifacts/<profile>/report/)
 
 PROFILE ?= embedded
@@ -29,10 +31,10 @@ export TOKENIZERS_PARALLELISM := false
 export PYTHONHASHSEED := 0
 export MPLBACKEND := Agg
 
-.PHONY: disk-check reproduce test test-unit test-notebooks test-gpu data venv lock environment.yml check-params results clean-artifacts help report browser
+.PHONY: disk-check reproduce test ci-answers test-unit test-notebooks test-gpu data venv lock environment.yml check-params results clean-artifacts help report browser
 
 help:
-	@sed -n '1,18p' Makefile
+	@sed -n '1,20p' Makefile
 
 $(STAMP): pyproject.toml requirements.lock requirements-nodeps.txt
 	@echo ">> bootstrapping $(VENV) (python: $$($(PYTHON) --version))"
@@ -70,7 +72,13 @@ results: $(STAMP)
 	$(PY) -m lib.results --readme README.md
 
 test: $(STAMP) browser
-	$(PY) -m lib.runner test $(if $(RECORD),--record $(RECORD),)
+	$(PY) -m lib.runner test $(if $(RECORD),--record $(RECORD),) $(if $(filter 1,$(COLD)),--cold,)
+
+# The ci profile's model answers, which `make test` replays: run every stage at test sizes (replaying what is
+# committed, asking the models for the rest) and commit exactly the answers that run used.
+ci-answers: $(STAMP)
+	$(PY) -m lib.runner reproduce --profile ci --force --fresh --no-publish
+	$(PY) -m lib.runner answers --profile ci
 
 report: $(STAMP)
 	$(PY) -m lib.report --profile $(PROFILE)

@@ -14,6 +14,7 @@ import fnmatch
 import gzip
 import hashlib
 import json
+import math
 import os
 import platform
 import re
@@ -217,8 +218,9 @@ def compare_metrics(committed: dict, new: dict, spread: dict[str, tuple[float, f
             timing += 1
             continue
         a, b = committed.get(k), new.get(k)
-        same = a == b or (isinstance(a, (int, float)) and isinstance(b, (int, float)) and
-                          not isinstance(a, bool) and abs(float(a) - float(b)) <= 1e-6 * max(1.0, abs(float(a))))
+        num = isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool)
+        same = a == b or (num and (abs(float(a) - float(b)) <= 1e-6 * max(1.0, abs(float(a)))
+                                   or (math.isnan(float(a)) and math.isnan(float(b)))))   # undefined in both
         if same:
             continue
         if a is None or b is None:

@@ -244,15 +244,46 @@ def reproduce(profile: str, only: str | None, force: bool = False, cold: bool = 
                 if Path(str(cache) + suffix).exists():
                     os.replace(str(cache) + suffix, str(aside) + suffix)
             print(f">> COLD: every model is asked afresh; the old answers are kept in {relpath(aside)}", flush=True)
-    else:
-        committed = results.cache_export_path(profile)
-        if committed.exists():
-            added = ResponseCache(cache).import_answers(committed)
-            if added:
-                print(f">> loaded {added} committed model answers from {relpath(committed)} (COLD=1 asks afresh)",
-                      flush=True)
+    added = 0
+    committed = results.cache_export_path(profile)
+    if not cold and committed.exists():
+        added = ResponseCache(cache).import_answers(committed)
+        if added:
+            print(f">> loaded {added} committed model answers from {relpath(committed)} (COLD=1 asks afresh)",
+                  flush=True)
+    held = len(ResponseCache(cache)) if cache.exists() else 0
     with profile_services(profile):
-        return _run_stages(chosen, profile, sections, force, publish, cold_run=cold)
+        rc = _run_stages(chosen, profile, sections, force, publish, cold_run=cold)
+    record_answers(profile, loaded=added, asked=(len(ResponseCache(cache)) if cache.exists() else 0) - held)
+    return rc
+
+
+def record_answers(profile: str, loaded: int, asked: int) -> dict[str, int]:
+    """After a run: how many model answers it loaded from the committed ones and how many it asked a model for
+    (new entries in the response cache), printed and kept in artifacts/<profile>/timings.json (`answers`).
+    A run that replays committed answers asks none; one whose prompts or models changed asks for the rest."""
+    rec = {"loaded": int(loaded), "asked": int(max(asked, 0))}
+    timings_file = ARTIFACTS_ROOT / profile / "timings.json"
+    if timings_file.parent.exists():
+        write_json(timings_file, {**(read_json(timings_file) if timings_file.exists() else {}), "answers": rec})
+    print(f">> model answers: {rec['asked']} asked afresh in this run, {rec['loaded']} loaded from the committed "
+          f"ones ({relpath(results.cache_export_path(profile))})", flush=True)
+    return rec
+
+
+def export_answers(profile: str) -> int:
+    """`make ci-answers` (after a run of that profile): write the answers its stages' last runs used to
+    results/<profile>/cache/responses.jsonl.gz, which the next run of that profile replays. A published
+    profile does this itself when it publishes; the ci profile's answers are what `make test` replays."""
+    cache = default_cache_path(profile)
+    if not cache.exists():
+        print(f"error: {relpath(cache)} does not exist: run `make reproduce PROFILE={profile}` first", file=sys.stderr)
+        return 2
+    out = results.cache_export_path(profile)
+    n = ResponseCache(cache).export(out)
+    print(f">> {n} model answers the stages of profile {profile} used -> {relpath(out)} "
+          f"({out.stat().st_size / 2 ** 20:.2f} MB)")
+    return 0
 
 
 def _digest_files(paths: list[Path]) -> str:
@@ -402,7 +433,7 @@ def _junit_counts(path: Path) -> tuple[int, int, int]:
 CI_PROFILE = "ci"
 
 
-def test(skip_unit: bool = False, record: Path | None = None) -> int:
+def test(skip_unit: bool = False, record: Path | None = None, cold: bool = False) -> int:
     """`make test`: the code is checked, the experiment is not rerun (that is `make reproduce`).
 
     Steps: the checks of the committed results (results/embedded/: metrics recomputed from their
@@ -410,9 +441,14 @@ def test(skip_unit: bool = False, record: Path | None = None) -> int:
     quotes backed by an output), the unit tests, every stage under the ci profile (papermill; each
     notebook's own assertions run), the checks of what that run wrote, the paper profile's code on
     stand-ins (paper-smoke), and a check that the working tree is as it was. Ends with one line
-    `summary: N passed, N failed, N skipped`."""
+    `summary: N passed, N failed, N skipped`.
+
+    The ci run replays the committed answers of the ci profile (results/ci/cache/, written by `make
+    ci-answers`) as `make reproduce` replays the embedded ones: the code around every model call runs, the
+    served model generates only what a changed prompt or model asks anew (the serving stage and the unit
+    tests still generate). `cold`: the ci run asks every model afresh."""
     with tempfile.TemporaryDirectory(prefix="compendium-test-") as tmp:
-        return _run_test_steps(Path(tmp), skip_unit, record)
+        return _run_test_steps(Path(tmp), skip_unit, record, cold)
 
 
 #: what a lane that shares the cores sets: OpenMP threads (torch) and llama.cpp's threads sleep when idle
@@ -489,7 +525,25 @@ def _venv_seconds() -> float | None:
     return stamp.stat().st_mtime - cfg.stat().st_mtime if cfg.exists() and stamp.exists() else None
 
 
-def _run_test_steps(report_dir: Path, skip_unit: bool, record: Path | None = None) -> int:
+def make_test_commands(py: list[str], skip_unit: bool = False, cold: bool = False
+                  ) -> tuple[list[list[Command]], Command]:
+    """make test's commands: two lanes side by side, then the checks of the ci run. The ci run starts from
+    nothing (its folder is scratch) and replays the committed ci answers unless `cold`; in its lane its
+    training stage and an LLM stage are then killed at random points and resumed (they must end with the
+    same results, which the checks then read)."""
+    first: Command = ("committed results", py + ["tests", "-m", "results"])
+    ci_run: Command = (f"profile {CI_PROFILE} (every stage at test sizes)",
+                       [sys.executable, "-m", "lib.runner", "reproduce", "--profile", CI_PROFILE, "--force", "--fresh"]
+                       + (["--cold"] if cold else []))
+    unit: Command = ("unit tests", py + ["tests", "-m", "not results and not ci_run and not gpu"])
+    smoke: Command = (f"profile {SMOKE_PROFILE}", [sys.executable, "-m", "lib.runner", "reproduce", "--profile",
+                                                   SMOKE_PROFILE])
+    resume: Command = (f"{CI_PROFILE} stages killed and resumed", py + ["tests", "-m", "ci_resume"])
+    last: Command = (f"checks of the {CI_PROFILE} run", py + ["tests", "-m", "ci_run and not ci_resume"])
+    return [[ci_run, resume], [first] + ([] if skip_unit else [unit]) + [smoke]], last
+
+
+def _run_test_steps(report_dir: Path, skip_unit: bool, record: Path | None = None, cold: bool = False) -> int:
     t_start = time.time()
     env = _env()
     py = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
@@ -505,14 +559,7 @@ def _run_test_steps(report_dir: Path, skip_unit: bool, record: Path | None = Non
     # end to end on tiny stand-ins (params/paper-smoke.yaml: a first GPU run's plumbing). No lane keeps both cores busy all the time (notebook start-up, imports, single-threaded
     # Python, a server waiting for its client), so side by side they take several minutes less on 2 cores
     # than one after the other. Then the checks of what the ci run wrote.
-    first: Command = ("committed results", py + ["tests", "-m", "results"])
-    ci_run: Command = (f"profile {CI_PROFILE} (every stage at test sizes)",
-                       [sys.executable, "-m", "lib.runner", "reproduce", "--profile", CI_PROFILE, "--force", "--fresh"])
-    unit: Command = ("unit tests", py + ["tests", "-m", "not results and not ci_run and not gpu"])
-    smoke: Command = (f"profile {SMOKE_PROFILE}", [sys.executable, "-m", "lib.runner", "reproduce", "--profile",
-                                                   SMOKE_PROFILE])
-    last: Command = (f"checks of the {CI_PROFILE} run", py + ["tests", "-m", "ci_run"])
-    lanes = [[ci_run], [first] + ([] if skip_unit else [unit]) + [smoke]]
+    lanes, last = make_test_commands(py, skip_unit, cold)
     timings: list[tuple[str, float, int]] = []
     totals = [0, 0, 0]
     rc = 0
@@ -553,6 +600,11 @@ def _run_test_steps(report_dir: Path, skip_unit: bool, record: Path | None = Non
     for name, dt, _ in timings:
         print(f"  {dt:7.1f}s  {name}")
     print(f"  {wall:7.1f}s  total (wall; the side-by-side steps overlap)")
+    answers = _ci_answers()
+    if answers:
+        print(f"the {CI_PROFILE} run asked the models for {answers['asked']} answers and replayed the rest of "
+              f"{answers['loaded']} committed ones" + (f" (`make ci-answers` commits the new ones: {CI_PROFILE} "
+                                                        f"runs then replay them)" if answers["asked"] else ""))
     print(f"summary: {totals[0]} passed, {totals[1]} failed, {totals[2]} skipped")
     if record is not None and rc == 0:       # make test's measured record (results/make_test.json once copied back)
         venv = _venv_seconds() or 0.0
@@ -561,9 +613,18 @@ def _run_test_steps(report_dir: Path, skip_unit: bool, record: Path | None = Non
                             "total_s": round(wall + venv, 1), "venv_s": round(venv, 1),
                             "steps": {name: round(dt, 1) for name, dt, _ in timings},
                             "side_by_side": [" then ".join(n for n, _ in ln) for ln in lanes],
-                            "passed": totals[0]})
+                            "passed": totals[0], **({"ci_answers": answers} if answers else {})})
         print(f"record: {record}")
     return rc
+
+
+def _ci_answers() -> dict[str, int] | None:
+    """What the latest ci run recorded about its model answers (record_answers), if it got that far."""
+    f = ARTIFACTS_ROOT / CI_PROFILE / "timings.json"
+    try:
+        return dict(read_json(f)["answers"]) if f.exists() else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -577,8 +638,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--fresh", action="store_true", help="delete artifacts/<profile>/ first (not for a published "
                                                          "profile: its trained models and answers are hours of work)")
     r.add_argument("--no-publish", action="store_true", help="do not copy the results to results/<profile>/")
+    a = sub.add_parser("answers", help="export the model answers a profile's last run used to results/<profile>/cache/")
+    a.add_argument("--profile", default=CI_PROFILE)
     t = sub.add_parser("test")
     t.add_argument("--skip-unit", action="store_true")
+    t.add_argument("--cold", action="store_true", help="the ci run asks every model afresh instead of replaying "
+                                                       "the committed ci answers")
     t.add_argument("--record", type=Path, default=None, help="write the measured record (steps, times, machine) here")
     args = ap.parse_args(argv)
     if args.cmd == "reproduce":
@@ -595,7 +660,14 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(ARTIFACTS_ROOT / args.profile, ignore_errors=True)
         return reproduce(args.profile, args.only, force=args.force, cold=args.cold,
                          publish=False if args.no_publish else None)
-    return test(args.skip_unit, args.record)
+    if args.cmd == "answers":
+        try:
+            profile_path(args.profile)
+        except ProfileError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return export_answers(args.profile)
+    return test(args.skip_unit, args.record, cold=args.cold)
 
 
 if __name__ == "__main__":

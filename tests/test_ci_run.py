@@ -365,3 +365,68 @@ def test_published_results_of_the_run_recompute(tmp_path):
         again = recompute(st, root / st, root)
         assert not mismatches(committed, again), (st, mismatches(committed, again)[:10])
         assert not coverage(st, committed, again), (st, coverage(st, committed, again)[:10])
+
+
+# ----------------------------------------------------------------------------- killed and resumed (last: it reruns stages)
+def _outputs(stage, files):
+    from lib.results import TIMING
+
+    def content(f):                                  # a JSON file without its timings and call counts
+        if f.suffix != ".json":
+            return f.read_bytes()
+        return {k: v for k, v in json.loads(f.read_text()).items() if not TIMING.search(k) and "calls" not in k}
+    m = {k: v for k, v in _metrics(stage).items() if not TIMING.search(k)}
+    return m, {f.name: content(f) for pat in files for f in sorted((RUN / stage).glob(pat))}
+
+
+def _kill_and_resume(stage, seed, window, log):
+    """Start `make reproduce NB=<stage>` for the ci profile and SIGKILL its whole process group (runner,
+    kernel, training workers, model server) after a seeded random number of seconds in `window`, three
+    times; then let a fourth run finish. Returns the seconds each kill came after its start (None: that
+    run finished first)."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+    from lib import ROOT
+    rng = random.Random(seed)
+    cmd = [sys.executable, "-m", "lib.runner", "reproduce", "--profile", PROFILE, "--only", stage, "--no-publish"]
+    kills = []
+    with open(log, "w") as out:
+        for k in range(3):
+            p = subprocess.Popen(cmd + (["--force"] if k == 0 else []), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+            t = rng.uniform(*window)
+            try:
+                p.wait(timeout=t)
+                kills.append(None)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+                kills.append(round(t, 1))
+        done = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    assert done.returncode == 0, f"the resumed run of {stage} failed; its log: {log}"
+    return kills
+
+
+@pytest.mark.ci_resume
+@pytest.mark.parametrize("stage, files, window", [
+    ("02_finetuning", ["predictions_*.csv", "seeds.csv", "ablation.csv"], (12.0, 60.0)),   # training: epoch checkpoints
+    ("05_debate", ["eval_*.json", "claims.csv"], (6.0, 30.0)),                                # model answers: the cache
+], ids=["training", "llm"])
+def test_a_stage_killed_three_times_at_random_points_resumes_to_the_same_results(stage, files, window, tmp_path):
+    """A `make reproduce` killed at any point resumes where it stopped and ends with the uninterrupted run's
+    results: the ci run's training stage (its runs deleted first, so the kills land in training and the
+    resumed runs continue from their last finished epoch) and an LLM stage (its answers come back from the
+    response cache, claims and all), each killed three times at seeded random points."""
+    import shutil
+    from lib.results import compare_metrics
+    before = _outputs(stage, files)
+    if stage == "02_finetuning":
+        shutil.rmtree(RUN / stage / "runs")
+    kills = _kill_and_resume(stage, seed=sum(map(ord, stage)), window=window, log=tmp_path / f"{stage}.log")
+    after = _outputs(stage, files)
+    assert compare_metrics(before[0], after[0])[1:] == [], (kills, compare_metrics(before[0], after[0])[:8])
+    assert before[1].keys() == after[1].keys() and len(before[1]) >= 2
+    assert [f for f in before[1] if before[1][f] != after[1][f]] == [], kills

@@ -140,6 +140,9 @@ def test_compare_says_identical_inside_or_outside_the_seed_spread():
     assert any("inside the committed seed spread" in x for x in lines)
     lines = results.compare_metrics({"m_seed_mean": 0.5}, {"m_seed_mean": 0.7}, {"m_seed_mean": (0.45, 0.55)})
     assert any("OUTSIDE" in x for x in lines)
+    nan = float("nan")                                 # undefined in both runs (no hard memes): the same, not a change
+    assert results.compare_metrics({"acc_hard": nan}, {"acc_hard": nan})[0].startswith("identical")
+    assert len(results.compare_metrics({"acc_hard": nan}, {"acc_hard": 0.5})) == 2
 
 
 def test_fresh_refuses_a_published_profile_and_a_path(capsys):
@@ -179,3 +182,62 @@ def test_a_corrupt_results_file_names_it(tmp_path):
     (d / "settings.json").write_text('{"class_mode": "multiclass", ')
     with pytest.raises(ValueError, match=r"05_debate/settings.json: malformed JSON at line 1"):
         recompute("05_debate", d, tmp_path)
+
+
+def test_a_run_counts_the_answers_it_loaded_and_the_ones_it_asked_for(sandbox, monkeypatch, capsys):
+    """make test's ci run replays the committed ci answers; what it had to ask a model for is counted."""
+    import contextlib
+    tmp, ran, _ = sandbox
+    monkeypatch.setattr(runner, "profile_services", lambda profile: contextlib.nullcontext())
+    committed = results.cache_export_path("ci")
+    seed = ResponseCache(tmp / "seed.sqlite")
+    monkeypatch.setenv("COMPENDIUM_STAGE", "04_few_shot")
+    for k in ("k1", "k2", "k3"):
+        seed.put(k, _answer(k))
+    monkeypatch.delenv("COMPENDIUM_STAGE")
+    seed.export(committed)
+
+    found = []
+
+    def stage(st, profile, params=None):          # each stage reads k1 and asks for one answer of its own
+        ran.append(st.name)
+        (tmp / "artifacts" / profile / st.name).mkdir(parents=True, exist_ok=True)
+        c = ResponseCache(runner.default_cache_path(profile))
+        found.append(c.get("k1") is not None)
+        if c.get(f"new-{st.name}") is None:
+            c.put(f"new-{st.name}", _answer("asked"))
+    monkeypatch.setattr(runner, "run_notebook", stage)
+    monkeypatch.setattr(runner, "run_module", lambda st, p: stage(st, p))
+    assert runner.reproduce("ci", None, publish=False) == 0
+    rec = read_json(tmp / "artifacts" / "ci" / "timings.json")["answers"]
+    assert rec == {"loaded": 3, "asked": len(stages())} and all(found)
+    assert "model answers: %d asked afresh" % len(stages()) in capsys.readouterr().out
+    assert runner.reproduce("ci", None, force=True, publish=False) == 0      # a rerun replays everything
+    assert read_json(tmp / "artifacts" / "ci" / "timings.json")["answers"] == {"loaded": 0, "asked": 0}
+    assert runner.export_answers("ci") == 0                                  # what the runs used, k2/k3 dropped
+    keys = [json.loads(x)["key"] for x in gzip.open(committed, "rt")]
+    assert "k1" in keys and "k2" not in keys and len(keys) == 1 + len(stages())
+    found.clear()
+    assert runner.reproduce("ci", None, force=True, cold=True, publish=False) == 0   # COLD=1: nothing loaded
+    assert read_json(tmp / "artifacts" / "ci" / "timings.json")["answers"] == {"loaded": 0, "asked": len(stages())}
+    assert not any(found)
+
+
+def test_make_test_replays_the_ci_answers_unless_cold():
+    lanes, last = runner.make_test_commands(["py"])
+    ci = lanes[0][0][1]
+    assert ci[-3:] == ["ci", "--force", "--fresh"] and "--cold" not in ci
+    assert runner.make_test_commands(["py"], cold=True)[0][0][0][1][-1] == "--cold"
+    assert [n for n, _ in lanes[1]][0] == "committed results" and last[1][-1] == "ci_run and not ci_resume"
+    assert lanes[0][1][1][-1] == "ci_resume"                  # after the ci run, in its lane
+    assert runner.main(["answers", "--profile", "../x"]) == 2
+
+
+def test_the_committed_ci_answers_load_and_hold_the_served_models_answers(tmp_path):
+    """make test replays results/ci/cache/: it must load, and hold the served LLM's answers (the slow ones)."""
+    f = results.cache_export_path("ci")
+    assert f.exists(), f"{f} is missing: `make ci-answers` writes it"
+    c = ResponseCache(tmp_path / "r.sqlite")
+    assert c.import_answers(f) > 0
+    models = {json.loads(x)["model"] for x in gzip.open(f, "rt")}
+    assert any("SmolLM2" in m for m in models) and not any(m.startswith("/") for m in models)
