@@ -3,7 +3,7 @@
     python -m lib.costs                                  # the table for params/paper.yaml on one H100 80GB
     python -m lib.costs --image-size 600x600             # memes of another typical size
     python -m lib.costs --images data/fhm/img            # measured on the memes themselves (sizes read from files)
-    python -m lib.costs --measure                        # the agent recipe measured on the visible GPU (lib.measure)
+    python -m lib.costs --measure                        # agents, CLIP4DM, TRACE measured on the visible GPU (lib.measure)
 
 Three kinds of number, and the table says which is which:
 
@@ -343,13 +343,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--image-size", default=None, help="WIDTHxHEIGHT of a typical meme (default 1000x1000)")
     ap.add_argument("--images", type=Path, default=None, help="a folder of memes: their 90th-percentile size is used")
     ap.add_argument("--gpu-gib", type=float, default=None)
-    ap.add_argument("--measure", action="store_true", help="measure the agent recipe on the visible GPU (lib.measure: "
-                    "random weights of the full shape; writes artifacts/measured/<gpu>.json)")
+    ap.add_argument("--measure", action="store_true", help="measure the agent recipe, CLIP4DM and TRACE on the visible "
+                    "GPU (lib.measure: random weights of the full shapes; writes artifacts/measured/<gpu>.json)")
+    ap.add_argument("--only", default=None, help="with --measure: some of agent_training, clip4dm, trace "
+                    "(comma-separated); the others already in the record are kept")
     ap.add_argument("--toy", action="store_true", help="with --measure: the same code at a tiny shape (CPU is fine)")
     args = ap.parse_args(argv)
     if args.measure:
         from lib import measure                  # lazy: it builds models, which the estimates never need
-        path = measure.measure(toy=args.toy, profile=args.profile)
+        parts = ("agent_training", "clip4dm", "trace")
+        only = tuple(x.strip() for x in args.only.split(",")) if args.only else parts
+        if set(only) - set(parts):
+            print(f"error: --only takes {', '.join(parts)}; got {', '.join(sorted(set(only) - set(parts)))}",
+                  file=sys.stderr)
+            return 2
+        path = measure.measure(toy=args.toy, only=only, profile=args.profile)
         print(measure.markdown(json.loads(path.read_text())) + f"\n\nwritten: {path}")
         return 0
     a = Assumptions()

@@ -1,5 +1,6 @@
 """Measured costs on the visible GPU (`python -m lib.costs --measure`): the paper profile's agent recipe at
-the checkpoint's full shape with random weights, and CLIP4DM from image files against its floor.
+the checkpoint's full shape with random weights, CLIP4DM from image files against its floor, and TRACE's
+feature cache and training epoch at a CLIP shape.
 
 For each batch size and gradient-checkpointing setting it trains a random PaliGemma-3B-448
 (`lib.smoke_models.paligemma(full_shape=True)`) through `lib.agents.train_agent`, the paper
@@ -24,13 +25,18 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 from PIL import Image
 
 from lib import ROOT, smoke_models
 from lib.agents import AgentRecipe, build_agent_data, train_agent
 from lib.artifacts import write_json
+from lib.clip4dm import CLIP4DM, default_loader_workers, loader_ratio
 from lib.datasets import ExplanationRecord, MemeRecord
+from lib.encoders import load_encoder
 from lib.params import load_profile
+from lib.trace import FeatureCache, MemeBatchData, TrainConfig, Trainer
+from lib.trace_report import lowest_layer, split_rows
 from lib.train_memory import GIB, RecipeMemoryError
 
 
@@ -125,7 +131,6 @@ def measure_agent(batch_sizes: Sequence[int] = (2, 4, 8), checkpointing: Sequenc
 
 def memes_on_disk(folder: Path, n: int, size: tuple[int, int] = (600, 500), seed: int = 0) -> list[str]:
     """`n` meme-sized noisy PNG files (decoding and resizing them costs what a real meme's does)."""
-    import numpy as np
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     paths = []
@@ -143,7 +148,6 @@ def measure_clip4dm(shapes: Sequence[str] = ("B/32", "H/14"), batch_sizes: Seque
     weights) and batch size, pairs per second end to end with the loader's default threads and with none,
     and with the pixels ready. `toy`: the tiny CLIP on the CPU, a few pairs (the tests' plumbing check)."""
     import torch
-    from lib.clip4dm import CLIP4DM, default_loader_workers, loader_ratio
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not toy:
         raise RuntimeError("measure_clip4dm: no GPU is visible; toy=True runs the tiny shape on the CPU")
@@ -176,7 +180,53 @@ def measure_clip4dm(shapes: Sequence[str] = ("B/32", "H/14"), batch_sizes: Seque
             tmp.cleanup()
 
 
-def measure(toy: bool = False, out_dir: Path | None = None, only: Sequence[str] = ("agent_training", "clip4dm"),
+def measure_trace(shape: str = "L/14", n: int = 2000, toy: bool = False, work: Path | None = None) -> dict[str, Any]:
+    """TRACE at a CLIP shape (random weights; the paper profile's main backbone is L/14) on `n` meme-sized
+    PNGs with five candidate captions each, the official recipe otherwise: the frozen-feature cache's memes
+    per second, one training epoch's seconds per 1,000 training memes (the fastest of two), and the peak GPU
+    memory of both. `toy`: the tiny CLIP on the CPU, a few memes (the tests' plumbing check)."""
+    import torch
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not toy:
+        raise RuntimeError("measure_trace: no GPU is visible; toy=True runs the tiny shape on the CPU")
+    n = 24 if toy else n
+    tmp = tempfile.TemporaryDirectory(prefix="measure-trace-") if work is None else None
+    root = Path(tmp.name) if tmp is not None else Path(work)
+    try:
+        paths = memes_on_disk(root / "memes", n, size=(600, 500) if not toy else (64, 48), seed=1)
+        cols = [f"caption_{k}" for k in range(5)]
+        splits = ["train"] * 8 + ["dev_seen", "test_seen"]
+        recs = [MemeRecord(str(i), Path(p), f"meme text {i} about the river folk and their signs", i % 2,
+                           splits[i % len(splits)], captions={c: f"candidate {k} of meme {i}: a sign by the water"
+                                                               for k, c in enumerate(cols)})
+                for i, p in enumerate(paths)]
+        data = MemeBatchData.from_records(recs, cols)
+        d = root / ("tiny" if toy else shape.replace("/", "-"))
+        if not (d / "config.json").exists():
+            smoke_models.clip(d) if toy else smoke_models.clip_full_shape(d, shape)
+        enc = load_encoder(str(d), device=device)
+        cfg = TrainConfig(epochs=1) if not toy else TrainConfig(epochs=1, hidden=16, batch_size=4, grad_accum=1)
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        cache = FeatureCache(enc, data, lowest_unfrozen=lowest_layer(enc, cfg.unfreeze_text_layers), progress=False)
+        cache_s = time.perf_counter() - t0
+        train, _, _ = split_rows(data)
+        epoch_s = Trainer(enc, data, cfg, cache, progress=False).time_epoch(train, repeats=2)
+        name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (toy shape)"
+        return {"what": f"TRACE's feature cache and one training epoch (official recipe, batch {cfg.batch_size} x "
+                        f"accumulation {cfg.grad_accum}), random weights of CLIP {shape if not toy else 'tiny'}",
+                "device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "memes": n,
+                "train_memes": int(len(train)), "cache_memes_per_s": round(n / cache_s, 2),
+                "epoch_s_per_1000_train": round(epoch_s / len(train) * 1000, 3),
+                "peak_gib": round(torch.cuda.max_memory_allocated() / GIB, 2) if device == "cuda" else None}
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def measure(toy: bool = False, out_dir: Path | None = None,
+            only: Sequence[str] = ("agent_training", "clip4dm", "trace"),
             **kw) -> Path:
     """Run the measurements (`only`: some of them) and write them to `artifacts/measured/<device>.json`,
     merged into what is there; returns the path."""
@@ -185,6 +235,8 @@ def measure(toy: bool = False, out_dir: Path | None = None, only: Sequence[str] 
         rec["agent_training"] = measure_agent(toy=toy, **kw)
     if "clip4dm" in only:
         rec["clip4dm"] = measure_clip4dm(toy=toy)
+    if "trace" in only:
+        rec["trace"] = measure_trace(toy=toy)
     device = next(iter(rec.values()))["device"]
     slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
     path = (out_dir or ROOT / "artifacts" / "measured") / f"{slug}.json"
@@ -205,6 +257,12 @@ def markdown(rec: dict[str, Any]) -> str:
             "|---|---|---|---|---|---|"]
         out += [f"| {r['shape']} | {r['batch_size']} | {r['workers']} | {r['from_files_pairs_per_s']:.0f} | "
                 f"{r['floor_pairs_per_s']:.0f} | {r['ratio']:.2f} |" for r in c["runs"]]
+    if "trace" in rec:
+        t = rec["trace"]
+        out += (["", ""] if out else []) + [
+            f"TRACE, {t['what']}, on {t['device']} (torch {t['torch']}, CUDA {t['cuda']}), {t['memes']} memes: "
+            f"feature cache {t['cache_memes_per_s']:.0f} memes/s; training {t['epoch_s_per_1000_train']:.1f} s per epoch "
+            f"per 1,000 training memes" + (f"; peak {t['peak_gib']:.1f} GiB" if t["peak_gib"] is not None else "") + "."]
     return "\n".join(out)
 
 

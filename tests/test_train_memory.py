@@ -98,8 +98,13 @@ def test_the_measurement_runs_at_toy_shape_and_reports_every_setting(tmp_path):
     assert all(r["from_files_pairs_per_s"] > 0 and r["floor_pairs_per_s"] > 0 and r["ratio"] > 0 for r in c["runs"])
     both = measure.markdown(json.loads(path.read_text()))
     assert "MFU" in both and "| tiny | 4 | 0 |" in both
+    t = json.loads(path.read_text())["trace"]                     # TRACE's feature cache and one epoch
+    assert t["memes"] == 24 and t["train_memes"] > 0 and t["cache_memes_per_s"] > 0 and t["epoch_s_per_1000_train"] > 0
+    assert "TRACE" in both and "memes/s" in both
     again = measure.measure(toy=True, out_dir=tmp_path, only=("clip4dm",))   # one part again: the rest is kept
-    assert again == path and set(json.loads(path.read_text())) == {"agent_training", "clip4dm"}
+    assert again == path and set(json.loads(path.read_text())) == {"agent_training", "clip4dm", "trace"}
+    with pytest.raises(RuntimeError, match="no GPU is visible"):
+        measure.measure_trace(toy=False)
     with pytest.raises(RuntimeError, match="no GPU is visible"):
         measure.measure_clip4dm(toy=False)
 
