@@ -449,8 +449,11 @@ def stage_metrics(table_common: pd.DataFrame, n_methods: int, n_common: int, maj
         m[f"acc_common_{k}"] = float(r.value)
         m[f"acc_common_{k}_ci_low"], m[f"acc_common_{k}_ci_high"] = float(r.ci_low), float(r.ci_high)
     for _, r in flips.iterrows():
-        m[f"injection_flip_rate_{metric_key(r.method)}" + ("" if r.mitigation == "none" else f"_{r.mitigation}")
-          + ("_control" if r.copies == "control" else "")] = float(r.flip_rate)
+        tail = metric_key(r.method) + ("" if r.mitigation == "none" else f"_{r.mitigation}") + \
+            ("_control" if r.copies == "control" else "")
+        m[f"injection_flip_rate_{tail}"] = float(r.flip_rate)
+        if "reverse_flip_rate" in r:                     # non-hateful -> hateful: the other direction
+            m[f"injection_reverse_flip_rate_{tail}"] = float(r.reverse_flip_rate)
     return m
 
 

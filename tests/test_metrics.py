@@ -104,6 +104,26 @@ def test_flip_rate_counts_only_memes_called_hateful_before():
         flip_rate([1], [1, 0])
 
 
+@pytest.mark.parametrize("original, injected, n_benign, reverse", [
+    ([1, 1, 1, 0, 1, None], [0, 1, None, 0, 0, 0], 1, 0.0),          # the one non-hateful call stays
+    ([0, 0, 0, 0, 1], [1, 1, 0, None, 1], 4, 0.5),                   # 2 of 4 turned hateful; unanswered is no flip
+    ([0, 1], [1, 0], 1, 1.0),                                        # both directions at once
+    ([1, 1], [0, 0], 0, None),                                       # no non-hateful call: undefined
+    ([0, 0, 0], [0, 0, 0], 3, 0.0),
+])
+def test_flip_rate_reports_the_other_direction_too(original, injected, n_benign, reverse):
+    """An injected instruction can also turn a non-hateful call into a hateful one (few-shot recall rose under
+    injection): counted among the copies whose original was called non-hateful, with its own interval."""
+    from lib.metrics import flip_rate
+    r = flip_rate(original, injected, n_resamples=200)
+    assert r["n_called_not_hateful"] == n_benign
+    if reverse is None:
+        assert np.isnan(r["reverse_flip_rate"]) and np.isnan(r["reverse_ci_low"])
+    else:
+        assert r["reverse_flip_rate"] == pytest.approx(reverse)
+        assert r["reverse_ci_low"] <= reverse <= r["reverse_ci_high"]
+
+
 def test_classification_report_matches_sklearn_and_counts_unanswered_as_wrong():
     from sklearn.metrics import f1_score, precision_score, recall_score
     from lib.metrics import classification_report, fill_unanswered
