@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 
 from lib.datasets import CAPTION_WORD_RE, caption_words, normalize_word as _norm
 from lib.encoders import AttentionUnavailable, Encoder, load_encoder
+from lib.encoders.loading import default_loader_workers, image_batches as encoder_image_batches, load_pixels
 from lib.metrics import average_precision
 from lib.nli import nli_entailment  # noqa: F401  (SeeTRUE's scorer; public here too)
 
@@ -638,49 +639,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ----------------------------------------------------------------------------- image loading
-def default_loader_workers(device: Any = None) -> int:
-    """Threads that decode and preprocess images ahead of the model: none on a CPU (the model uses every
-    core; on 2 cores a helper thread slowed the batched path), on a GPU up to 8, leaving one core free."""
-    dev = str(device or "cpu")
-    return 0 if not dev.startswith("cuda") else max(1, min(8, (os.cpu_count() or 2) - 1))
-
-
-def _load_pixels(encoder: Encoder, paths: Sequence[str], pin: bool) -> dict[str, Any]:
-    """Image files -> the encoder's own processor inputs (the same pixels on every path), in pinned memory
-    when the model is on a GPU (its copy to the device can then overlap)."""
-    import torch
-    pix = encoder.preprocess([Image.open(p).convert("RGB") for p in paths])
-    if pin:
-        pix = {k: v.pin_memory() if isinstance(v, torch.Tensor) else v for k, v in pix.items()}
-    return pix
-
-
 def image_batches(model: "CLIP4DM", paths: Sequence[str], batch_size: int, workers: int | None = None):
-    """Yields (paths of the batch, processor inputs) for image files, `batch_size` at a time, in order.
-    With `workers` > 0 the files are decoded and preprocessed on that many threads, up to 2 x workers
-    batches ahead of the model, so a GPU does not wait for the CPU (PIL's decoding and resizing release the
-    interpreter lock); 0 loads each batch in line. The pixels are the same either way: the same processor
-    on the same decoded images. None: `default_loader_workers` for the model's device."""
-    import torch
-    enc = model.encoder
-    workers = default_loader_workers(getattr(enc, "device", None)) if workers is None else int(workers)
-    if workers < 0:
-        raise ValueError(f"image_batches: workers must be >= 0, got {workers}")
-    parts = [list(paths[s:s + batch_size]) for s in range(0, len(paths), batch_size)]
-    pin = workers > 0 and str(getattr(enc, "device", "cpu")).startswith("cuda") and torch.cuda.is_available()
-    if workers == 0:
-        for part in parts:
-            yield part, _load_pixels(enc, part, False)
-        return
-    with ThreadPoolExecutor(workers) as pool:
-        ahead = 2 * workers
-        futs = [pool.submit(_load_pixels, enc, part, pin) for part in parts[:ahead]]
-        for j, part in enumerate(parts):
-            pix = futs[j].result()
-            futs[j] = None                                  # keep no more than `ahead` batches in memory
-            if j + ahead < len(parts):
-                futs.append(pool.submit(_load_pixels, enc, parts[j + ahead], pin))
-            yield part, pix
+    """`lib.encoders.loading.image_batches` for the model's encoder: (paths, processor inputs) per batch of
+    image files, decoded on `workers` threads ahead of the model (None: none on a CPU, several on a GPU);
+    the same pixels either way."""
+    return encoder_image_batches(model.encoder, paths, batch_size, workers)
 
 
 def embed_image_files(model: "CLIP4DM", paths: Sequence[str], batch_size: int = 32, workers: int | None = None,
@@ -707,7 +670,7 @@ def loader_ratio(model: "CLIP4DM", image_paths: Sequence[str], captions: Sequenc
     if len(image_paths) != len(captions):
         raise ValueError(f"loader_ratio: {len(image_paths)} images but {len(captions)} captions")
     w = default_loader_workers(getattr(model.encoder, "device", None)) if workers is None else int(workers)
-    ready = [_load_pixels(model.encoder, image_paths[s:s + batch_size], False)
+    ready = [load_pixels(model.encoder, image_paths[s:s + batch_size])
              for s in range(0, len(image_paths), batch_size)]
 
     def attribute(embs):

@@ -41,6 +41,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from lib.artifacts import write_with
+from lib.encoders.loading import image_batches
 from lib.metrics import best_threshold, metrics_at, pr_best_f1_threshold
 
 # Deterministic cuBLAS (TrainConfig.deterministic on a GPU) needs a fixed workspace, chosen before
@@ -292,19 +293,22 @@ class FeatureCache:
     """
 
     def __init__(self, encoder, data: MemeBatchData, lowest_unfrozen: int, batch_size: int = 128,
-                 progress: bool = True, store_dtype: str = "float32"):
+                 progress: bool = True, store_dtype: str = "float32", loader_workers: int | None = None):
+        """`loader_workers`: threads decoding the memes' image files ahead of the encoder
+        (`lib.encoders.loading.image_batches`; None: none on a CPU, several on a GPU; the same pixels)."""
         if store_dtype not in CACHE_DTYPES:
             raise ValueError(f"FeatureCache: store_dtype must be one of {', '.join(CACHE_DTYPES)}, not {store_dtype!r}")
         store = getattr(torch, store_dtype)
         self.layer = lowest_unfrozen
         feats, embs = [], []
         with torch.no_grad():
-            for k in tqdm(range(0, len(data.image_paths), batch_size), desc="cache image features",
-                          disable=not progress):
-                ims = [Image.open(p).convert("RGB") for p in data.image_paths[k:k + batch_size]]
-                f = encoder.image_features(ims)
+            bar = tqdm(total=len(data.image_paths), desc="cache image features", disable=not progress)
+            for part, pix in image_batches(encoder, data.image_paths, batch_size, loader_workers):
+                f = encoder.image_features(pix)
                 feats.append(f.float().cpu())
                 embs.append(encoder.project_image(f).float().cpu())
+                bar.update(len(part))
+            bar.close()
             self.image_feat = torch.cat(feats)
             self.image_emb = torch.cat(embs)
             tok = encoder.tokenize(data.texts)

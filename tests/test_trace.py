@@ -29,6 +29,16 @@ def test_cached_features_equal_the_full_backbone(tiny):
     assert a[4][:, 1].tolist() == [bool(i % 3) for i in range(10)]      # missing captions are masked
 
 
+@pytest.mark.parametrize("workers", [1, 3])
+def test_the_feature_cache_reads_images_on_loader_threads_with_the_same_features(tiny, workers):
+    """On a GPU the cache decodes the next memes' files on threads while the encoder runs: the same
+    features, bit for bit, as reading them in line (what a CPU does by default)."""
+    enc, data = tiny
+    inline = FeatureCache(enc, data, lowest_unfrozen=2, batch_size=7, progress=False, loader_workers=0)
+    threaded = FeatureCache(enc, data, lowest_unfrozen=2, batch_size=7, progress=False, loader_workers=workers)
+    assert torch.equal(inline.image_feat, threaded.image_feat) and torch.equal(inline.image_emb, threaded.image_emb)
+
+
 def test_half_precision_cache_halves_the_hidden_states_and_stays_close(tiny):
     enc, data = tiny
     full = FeatureCache(enc, data, lowest_unfrozen=1, progress=False)

@@ -23,7 +23,8 @@ Backends, one file each, registered by name (`registry.BACKENDS`: a preset's `ba
 "module:Class", extended by `register_encoder`): `hf_clip` (Hugging Face CLIPModel), `hf_siglip`
 (SigLIP and SigLIP2), `hf_blip` (BlipModel), `open_clip` (including CLIP-XLM-RoBERTa and
 CLIP-RoBERTa). Files: `base` (the protocol) <- `hf` (Hugging Face loading) <- one file per
-backend; `registry` (`load_encoder`) imports a backend only when a preset names it.
+backend; `registry` (`load_encoder`) imports a backend only when a preset names it; `loading` reads image
+files into any encoder's inputs batch by batch, on threads ahead of the model on a GPU.
 """
 from __future__ import annotations
 
