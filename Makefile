@@ -12,7 +12,7 @@
 #   make test                       the code: committed-results checks, unit tests, every stage at test sizes
 #                                   (PROFILE=ci, replaying the committed ci answers; COLD=1 asks afresh),
 #                                   paper-smoke; leaves the working tree as it was
-#   make ci-answers                 refresh the ci answers make test replays (results/ci/cache/) after a prompt change
+#   make test-answers               refresh the model answers make test replays (results/ci/, results/paper-smoke/)
 #   make report                     the executed notebooks as a static HTML site (artifacts/<profile>/report/)
 
 PROFILE ?= embedded
@@ -31,7 +31,7 @@ export TOKENIZERS_PARALLELISM := false
 export PYTHONHASHSEED := 0
 export MPLBACKEND := Agg
 
-.PHONY: disk-check reproduce test ci-answers test-unit test-notebooks test-gpu data venv lock environment.yml check-params results clean-artifacts help report browser
+.PHONY: disk-check reproduce test test-answers test-unit test-notebooks test-gpu data venv lock environment.yml check-params results clean-artifacts help report browser
 
 help:
 	@sed -n '1,20p' Makefile
@@ -74,11 +74,13 @@ results: $(STAMP)
 test: $(STAMP) browser
 	$(PY) -m lib.runner test $(if $(RECORD),--record $(RECORD),) $(if $(filter 1,$(COLD)),--cold,)
 
-# The ci profile's model answers, which `make test` replays: run every stage at test sizes (replaying what is
-# committed, asking the models for the rest) and commit exactly the answers that run used.
-ci-answers: $(STAMP)
+# The model answers `make test` replays (the ci and paper-smoke profiles'): run each profile from nothing
+# (replaying what is committed, asking the models for the rest) and commit exactly the answers it used.
+test-answers: $(STAMP)
 	$(PY) -m lib.runner reproduce --profile ci --force --fresh --no-publish
 	$(PY) -m lib.runner answers --profile ci
+	$(PY) -m lib.runner reproduce --profile paper-smoke --force --fresh --no-publish
+	$(PY) -m lib.runner answers --profile paper-smoke
 
 report: $(STAMP)
 	$(PY) -m lib.report --profile $(PROFILE)

@@ -272,9 +272,10 @@ def record_answers(profile: str, loaded: int, asked: int) -> dict[str, int]:
 
 
 def export_answers(profile: str) -> int:
-    """`make ci-answers` (after a run of that profile): write the answers its stages' last runs used to
+    """`make test-answers` (after a run of that profile): write the answers its stages' last runs used to
     results/<profile>/cache/responses.jsonl.gz, which the next run of that profile replays. A published
-    profile does this itself when it publishes; the ci profile's answers are what `make test` replays."""
+    profile does this itself when it publishes; the ci and paper-smoke profiles' answers are what `make
+    test` replays."""
     cache = default_cache_path(profile)
     if not cache.exists():
         print(f"error: {relpath(cache)} does not exist: run `make reproduce PROFILE={profile}` first", file=sys.stderr)
@@ -443,8 +444,8 @@ def test(skip_unit: bool = False, record: Path | None = None, cold: bool = False
     stand-ins (paper-smoke), and a check that the working tree is as it was. Ends with one line
     `summary: N passed, N failed, N skipped`.
 
-    The ci run replays the committed answers of the ci profile (results/ci/cache/, written by `make
-    ci-answers`) as `make reproduce` replays the embedded ones: the code around every model call runs, the
+    The ci and paper-smoke runs replay their committed answers (results/<profile>/cache/, written by `make
+    test-answers`) as `make reproduce` replays the embedded ones: the code around every model call runs, the
     served model generates only what a changed prompt or model asks anew (the serving stage and the unit
     tests still generate). `cold`: the ci run asks every model afresh."""
     with tempfile.TemporaryDirectory(prefix="compendium-test-") as tmp:
@@ -525,12 +526,11 @@ def _venv_seconds() -> float | None:
     return stamp.stat().st_mtime - cfg.stat().st_mtime if cfg.exists() and stamp.exists() else None
 
 
-def make_test_commands(py: list[str], skip_unit: bool = False, cold: bool = False
-                  ) -> tuple[list[list[Command]], Command]:
-    """make test's commands: two lanes side by side, then the checks of the ci run. The ci run starts from
-    nothing (its folder is scratch) and replays the committed ci answers unless `cold`; in its lane its
-    training stage and an LLM stage are then killed at random points and resumed (they must end with the
-    same results, which the checks then read)."""
+def make_test_commands(py: list[str], skip_unit: bool = False, cold: bool = False) -> list[list[Command]]:
+    """make test's commands, two lanes side by side. One: the ci run from nothing (its folder is scratch,
+    the committed ci answers replayed unless `cold`), then its training stage and an LLM stage killed at
+    random points and resumed (they must end with the same results), then the checks of what it wrote.
+    Two: the checks of the committed results, the unit tests, paper-smoke."""
     first: Command = ("committed results", py + ["tests", "-m", "results"])
     ci_run: Command = (f"profile {CI_PROFILE} (every stage at test sizes)",
                        [sys.executable, "-m", "lib.runner", "reproduce", "--profile", CI_PROFILE, "--force", "--fresh"]
@@ -540,7 +540,7 @@ def make_test_commands(py: list[str], skip_unit: bool = False, cold: bool = Fals
                                                    SMOKE_PROFILE])
     resume: Command = (f"{CI_PROFILE} stages killed and resumed", py + ["tests", "-m", "ci_resume"])
     last: Command = (f"checks of the {CI_PROFILE} run", py + ["tests", "-m", "ci_run and not ci_resume"])
-    return [[ci_run, resume], [first] + ([] if skip_unit else [unit]) + [smoke]], last
+    return [[ci_run, resume, last], [first] + ([] if skip_unit else [unit]) + [smoke]]
 
 
 def _run_test_steps(report_dir: Path, skip_unit: bool, record: Path | None = None, cold: bool = False) -> int:
@@ -559,21 +559,15 @@ def _run_test_steps(report_dir: Path, skip_unit: bool, record: Path | None = Non
     # end to end on tiny stand-ins (params/paper-smoke.yaml: a first GPU run's plumbing). No lane keeps both cores busy all the time (notebook start-up, imports, single-threaded
     # Python, a server waiting for its client), so side by side they take several minutes less on 2 cores
     # than one after the other. Then the checks of what the ci run wrote.
-    lanes, last = make_test_commands(py, skip_unit, cold)
+    lanes = make_test_commands(py, skip_unit, cold)
     timings: list[tuple[str, float, int]] = []
     totals = [0, 0, 0]
     rc = 0
     xmls: list[Path] = []
-    for k, step in enumerate([lanes, last]):
-        if isinstance(step, list):
-            print("\n=== side by side: " + " | ".join(", ".join(n for n, _ in ln) for ln in step), flush=True)
-            rc, rows, files = _run_lanes(step, env, report_dir, f"step{k}")
-            xmls += files
-        else:
-            print(f"\n=== {step[0]}", flush=True)
-            xmls.append(report_dir / f"step{k}.xml")
-            rows = [_run_command(*step, env, xmls[-1])]
-            rc = rows[0][2]
+    for k, step in enumerate([lanes]):
+        print("\n=== side by side: " + " | ".join(", ".join(n for n, _ in ln) for ln in step), flush=True)
+        rc, rows, files = _run_lanes(step, env, report_dir, f"step{k}")
+        xmls += files
         timings += rows
         failed = next((name for name, _, code in rows if code), None)
         if failed:
@@ -600,11 +594,10 @@ def _run_test_steps(report_dir: Path, skip_unit: bool, record: Path | None = Non
     for name, dt, _ in timings:
         print(f"  {dt:7.1f}s  {name}")
     print(f"  {wall:7.1f}s  total (wall; the side-by-side steps overlap)")
-    answers = _ci_answers()
-    if answers:
-        print(f"the {CI_PROFILE} run asked the models for {answers['asked']} answers and replayed the rest of "
-              f"{answers['loaded']} committed ones" + (f" (`make ci-answers` commits the new ones: {CI_PROFILE} "
-                                                        f"runs then replay them)" if answers["asked"] else ""))
+    answers = {p: a for p in (CI_PROFILE, SMOKE_PROFILE) if (a := _run_answers(p))}
+    for p, a in answers.items():
+        print(f"the {p} run asked the models for {a['asked']} answers and loaded {a['loaded']} committed ones"
+              + (" (`make test-answers` commits the new ones: later runs replay them)" if a["asked"] else ""))
     print(f"summary: {totals[0]} passed, {totals[1]} failed, {totals[2]} skipped")
     if record is not None and rc == 0:       # make test's measured record (results/make_test.json once copied back)
         venv = _venv_seconds() or 0.0
@@ -613,14 +606,14 @@ def _run_test_steps(report_dir: Path, skip_unit: bool, record: Path | None = Non
                             "total_s": round(wall + venv, 1), "venv_s": round(venv, 1),
                             "steps": {name: round(dt, 1) for name, dt, _ in timings},
                             "side_by_side": [" then ".join(n for n, _ in ln) for ln in lanes],
-                            "passed": totals[0], **({"ci_answers": answers} if answers else {})})
+                            "passed": totals[0], **({"answers": answers} if answers else {})})
         print(f"record: {record}")
     return rc
 
 
-def _ci_answers() -> dict[str, int] | None:
-    """What the latest ci run recorded about its model answers (record_answers), if it got that far."""
-    f = ARTIFACTS_ROOT / CI_PROFILE / "timings.json"
+def _run_answers(profile: str) -> dict[str, int] | None:
+    """What the latest run of a profile recorded about its model answers (record_answers), if any."""
+    f = ARTIFACTS_ROOT / profile / "timings.json"
     try:
         return dict(read_json(f)["answers"]) if f.exists() else None
     except (KeyError, TypeError, ValueError):

@@ -379,16 +379,54 @@ def _outputs(stage, files):
     return m, {f.name: content(f) for pat in files for f in sorted((RUN / stage).glob(pat))}
 
 
+def _process_tree(root):
+    """`root` and every process below it (Linux /proc): the runner, its notebook kernel (which has a process
+    group of its own), the kernel's training workers and model server."""
+    from pathlib import Path
+    children = {}
+    for st in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(st.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(st.parent.name))
+    out, todo = [root], [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def _kill_tree(root):
+    """Freeze the whole tree first (nothing new starts, nothing is orphaned), then SIGKILL every process."""
+    import os
+    import signal
+    tree = _process_tree(root)
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            pass
+    tree = list(dict.fromkeys(tree + [q for pid in tree for q in _process_tree(pid)]))
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return tree
+
+
 def _kill_and_resume(stage, seed, window, log):
-    """Start `make reproduce NB=<stage>` for the ci profile and SIGKILL its whole process group (runner,
+    """Start `make reproduce NB=<stage>` for the ci profile and SIGKILL its whole process tree (runner,
     kernel, training workers, model server) after a seeded random number of seconds in `window`, three
     times; then let a fourth run finish. Returns the seconds each kill came after its start (None: that
     run finished first)."""
     import os
     import random
-    import signal
     import subprocess
     import sys
+    import time
     from lib import ROOT
     rng = random.Random(seed)
     cmd = [sys.executable, "-m", "lib.runner", "reproduce", "--profile", PROFILE, "--only", stage, "--no-publish"]
@@ -402,9 +440,13 @@ def _kill_and_resume(stage, seed, window, log):
                 p.wait(timeout=t)
                 kills.append(None)
             except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+                tree = _kill_tree(p.pid)
                 p.wait()
                 kills.append(round(t, 1))
+                time.sleep(0.5)
+                alive = [q for q in tree[1:] if os.path.exists(f"/proc/{q}") and
+                         open(f"/proc/{q}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"]
+                assert not alive, f"processes of the killed run outlived it: {alive}"
         done = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     assert done.returncode == 0, f"the resumed run of {stage} failed; its log: {log}"
     return kills
@@ -412,8 +454,8 @@ def _kill_and_resume(stage, seed, window, log):
 
 @pytest.mark.ci_resume
 @pytest.mark.parametrize("stage, files, window", [
-    ("02_finetuning", ["predictions_*.csv", "seeds.csv", "ablation.csv"], (12.0, 60.0)),   # training: epoch checkpoints
-    ("05_debate", ["eval_*.json", "claims.csv"], (6.0, 30.0)),                                # model answers: the cache
+    ("02_finetuning", ["predictions_*.csv", "seeds.csv", "ablation.csv"], (10.0, 40.0)),   # training: epoch checkpoints
+    ("05_debate", ["eval_*.json", "claims.csv"], (5.0, 20.0)),                                # model answers: the cache
 ], ids=["training", "llm"])
 def test_a_stage_killed_three_times_at_random_points_resumes_to_the_same_results(stage, files, window, tmp_path):
     """A `make reproduce` killed at any point resumes where it stopped and ends with the uninterrupted run's

@@ -224,20 +224,23 @@ def test_a_run_counts_the_answers_it_loaded_and_the_ones_it_asked_for(sandbox, m
 
 
 def test_make_test_replays_the_ci_answers_unless_cold():
-    lanes, last = runner.make_test_commands(["py"])
+    lanes = runner.make_test_commands(["py"])
     ci = lanes[0][0][1]
     assert ci[-3:] == ["ci", "--force", "--fresh"] and "--cold" not in ci
-    assert runner.make_test_commands(["py"], cold=True)[0][0][0][1][-1] == "--cold"
-    assert [n for n, _ in lanes[1]][0] == "committed results" and last[1][-1] == "ci_run and not ci_resume"
-    assert lanes[0][1][1][-1] == "ci_resume"                  # after the ci run, in its lane
+    assert runner.make_test_commands(["py"], cold=True)[0][0][1][-1] == "--cold"
+    assert [n for n, _ in lanes[1]][0] == "committed results" and lanes[1][-1][1][-1] == "paper-smoke"
+    # in the ci run's lane, after it: the kills and resumes, then the checks of what it wrote
+    assert [c[1][-1] for c in lanes[0][1:]] == ["ci_resume", "ci_run and not ci_resume"]
     assert runner.main(["answers", "--profile", "../x"]) == 2
 
 
-def test_the_committed_ci_answers_load_and_hold_the_served_models_answers(tmp_path):
-    """make test replays results/ci/cache/: it must load, and hold the served LLM's answers (the slow ones)."""
-    f = results.cache_export_path("ci")
-    assert f.exists(), f"{f} is missing: `make ci-answers` writes it"
+@pytest.mark.parametrize("profile, model", [("ci", "SmolLM2"), ("paper-smoke", "internvl3.5-8b")])
+def test_the_committed_test_answers_load_and_hold_the_slow_models_answers(tmp_path, profile, model):
+    """make test replays results/<profile>/cache/ for its ci and paper-smoke runs: each must load and hold the
+    answers of the models that generate slowly (the served LLM; the paper's VLMs' stand-ins)."""
+    f = results.cache_export_path(profile)
+    assert f.exists(), f"{f} is missing: `make test-answers` writes it"
     c = ResponseCache(tmp_path / "r.sqlite")
     assert c.import_answers(f) > 0
     models = {json.loads(x)["model"] for x in gzip.open(f, "rt")}
-    assert any("SmolLM2" in m for m in models) and not any(m.startswith("/") for m in models)
+    assert any(model in m for m in models) and not any(m.startswith("/") for m in models)
