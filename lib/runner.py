@@ -254,18 +254,21 @@ def reproduce(profile: str, only: str | None, force: bool = False, cold: bool = 
     held = len(ResponseCache(cache)) if cache.exists() else 0
     with profile_services(profile):
         rc = _run_stages(chosen, profile, sections, force, publish, cold_run=cold)
-    record_answers(profile, loaded=added, asked=(len(ResponseCache(cache)) if cache.exists() else 0) - held)
+    record_answers(profile, loaded=added, asked=(len(ResponseCache(cache)) if cache.exists() else 0) - held,
+                   every_stage=only is None)
     return rc
 
 
-def record_answers(profile: str, loaded: int, asked: int) -> dict[str, int]:
+def record_answers(profile: str, loaded: int, asked: int, every_stage: bool = True) -> dict[str, int]:
     """After a run: how many model answers it loaded from the committed ones and how many it asked a model for
-    (new entries in the response cache), printed and kept in artifacts/<profile>/timings.json (`answers`).
+    (new entries in the response cache), printed and kept in artifacts/<profile>/timings.json: `answers` for
+    a run of every stage, `answers_partial` for a run of some (NB=..), which must not hide the full run's.
     A run that replays committed answers asks none; one whose prompts or models changed asks for the rest."""
     rec = {"loaded": int(loaded), "asked": int(max(asked, 0))}
     timings_file = ARTIFACTS_ROOT / profile / "timings.json"
     if timings_file.parent.exists():
-        write_json(timings_file, {**(read_json(timings_file) if timings_file.exists() else {}), "answers": rec})
+        key = "answers" if every_stage else "answers_partial"
+        write_json(timings_file, {**(read_json(timings_file) if timings_file.exists() else {}), key: rec})
     print(f">> model answers: {rec['asked']} asked afresh in this run, {rec['loaded']} loaded from the committed "
           f"ones ({relpath(results.cache_export_path(profile))})", flush=True)
     return rec

@@ -212,6 +212,9 @@ def test_a_run_counts_the_answers_it_loaded_and_the_ones_it_asked_for(sandbox, m
     rec = read_json(tmp / "artifacts" / "ci" / "timings.json")["answers"]
     assert rec == {"loaded": 3, "asked": len(stages())} and all(found)
     assert "model answers: %d asked afresh" % len(stages()) in capsys.readouterr().out
+    assert runner.reproduce("ci", "05", force=True, publish=False) == 0   # one stage: kept apart, the full run's stays
+    t = read_json(tmp / "artifacts" / "ci" / "timings.json")
+    assert t["answers_partial"] == {"loaded": 0, "asked": 0} and t["answers"] == rec
     assert runner.reproduce("ci", None, force=True, publish=False) == 0      # a rerun replays everything
     assert read_json(tmp / "artifacts" / "ci" / "timings.json")["answers"] == {"loaded": 0, "asked": 0}
     assert runner.export_answers("ci") == 0                                  # what the runs used, k2/k3 dropped
