@@ -279,7 +279,9 @@ def claim_frame(runs: dict[str, dict[str, Any]], class_mode: str = "multiclass",
     import pandas as pd
     correct = {k: post_correct(v["results"], class_mode) for k, v in runs.items()}
     truth = {r.id: (int(r.gt > 0) if class_mode == "binary" else r.gt) for v in runs.values() for r in v["results"]}
-    rows, per_run = claim_tests(CLAIMS, correct, truth, confidence)
+    answers = {k: {r.id: (r.label if r.label is not None and r.label >= 0 else None) for r in v["results"]}
+               for k, v in runs.items()}
+    rows, per_run = claim_tests(CLAIMS, correct, truth, confidence, answers)
     if "arcade" in runs:
         cost = runs["arcade"]["cost"]
         rows.append({"claim": "the gate saves calls", "A": "arcade", "B": "every post through Track II",

@@ -500,11 +500,31 @@ def verdict(difference: float, ci_difference: tuple[float, float], p: float, pap
     return "inconclusive"
 
 
-def claim_row(claim: str, a: str, b: str, t: dict[str, Any], what: str) -> dict[str, Any]:
+#: an arm giving one answer on at least this share of a claim's items is a near-constant predictor
+NEAR_CONSTANT = 0.95
+
+
+def constant_arm(name: str, answers: dict[str, Any] | None, items: Sequence[str]) -> str:
+    """"" or a flag naming `name` as a near-constant predictor on `items`: one answer (no answer counts
+    as one) on at least NEAR_CONSTANT of them. Its accuracy is then the share of that label among the
+    items: a significant difference against it says little about moderation."""
+    if not answers or not items:
+        return ""
+    vals = [answers.get(i) for i in items]
+    label, count = collections.Counter(vals).most_common(1)[0]
+    share = count / len(vals)
+    if share < NEAR_CONSTANT:
+        return ""
+    said = "no answer" if label is None else f"label {label}"
+    return f"{name} near-constant ({said} on {share:.0%})"
+
+
+def claim_row(claim: str, a: str, b: str, t: dict[str, Any], what: str, flag: str = "") -> dict[str, Any]:
     """One row of a claims table (notebooks 04 and 05): a paired test's result `t`
     (paired_accuracy_test, or pooled_paired_test over cold runs) for settings `a` and `b`, rounded
-    for reading, the intervals as "[lo, hi]", and the test's minimum detectable difference at 80% power
-    (`mcnemar_mdd`: NaN where no difference of the observed discordance reaches it)."""
+    for reading, the intervals as "[lo, hi]", the test's minimum detectable difference at 80% power
+    (`mcnemar_mdd`: NaN where no difference of the observed discordance reaches it), and `flag`
+    (`constant_arm`: an arm that answers one label almost always)."""
     ci = t.get("ci_difference", (float("nan"), float("nan")))
     return {"claim": claim, "A": a, "B": b, "n": t["n"], "runs": t.get("runs", 1),
             "acc A": round(t["acc_a"], 3), "95% CI A": f"[{t['ci_a'][0]:.2f}, {t['ci_a'][1]:.2f}]",
@@ -512,7 +532,8 @@ def claim_row(claim: str, a: str, b: str, t: dict[str, Any], what: str) -> dict[
             "A-B": round(t["difference"], 3), "95% CI A-B": f"[{ci[0]:.2f}, {ci[1]:.2f}]",
             "only A right": t["only_a_right"], "only B right": t["only_b_right"],
             "test": t.get("test", "exact McNemar"), "p": float(f"{t['p']:.3g}"),
-            "MDD (80% power)": _mdd_of(t), "majority line": round(t["majority_acc"], 3), "what it isolates": what}
+            "MDD (80% power)": _mdd_of(t), "majority line": round(t["majority_acc"], 3), "flag": flag or "none",
+            "what it isolates": what}
 
 
 def _mdd_of(t: dict[str, Any]) -> float:
@@ -541,24 +562,30 @@ def first_present(arm: str, names) -> str | None:
 
 
 def claim_tests(claims: Sequence[tuple[str, str, str, str]], correct: dict[str, dict[str, bool]],
-                truth: dict[str, int], confidence: float = 0.95) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                truth: dict[str, int], confidence: float = 0.95, answers: dict[str, dict[str, Any]] | None = None
+                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Claims tables' rows (notebooks 04 and 05). `claims`: (claim, A, B, what it isolates) with A and
     B names in `correct` (item -> right or wrong; "a|b": the first of them that ran). Each claim whose two arms ran gets its paired test
     on one run (exact McNemar); where both arms also have cold runs (`<name>_run<k>`), a second row
     pools the k runs both have, clustered by item (pooled_paired_test), and the second list gets one
-    row per run (run_spread) with the claim's name: the distribution one run draws from."""
+    row per run (run_spread) with the claim's name: the distribution one run draws from. `answers`
+    (name -> item -> the answer given, None for none): an arm answering one label almost always is
+    flagged in the row (`constant_arm`)."""
     rows, spread = [], []
+    answers = answers or {}
     for claim, a, b, what in claims:
         a, b = first_present(a, correct), first_present(b, correct)
         if a is None or b is None or a == b:
             continue
-        rows.append(claim_row(claim, a, b, paired_accuracy_test(correct[a], correct[b], truth, confidence), what))
+        items = [i for i in correct[a] if i in correct[b]]
+        flag = "; ".join(f for f in (constant_arm(a, answers.get(a), items), constant_arm(b, answers.get(b), items)) if f)
+        rows.append(claim_row(claim, a, b, paired_accuracy_test(correct[a], correct[b], truth, confidence), what, flag))
         ra, rb = cold_runs_of(a, list(correct)), cold_runs_of(b, list(correct))
         k = min(len(ra), len(rb))
         if k > 1:
             runs_a, runs_b = [correct[x] for x in ra[:k]], [correct[x] for x in rb[:k]]
             rows.append(claim_row(f"{claim} ({k} cold runs pooled)", a, b,
-                                  pooled_paired_test(runs_a, runs_b, truth, confidence), what))
+                                  pooled_paired_test(runs_a, runs_b, truth, confidence), what, flag))
             spread += [{"claim": claim, "A": a, "B": b, **r} for r in run_spread(runs_a, runs_b, truth, confidence)]
     return rows, spread
 

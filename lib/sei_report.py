@@ -605,7 +605,8 @@ def claim_frame(preds: dict[str, Sequence[Prediction]], main_name: str, retrieve
     truth = {p.id: p.gold for v in preds.values() for p in v}
     claims = [(claim, *(x.replace("<main>", main_name).replace("<retriever>", retriever) for x in (a, b)), what)
               for claim, a, b, what in FEWSHOT_CLAIMS]
-    rows, runs = claim_tests(claims, {k: prediction_correct(v) for k, v in preds.items()}, truth, confidence)
+    answers = {k: {p.id: p.label for p in v} for k, v in preds.items()}
+    rows, runs = claim_tests(claims, {k: prediction_correct(v) for k, v in preds.items()}, truth, confidence, answers)
     return (pd.DataFrame(rows), pd.DataFrame(runs)) if spread else pd.DataFrame(rows)
 
 

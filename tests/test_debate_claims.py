@@ -147,6 +147,8 @@ def test_claim_frame_pairs_variants_on_the_posts_both_judged_and_feeds_the_metri
     cf = claim_frame(runs).set_index("claim")
     assert cf.loc["debate beats a direct judge", "n"] == 12
     assert cf.loc["debate beats a direct judge", "only A right"] == 6
+    # the direct judge answers 0 on every post: flagged, not read as a moderator (arcade varies: not flagged)
+    assert cf.loc["debate beats a direct judge", "flag"] == "direct near-constant (label 0 on 100%)"
     row = cf.loc["Track II's debate reads emergent hate (type 001)"]
     assert row["n"] == 6 and row["acc A"] == 1.0 and row["acc B"] == 0.0
     assert cf.loc["the gate sends emergent hate to the right track", "n"] == 6

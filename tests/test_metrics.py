@@ -240,6 +240,20 @@ def test_mcnemar_power_equals_a_simulation_of_the_test_itself():
             assert power <= 0.05                                     # the exact test keeps its size
 
 
+@pytest.mark.parametrize("answers, flagged", [
+    ({str(i): 1 for i in range(96)}, "x near-constant (label 1 on 100%)"),           # ARCADE's judge: label 1 on 96 of 96
+    ({str(i): 1 if i else 0 for i in range(96)}, "x near-constant (label 1 on 99%)"),
+    ({str(i): None for i in range(16)}, "x near-constant (no answer on 100%)"),      # never parses
+    ({str(i): 1 if i < 90 else 0 for i in range(96)}, ""),                           # 94%: below the line
+    ({str(i): i % 2 for i in range(96)}, ""),
+    ({str(i): i % 6 for i in range(96)}, ""),                                        # six categories
+])
+def test_a_near_constant_arm_is_flagged(answers, flagged):
+    from lib.metrics import constant_arm
+    assert constant_arm("x", answers, list(answers)) == flagged
+    assert constant_arm("x", None, list(answers)) == "" and constant_arm("x", answers, []) == ""
+
+
 def test_the_minimum_detectable_difference_at_the_sizes_the_claims_use():
     from lib.metrics import mcnemar_mdd, mcnemar_power
     mdd = mcnemar_mdd(96, 0.25)
