@@ -60,30 +60,30 @@ disk-check:
 	done
 
 reproduce: $(STAMP)
-	$(PY) -m lib.runner reproduce --profile $(PROFILE) $(if $(NB),--only $(NB),) $(if $(filter 1,$(FORCE)),--force,) $(if $(filter 1,$(COLD)),--cold,)
+	$(PY) -m lib.compendium.runner reproduce --profile $(PROFILE) $(if $(NB),--only $(NB),) $(if $(filter 1,$(FORCE)),--force,) $(if $(filter 1,$(COLD)),--cold,)
 
 data: $(STAMP)
-	$(PY) -m lib.runner reproduce --profile $(PROFILE) --only 00
+	$(PY) -m lib.compendium.runner reproduce --profile $(PROFILE) --only 00
 
 check-params: $(STAMP)
-	$(PY) -m lib.params --profile $(PROFILE)
+	$(PY) -m lib.compendium.params --profile $(PROFILE)
 
 results: $(STAMP)
-	$(PY) -m lib.results --readme README.md
+	$(PY) -m lib.compendium.results --readme README.md
 
 test: $(STAMP) browser
-	$(PY) -m lib.runner test $(if $(RECORD),--record $(RECORD),) $(if $(filter 1,$(COLD)),--cold,)
+	$(PY) -m lib.compendium.runner test $(if $(RECORD),--record $(RECORD),) $(if $(filter 1,$(COLD)),--cold,)
 
 # The model answers `make test` replays (the ci and paper-smoke profiles'): run each profile from nothing
 # (replaying what is committed, asking the models for the rest) and commit exactly the answers it used.
 test-answers: $(STAMP)
-	$(PY) -m lib.runner reproduce --profile ci --force --fresh --no-publish
-	$(PY) -m lib.runner answers --profile ci
-	$(PY) -m lib.runner reproduce --profile paper-smoke --force --fresh --no-publish
-	$(PY) -m lib.runner answers --profile paper-smoke
+	$(PY) -m lib.compendium.runner reproduce --profile ci --force --fresh --no-publish
+	$(PY) -m lib.compendium.runner answers --profile ci
+	$(PY) -m lib.compendium.runner reproduce --profile paper-smoke --force --fresh --no-publish
+	$(PY) -m lib.compendium.runner answers --profile paper-smoke
 
 report: $(STAMP)
-	$(PY) -m lib.report --profile $(PROFILE)
+	$(PY) -m lib.compendium.report --profile $(PROFILE)
 
 # Headless Chromium (Debian's package) opens the rendered report in a test; installed once per machine.
 browser:
@@ -96,7 +96,7 @@ test-unit: $(STAMP)
 	$(PY) -m pytest -q tests -m "not results and not ci_run and not gpu"
 
 test-notebooks: $(STAMP)
-	$(PY) -m lib.runner test --skip-unit
+	$(PY) -m lib.compendium.runner test --skip-unit
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q tests -m gpu
@@ -106,7 +106,7 @@ lock: $(STAMP)
 	$(PY) -m pip freeze --exclude-editable | grep -v '^-e ' > requirements.lock
 
 environment.yml: pyproject.toml
-	$(PY) -m lib.envfiles > environment.yml
+	$(PY) -m lib.compendium.envfiles > environment.yml
 
 clean-artifacts:
 	rm -rf artifacts/$(PROFILE)

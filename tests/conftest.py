@@ -10,7 +10,7 @@ import pytest
 @pytest.fixture(scope="session")
 def memeworld_small(tmp_path_factory):
     """A small MemeWorld (all views, real formats) shared by the data tests."""
-    from lib.memeworld import write_memeworld
+    from lib.data.memeworld import write_memeworld
     out = tmp_path_factory.mktemp("memeworld")
     sheet = write_memeworld(out, n=600, seed=3, n_multioff=120, workers=1, progress=False)
     return out, sheet
@@ -20,7 +20,7 @@ def memeworld_small(tmp_path_factory):
 def tiny_clip_dir(tmp_path_factory):
     """A randomly initialised Hugging Face CLIP (3 text layers, eager attention) saved with the
     offline CLIP tokenizer and an image processor: the architecture of every CLIP preset."""
-    from lib.smoke_models import clip
+    from lib.models.smoke import clip
     return clip(tmp_path_factory.mktemp("tiny_clip"), patch=8, image_size=32, text_layers=3)
 
 
@@ -29,9 +29,9 @@ def tiny(tiny_clip_dir, tmp_path):
     """The tiny CLIP and 24 memes (train / dev_seen / test_seen in turn; every third has no caption)."""
     import numpy as np
     from PIL import Image
-    from lib.datasets import MemeRecord
-    from lib.encoders import load_encoder
-    from lib.trace import MemeBatchData
+    from lib.data.datasets import MemeRecord
+    from lib.models.encoders import load_encoder
+    from lib.trace.features import MemeBatchData
     rng = np.random.default_rng(0)
     recs = []
     for i in range(24):
@@ -48,7 +48,7 @@ def tiny(tiny_clip_dir, tmp_path):
 def _private_env_files_log(tmp_path_factory, monkeypatch):
     """Env files a test reads keys from are remembered in a log of the test session's own, never in
     the project's artifacts/.env_files."""
-    monkeypatch.setattr("lib.chat.keys.ENV_FILES_LOG", tmp_path_factory.getbasetemp() / "env_files.log")
+    monkeypatch.setattr("lib.models.chat.keys.ENV_FILES_LOG", tmp_path_factory.getbasetemp() / "env_files.log")
 
 
 @pytest.fixture(scope="session")
@@ -94,7 +94,7 @@ def pytest_collection_modifyitems(config, items):
     """The checks of the committed results (marker `results`) need a published embedded run: the full
     `make reproduce` writes results/embedded/ and, last, its notebooks.json. Until a complete run is
     published they are reported as skipped, with the reason, never passed."""
-    from lib.artifacts import RESULTS_ROOT
+    from lib.compendium.artifacts import RESULTS_ROOT
     if (RESULTS_ROOT / "embedded" / "notebooks.json").exists():
         return
     skip = pytest.mark.skip(reason="results/embedded/ holds no complete published run yet: "

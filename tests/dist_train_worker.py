@@ -9,9 +9,11 @@ from PIL import Image
 
 def main(model_dir: str, out: str) -> None:
     from accelerate import Accelerator
-    from lib.datasets import MemeRecord
-    from lib.encoders import load_encoder
-    from lib.trace import FeatureCache, MemeBatchData, TrainConfig, Trainer
+    from lib.data.datasets import MemeRecord
+    from lib.models.encoders import load_encoder
+    from lib.trace.model import TrainConfig
+    from lib.trace.training import Trainer
+    from lib.trace.features import FeatureCache, MemeBatchData
     acc = Accelerator(cpu=True)
     rng = np.random.default_rng(0)
     recs = []

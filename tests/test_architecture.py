@@ -10,18 +10,29 @@ import pytest
 
 LIB = Path(__file__).resolve().parents[1] / "lib"
 
-#: lib/README.md's layers, lowest first: a module may import its own layer and the ones below
+#: lib/README.md's layers, lowest first: a module may import its own layer and the ones below. The
+#: folders group files by what they serve (a paper, data, models, evaluation, the compendium's machinery);
+#: the layers order them by what they may import, so a folder can span layers (a paper's method sits
+#: below its report). A name here is a module or a package whose files all share the layer; a module's
+#: layer is that of the longest name that holds it.
 LAYERS = {
-    0: {"lib", "lib.artifacts", "lib.prompts", "lib.presets", "lib.metrics", "lib.plotting", "lib.envfiles",
-        "lib.train_memory"},
-    1: {"lib.datasets", "lib.render", "lib.injection", "lib.memeworld", "lib.data_prep"},
-    2: {"lib.chat", "lib.encoders", "lib.serve", "lib.llm_adapt", "lib.memeworld_vlm", "lib.nli", "lib.textmetrics"},
-    3: {"lib.captioning", "lib.trace", "lib.clip4dm", "lib.agents", "lib.sei", "lib.debate"},
-    4: {"lib.trace_report", "lib.clip4dm_report", "lib.agents_report", "lib.sei_report", "lib.debate_report",
-        "lib.embedded_models", "lib.serving", "lib.crosseval", "lib.figures", "lib.results", "lib.report",
-        "lib.params", "lib.param_schemas", "lib.runner", "lib.costs", "lib.measure", "lib.smoke_models", "lib.recompute",
-        "lib.nbcheck"},
+    0: {"lib", "lib.compendium.artifacts", "lib.compendium.prompts", "lib.compendium.presets",
+        "lib.compendium.envfiles", "lib.evaluation.metrics", "lib.evaluation.plotting", "lib.models.train_memory",
+        "lib.compendium", "lib.data", "lib.evaluation", "lib.models", "lib.trace", "lib.clip4dm", "lib.sei",
+        "lib.arcade"},     # the package files: a docstring each, no imports
+    1: {"lib.data.datasets", "lib.data.render", "lib.data.injection", "lib.data.memeworld", "lib.data.prep"},
+    2: {"lib.models.chat", "lib.models.encoders", "lib.models.serve", "lib.models.llm_adapt",
+        "lib.models.memeworld_vlm", "lib.models.nli", "lib.evaluation.textmetrics"},
+    3: {"lib.trace.captioning", "lib.trace.model", "lib.trace.features", "lib.trace.training", "lib.clip4dm.method", "lib.clip4dm.runs", "lib.sei.agents", "lib.sei.fewshot",
+        "lib.arcade.court"},
+    4: {"lib.trace.report", "lib.clip4dm.report", "lib.sei.agents_report", "lib.sei.report", "lib.arcade.report",
+        "lib.models.embedded", "lib.models.serving", "lib.models.smoke", "lib.evaluation.crosseval",
+        "lib.evaluation.figures", "lib.evaluation.recompute", "lib.compendium.results", "lib.compendium.report",
+        "lib.compendium.params", "lib.compendium.param_schemas", "lib.compendium.runner", "lib.compendium.costs",
+        "lib.compendium.measure", "lib.compendium.nbcheck"},
 }
+#: the largest a lib file may grow: past it, a file holds more than one concern
+MAX_LINES = 600
 
 
 #: third-party packages imported inside the functions that use them, on purpose (lib/README.md says
@@ -40,13 +51,18 @@ def module_name(path: Path) -> str:
 
 
 MODULES = {module_name(p): p for p in LIB.rglob("*.py")}
+#: the folders whose own name is in LAYERS only for their __init__ file (each module inside has its own entry)
+PACKAGE_FILES = {"lib.compendium", "lib.data", "lib.evaluation", "lib.models", "lib.trace", "lib.clip4dm", "lib.sei",
+                 "lib.arcade"}
 
 
 def layer_of(mod: str) -> int:
-    unit = mod if mod == "lib" else ".".join(mod.split(".")[:2])     # a package's files share its layer
-    for n, members in LAYERS.items():
-        if unit in members:
-            return n
+    parts = mod.split(".")
+    for k in range(len(parts), 0, -1):                   # the longest name that holds it
+        unit = ".".join(parts[:k])
+        for n, members in LAYERS.items():
+            if unit in members and (unit != "lib" or mod == "lib") and (k == len(parts) or unit not in PACKAGE_FILES):
+                return n
     raise AssertionError(f"{mod} is in no layer of tests/test_architecture.py (and lib/README.md)")
 
 
@@ -120,17 +136,17 @@ def test_imports_never_run_back_up_the_layers():
 
 def test_the_checker_sees_function_level_imports(tmp_path):
     # the graph counts an import inside a function (the way cycles used to hide)
-    assert "lib.chat.registry" in GRAPH["lib.chat.captioned"]
-    assert any("lib.chat" in GRAPH[m] for m in GRAPH if m.startswith("lib.sei"))
+    assert "lib.models.chat.registry" in GRAPH["lib.models.chat.captioned"]
+    assert any("lib.models.chat" in GRAPH[m] for m in GRAPH if m.startswith("lib.sei.fewshot"))
 
 
 def test_one_metrics_module():
-    # accuracy, F1, AP, bootstrap intervals and McNemar are computed in lib/metrics.py only, so every
+    # accuracy, F1, AP, bootstrap intervals and McNemar are computed in lib/evaluation/metrics.py only, so every
     # method means the same thing by them (no F1 recomputed in a method file, no second bootstrap)
     pattern = re.compile(r"sklearn\.metrics|stats\.bootstrap|statsmodels|def bootstrap|def mcnemar|f1_score\(")
     bad = [f"{p.relative_to(LIB.parent)}:{i}" for p in sorted(LIB.rglob("*.py")) if p.name != "metrics.py"
            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
-    assert not bad, "metric code outside lib/metrics.py: " + ", ".join(bad)
+    assert not bad, "metric code outside lib/evaluation/metrics.py: " + ", ".join(bad)
 
 
 def test_imports_sit_at_module_level_unless_lazy_on_purpose():
@@ -152,3 +168,22 @@ def test_imports_sit_at_module_level_unless_lazy_on_purpose():
                     continue
                 bad.append(f"{path.relative_to(LIB.parent)}:{node.lineno} {ast.unparse(node)}")
     assert not bad, "imports inside functions with no reason given:\n" + "\n".join(bad)
+
+
+def test_no_lib_file_over_the_size_limit():
+    big = [f"{p.relative_to(LIB.parent)} ({n} lines)" for p in sorted(LIB.rglob("*.py"))
+           if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES]
+    assert not big, f"lib files over {MAX_LINES} lines: " + ", ".join(big)
+
+
+def test_package_files_import_nothing():
+    # a folder's __init__ is its docstring: importing lib.trace.report must not load the rest of TRACE
+    for pkg in PACKAGE_FILES:
+        assert not GRAPH[pkg], f"{pkg}/__init__.py imports {sorted(GRAPH[pkg])}"
+
+
+def test_each_paper_has_its_folder():
+    for paper, files in {"trace": ("captioning", "model", "report"), "clip4dm": ("method", "report"),
+                         "sei": ("agents", "fewshot", "report"), "arcade": ("court", "report")}.items():
+        for f in files:
+            assert f"lib.{paper}.{f}" in MODULES, f"lib/{paper}/{f}.py is missing"

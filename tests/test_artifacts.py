@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from lib import artifacts
-from lib.artifacts import MissingInputError, atomic_path, require, write_json, write_manifest, write_metrics
+from lib.compendium import artifacts
+from lib.compendium.artifacts import MissingInputError, atomic_path, require, write_json, write_manifest, write_metrics
 
 
 def test_atomic_write_keeps_old_file_on_failure(tmp_path):

@@ -7,9 +7,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from lib.artifacts import atomic_path, write_text, write_with
-from lib.embedded_models import _cached, _stamp
-from lib.memeworld_vlm import save_folder_atomically
+from lib.compendium.artifacts import atomic_path, write_text, write_with
+from lib.models.embedded import _cached, _stamp
+from lib.models.memeworld_vlm import save_folder_atomically
 
 
 def dead_pid() -> int:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from lib import captioning
+from lib.trace import captioning
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", "red", "sun", "house", "flame", "sigil", "a"]
 

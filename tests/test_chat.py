@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lib.chat import (Chat, ChatResult, GenParams, OpenAICompatibleBackend, ResponseCache, api_keys, cache_key,
+from lib.models.chat import (Chat, ChatResult, GenParams, OpenAICompatibleBackend, ResponseCache, api_keys, cache_key,
                       load_chat, read_dotenv, user)
 
 GOOD_KEY = "test-key-good-000"
@@ -243,7 +243,7 @@ def test_dotenv_keys(tmp_path, monkeypatch):
 
 
 def test_missing_key_is_a_clear_error(server):
-    from lib.presets import PresetError
+    from lib.compendium.presets import PresetError
     with pytest.raises(PresetError, match="api_key_env"):
         OpenAICompatibleBackend("m", server.url, [])
 
@@ -313,7 +313,7 @@ def test_concurrent_writers_share_one_cache_file(tmp_path):
 
 
 def test_unknown_chat_preset_lists_known_ones():
-    from lib.presets import PresetError
+    from lib.compendium.presets import PresetError
     with pytest.raises(PresetError, match="gpt-4o"):
         load_chat("gpt-9")
 
@@ -388,7 +388,7 @@ def test_the_endpoint_is_part_of_an_http_models_identity():
 
 
 def test_a_corrupt_cache_file_is_named(tmp_path):
-    from lib.chat import CacheError
+    from lib.models.chat import CacheError
     p = tmp_path / "broken.sqlite"
     p.write_bytes(b"this is not a database" * 100)
     with pytest.raises(CacheError, match="broken.sqlite"):
@@ -400,7 +400,7 @@ def test_identical_requests_from_three_processes_are_sent_once(server, tmp_path)
     import sys
     from lib import ROOT
     code = ("import json, sys\n"
-            "from lib.chat import Chat, OpenAICompatibleBackend, user\n"
+            "from lib.models.chat import Chat, OpenAICompatibleBackend, user\n"
             f"b = OpenAICompatibleBackend('mock-gpt', '{server.url}', ['{GOOD_KEY}'], timeout_s=5)\n"
             f"chat = Chat(b, '{tmp_path / 'shared.sqlite'}', max_workers=4)\n"
             "res = chat.generate_many([[user(f'counted {i}')] for i in range(12)], progress=False)\n"
@@ -424,7 +424,7 @@ def test_identical_requests_from_three_processes_are_sent_once(server, tmp_path)
 
 
 def test_a_local_models_identity_covers_dtype_and_chat_template(tmp_path):
-    from lib.presets import Preset
+    from lib.compendium.presets import Preset
     (tmp_path / "model.safetensors").write_bytes(b"weights")
     (tmp_path / "chat_template.jinja").write_text("{{ messages }}")
     base = Preset("m", "hf", str(tmp_path)).identity()

@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lib.artifacts import ARTIFACTS_ROOT, figures_dir
-from lib.params import load_profile, stages
-from lib.results import RESULT_FILES, stage_result_files
+from lib.compendium.artifacts import ARTIFACTS_ROOT, figures_dir
+from lib.compendium.params import load_profile, stages
+from lib.compendium.results import RESULT_FILES, stage_result_files
 
 pytestmark = pytest.mark.ci_run
 PROFILE = "ci"
@@ -28,7 +28,7 @@ P = load_profile(PROFILE)
 def _metrics(stage):
     p = RUN / stage / "metrics.json"
     if not p.exists():
-        pytest.fail(f"{p} is missing: `make test` runs `python -m lib.runner reproduce --profile ci` first")
+        pytest.fail(f"{p} is missing: `make test` runs `python -m lib.compendium.runner reproduce --profile ci` first")
     return json.loads(p.read_text())
 
 
@@ -75,8 +75,8 @@ def test_data_counts_match_the_metrics():
 
 
 def test_models_trained_and_load_through_the_overlay():
-    from lib.encoders import load_encoder
-    from lib.presets import get_preset, resolve_model_path
+    from lib.models.encoders import load_encoder
+    from lib.compendium.presets import get_preset, resolve_model_path
     m = _metrics("models")
     assert m["clip_train_s"] > 0 and m["vlm_eval_n"] == P["models"]["vlm_eval_n"]
     assert m["clip_train_pairs_with_test_caption_leak_free"] == 0
@@ -93,7 +93,7 @@ def test_models_trained_and_load_through_the_overlay():
 
 
 def test_captioning_scores_give_the_metrics():
-    from lib.captioning import caption_quality_from_scores
+    from lib.trace.captioning import caption_quality_from_scores
     m = _metrics("01_captioning")
     scores = pd.read_csv(RUN / "01_captioning" / "caption_scores.csv", dtype={"id": str})
     boxes = pd.read_csv(RUN / "01_captioning" / "box_scores.csv", dtype={"id": str})
@@ -147,7 +147,7 @@ def test_serving_benchmark_ran_every_level():
 
 
 def _fewshot_preds():
-    from lib.sei import Prediction
+    from lib.sei.fewshot import Prediction
     rows = [json.loads(x) for x in (RUN / "04_few_shot" / "predictions_fhm.jsonl").read_text().splitlines()]
     by = {}
     for r in rows:
@@ -156,8 +156,8 @@ def _fewshot_preds():
 
 
 def test_few_shot_settings_cold_runs_and_claims_recompute():
-    from lib import sei
-    from lib.sei_report import claim_frame
+    from lib.sei import fewshot as sei
+    from lib.sei.report import claim_frame
     sec = P["04_few_shot"]
     m = _metrics("04_few_shot")
     by = _fewshot_preds()
@@ -189,8 +189,8 @@ def test_few_shot_settings_cold_runs_and_claims_recompute():
 
 
 def test_debate_variants_cold_runs_and_claims_recompute():
-    from lib.debate import evaluate
-    from lib.debate_report import claim_frame, results_from_jsonl, with_cold_runs
+    from lib.arcade.court import evaluate
+    from lib.arcade.report import claim_frame, results_from_jsonl, with_cold_runs
     sec = P["05_debate"]
     m = _metrics("05_debate")
     names = with_cold_runs(sec["variants"], sec["cold_runs"])
@@ -246,13 +246,13 @@ def test_notebook_07_indexed_the_run_figures():
 def test_checked_outputs_equal_the_reference():
     """The notebooks' cells marked NBVAL_CHECK_OUTPUT print what holds at ci sizes on any machine (data
     counts, the Bayes readers, benchmark sizes): their outputs equal tests/reference/ci_checked_outputs.json
-    (`python -m lib.nbcheck --write` records a new reference after a deliberate change)."""
-    from lib.nbcheck import checked_outputs, read_reference
+    (`python -m lib.compendium.nbcheck --write` records a new reference after a deliberate change)."""
+    from lib.compendium.nbcheck import checked_outputs, read_reference
     ref = read_reference()
     got = {nb: checked_outputs(RUN / "notebooks" / nb) for nb in ref}
     assert ref and any(ref.values())
     for nb, cells in ref.items():
-        assert got[nb] == cells, f"{nb}: a checked output changed (python -m lib.nbcheck --write after a deliberate change)"
+        assert got[nb] == cells, f"{nb}: a checked output changed (python -m lib.compendium.nbcheck --write after a deliberate change)"
 
 
 @pytest.fixture
@@ -264,9 +264,9 @@ def ci_presets(monkeypatch):
 def test_embedded_models_load_through_their_presets(ci_presets):
     import torch
     from PIL import Image
-    from lib.chat import GenParams, load_chat, user
-    from lib.encoders import load_encoder
-    from lib.memeworld_vlm import CAPTION_PROMPT
+    from lib.models.chat import GenParams, load_chat, user
+    from lib.models.encoders import load_encoder
+    from lib.models.memeworld_vlm import CAPTION_PROMPT
     mw = RUN / "00_data_prep" / "memeworld"
     rows = [json.loads(x) for x in (mw / "captions" / "scene_captions.jsonl").read_text().splitlines()][:4]
     img = Image.open(mw / rows[0]["img"])
@@ -280,14 +280,14 @@ def test_embedded_models_load_through_their_presets(ci_presets):
 
 
 def test_trace_command_line_trains_one_variant():
-    """`python -m lib.trace_report` (what `accelerate launch` runs) trains from the profile and writes a
+    """`python -m lib.trace.report` (what `accelerate launch` runs) trains from the profile and writes a
     resumable run folder; run again, it reads the finished run back instead of retraining."""
     import shutil
     import subprocess
     import sys
     run = RUN / "02_finetuning" / "runs" / "multioff_memeworld-clip_all_clitest"
     shutil.rmtree(run, ignore_errors=True)
-    cmd = [sys.executable, "-m", "lib.trace_report", "--profile", PROFILE, "--dataset", "multioff", "--epochs", "2",
+    cmd = [sys.executable, "-m", "lib.trace.report", "--profile", PROFILE, "--dataset", "multioff", "--epochs", "2",
            "--tag", "clitest", "--no-progress"]
     env = {**__import__("os").environ, "COMPENDIUM_PRESET_OVERLAY":
            str(ARTIFACTS_ROOT.parent / "params/presets/overlays/ci.yaml")}
@@ -314,15 +314,15 @@ def test_every_figure_redraws_from_artifacts_alone(tmp_path):
     script = r'''
 import sys, time
 import torch, transformers
-import lib.agents, lib.chat, lib.data_prep, lib.datasets, lib.encoders, lib.serve
+import lib.sei.agents, lib.models.chat, lib.data.prep, lib.data.datasets, lib.models.encoders, lib.models.serve
 def refuse(*a, **k):
     raise RuntimeError("a model or a dataset was loaded while redrawing figures")
-for mod, name in ((lib.encoders, "load_encoder"), (lib.chat, "load_chat"), (lib.serve, "serve"),
-                  (lib.agents, "agent_chat"), (lib.datasets, "load"), (lib.data_prep, "load_prepared"),
+for mod, name in ((lib.models.encoders, "load_encoder"), (lib.models.chat, "load_chat"), (lib.models.serve, "serve"),
+                  (lib.sei.agents, "agent_chat"), (lib.data.datasets, "load"), (lib.data.prep, "load_prepared"),
                   (torch, "load")):
     setattr(mod, name, refuse)
 transformers.PreTrainedModel.from_pretrained = classmethod(lambda cls, *a, **k: refuse())
-from lib import figures
+from lib.evaluation import figures
 t0 = time.time()
 rows = figures.redraw_all("ci", progress=False, root=sys.argv[1])
 figures.write_index(rows, ("ci",), root=sys.argv[1])
@@ -330,7 +330,7 @@ print("ELAPSED", time.time() - t0, "DRAWN", sum(r["status"] == "drawn" for r in 
 for r in rows:
     print("ROW", r["name"], r["status"])
 '''
-    from lib import figures
+    from lib.evaluation import figures
     expected = {f.name for f in figures.available(PROFILE)}
     r = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300,
                        cwd=ARTIFACTS_ROOT.parent)
@@ -346,11 +346,11 @@ for r in rows:
 
 
 def test_published_results_of_the_run_recompute(tmp_path):
-    """What `make reproduce` would commit for this run (lib.results.publish_stage into a scratch
+    """What `make reproduce` would commit for this run (lib.compendium.results.publish_stage into a scratch
     results folder) recomputes to its metrics.json, stage by stage: the committed results' check,
     exercised at ci sizes on every run of `make test`."""
-    import lib.results as results
-    from lib.recompute import RECOMPUTE, coverage, mismatches, recompute
+    import lib.compendium.results as results
+    from lib.evaluation.recompute import RECOMPUTE, coverage, mismatches, recompute
     old = results.RESULTS_ROOT
     results.RESULTS_ROOT = tmp_path
     try:
@@ -369,7 +369,7 @@ def test_published_results_of_the_run_recompute(tmp_path):
 
 # ----------------------------------------------------------------------------- killed and resumed (last: it reruns stages)
 def _outputs(stage, files):
-    from lib.results import TIMING
+    from lib.compendium.results import TIMING
 
     def content(f):                                  # a JSON file without its timings and call counts
         if f.suffix != ".json":
@@ -429,7 +429,7 @@ def _kill_and_resume(stage, seed, window, log):
     import time
     from lib import ROOT
     rng = random.Random(seed)
-    cmd = [sys.executable, "-m", "lib.runner", "reproduce", "--profile", PROFILE, "--only", stage, "--no-publish"]
+    cmd = [sys.executable, "-m", "lib.compendium.runner", "reproduce", "--profile", PROFILE, "--only", stage, "--no-publish"]
     kills = []
     with open(log, "w") as out:
         for k in range(3):
@@ -463,7 +463,7 @@ def test_a_stage_killed_three_times_at_random_points_resumes_to_the_same_results
     resumed runs continue from their last finished epoch) and an LLM stage (its answers come back from the
     response cache, claims and all), each killed three times at seeded random points."""
     import shutil
-    from lib.results import compare_metrics
+    from lib.compendium.results import compare_metrics
     before = _outputs(stage, files)
     if stage == "02_finetuning":
         shutil.rmtree(RUN / stage / "runs")

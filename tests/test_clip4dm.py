@@ -6,9 +6,10 @@ import pytest
 import torch
 from PIL import Image
 
-from lib.clip4dm import (CLIP4DM, average_precision, benchmark, evaluate_foil, evaluate_hat, f_clipscore,
-                         localization_accuracy, predicted_phrases, ref_clipscore, words_with_spans)
-from lib.datasets import AlignmentRecord
+from lib.clip4dm.method import (CLIP4DM, average_precision, evaluate_foil, evaluate_hat, f_clipscore,
+                                localization_accuracy, predicted_phrases, ref_clipscore, words_with_spans)
+from lib.clip4dm.runs import benchmark
+from lib.data.datasets import AlignmentRecord
 
 CAPTIONS = ["a cup of coke", "a red sun on the left, and a blue house.", "zorblin",
             "a green tree in the middle and a crossed-out spiral sigil on the right"]
@@ -134,7 +135,7 @@ def test_most_negative_picks_the_single_lowest_word(tiny_clip_dir):
 
 def test_open_clip_and_bad_parameters_are_refused_clearly(tiny_clip_dir):
     import open_clip
-    from lib.encoders import AttentionUnavailable, OpenClipEncoder
+    from lib.models.encoders import AttentionUnavailable, OpenClipEncoder
     oc = open_clip.CLIP(embed_dim=16, vision_cfg=dict(image_size=32, patch_size=8, width=32, layers=1, head_width=16),
                         text_cfg=dict(context_length=77, vocab_size=49408, width=32, heads=2, layers=1))
     with pytest.raises(AttentionUnavailable, match="open_clip"):
@@ -208,7 +209,7 @@ def test_hat_metrics_official_and_position_exact():
 
 
 def test_richhf_correlations_and_position_tokens():
-    from lib.clip4dm import evaluate_richhf
+    from lib.clip4dm.method import evaluate_richhf
     recs = [AlignmentRecord(str(i), None, "a red cup", ["red"] if i else [], misaligned_positions=[1] if i else [],
                             score=float(i)) for i in range(4)]
     res = [_res([("a", 0.1), ("red", v), ("cup", 0.1)], sorted_by="threshold", epsilon=-0.05)
@@ -222,7 +223,7 @@ def test_seetrue_scores_every_phrase_with_entailment_over_contradiction(tmp_path
     """A stub NLI model with fixed logits (entailment 2, neutral 5, contradiction 0): the neutral
     logit is dropped, so P = e^2 / (e^2 + 1) = 0.8808 per phrase; a caption with no phrase scores 0."""
     from types import SimpleNamespace
-    from lib.clip4dm import evaluate_seetrue
+    from lib.clip4dm.method import evaluate_seetrue
 
     class Stub(torch.nn.Module):
         config = SimpleNamespace(label2id={"ENTAILMENT": 0, "NEUTRAL": 1, "CONTRADICTION": 2})
@@ -250,7 +251,7 @@ def test_command_line_prints_the_result_dict(tiny_clip_dir, tmp_path):
     import subprocess
     import sys
     _imgs(1)[0].save(tmp_path / "x.png")
-    out = subprocess.run([sys.executable, "-m", "lib.clip4dm", "--model", str(tiny_clip_dir), "--image",
+    out = subprocess.run([sys.executable, "-m", "lib.clip4dm.method", "--model", str(tiny_clip_dir), "--image",
                           str(tmp_path / "x.png"), "--caption", "a cup of coke", "--device", "cpu"],
                          capture_output=True, text=True, check=True).stdout
     d = json.loads(out)
@@ -258,7 +259,8 @@ def test_command_line_prints_the_result_dict(tiny_clip_dir, tmp_path):
 
 
 def test_attribute_pairs_resumes_and_skips_a_torn_line(model, tmp_path):
-    from lib.clip4dm import attribute_pairs, select
+    from lib.clip4dm.method import select
+    from lib.clip4dm.runs import attribute_pairs
     for i, im in enumerate(_imgs(3, seed=5)):
         im.save(tmp_path / f"{i}.png")
     pairs = [(str(tmp_path / f"{i}.png"), CAPTIONS[i]) for i in range(3)]
@@ -288,7 +290,7 @@ def test_attribute_pairs_resumes_and_skips_a_torn_line(model, tmp_path):
 def test_image_reuse_and_the_eot_row_give_the_same_scores(model, tmp_path):
     """Scoring captions against precomputed image embeddings (each image embedded once) equals the
     plain path; the floor and the reuse throughput are measured on the same pairs."""
-    from lib.clip4dm import floor_pairs_per_s, reuse_pairs_per_s
+    from lib.clip4dm.runs import floor_pairs_per_s, reuse_pairs_per_s
     imgs = _imgs(2, seed=7)
     caps = [CAPTIONS[0], CAPTIONS[1], CAPTIONS[3], CAPTIONS[0]]
     pair_imgs = [imgs[0], imgs[0], imgs[1], imgs[1]]
@@ -309,7 +311,8 @@ def test_image_reuse_and_the_eot_row_give_the_same_scores(model, tmp_path):
 def test_ready_pixels_give_the_same_results_and_the_floor_is_timed_beside_them(model):
     """The speed benchmark's batched path takes ready pixel tensors: same outputs as from the
     images; the floor runs on the batched path's own length-sorted batches."""
-    from lib.clip4dm import floor_and_batched, length_batches, ready_pixels
+    from lib.clip4dm.method import length_batches
+    from lib.clip4dm.runs import floor_and_batched, ready_pixels
     imgs = _imgs(7, seed=5)
     caps = [CAPTIONS[i % 4] + " x" * i for i in range(7)]
     pix = ready_pixels(model, imgs)
@@ -356,8 +359,8 @@ def test_several_encoders_write_their_own_files_and_sit_side_by_side(memeworld_s
     metrics name each encoder (the paper's row appears under a backbone the paper reports)."""
     import pandas as pd
 
-    from lib import clip4dm_report as c4r
-    from lib.data_prep import load_all
+    from lib.clip4dm import report as c4r
+    from lib.data.prep import load_all
     root, _ = memeworld_small
     data = load_all({b: {"root": str(root / b), "img_dir": "../img"} for b in ("foil", "hat")})
     for ds in data.values():
@@ -392,12 +395,12 @@ def test_nocaps_domains_and_the_hard_negative_ablation(memeworld_small, tiny_cli
     into its own folder, the main model's rows beside them."""
     import pandas as pd
 
-    from lib import clip4dm_report as c4r
-    from lib.data_prep import load_all
+    from lib.clip4dm import report as c4r
+    from lib.data.prep import load_all
     root, _ = memeworld_small
     data = load_all({"foil": {"root": str(root / "foil"), "img_dir": "../img"},
                      "nocaps_foil": {"root": str(root / "nocaps_foil"), "img_dir": "img"}})
-    from lib import clip4dm
+    from lib.clip4dm import method as clip4dm
     data["foil"].records[:] = data["foil"].records[:16]
     assert {r.group for r in data["nocaps_foil"].records} == {"in-domain", "near-domain", "out-domain"}
     by_dom = {}
@@ -449,7 +452,7 @@ def test_tokenising_several_passes_at_once_changes_nothing(tiny_clip_dir):
 
 
 def test_content_words_drop_punctuation_and_closed_class_words():
-    from lib.clip4dm import content_words
+    from lib.clip4dm.method import content_words
     assert content_words(["A", "dog", "is", "on", "the", "red", "sofa", ",", "near", "two", "cats", "."]) == \
         ["dog", "red", "sofa", "cats"]
 
@@ -457,7 +460,7 @@ def test_content_words_drop_punctuation_and_closed_class_words():
 def test_epsilon_rule_prefers_the_least_abstaining_threshold_among_near_ties():
     import pandas as pd
 
-    from lib.clip4dm_report import pick_epsilon
+    from lib.clip4dm.report import pick_epsilon
     sweep = pd.DataFrame({"epsilon": [-1e-5, -1e-4, -1e-3, -1e-2], "word_f1": [0.40, 0.47, 0.475, 0.30],
                           "share_abstaining": [0.05, 0.10, 0.64, 0.90]})
     picked = pick_epsilon(sweep, tie=0.01)
@@ -479,17 +482,17 @@ def _files(tmp_path, n, seed):
 def test_loader_threads_give_the_same_pixels_in_the_same_batches(model, tmp_path, workers):
     """Images decoded and preprocessed ahead of the model on threads are the in-line path's pixels, batch
     for batch, in order (a faster path that changed pixels would change every attribution)."""
-    from lib.clip4dm import image_batches
+    from lib.models.encoders.loading import image_batches
     paths = _files(tmp_path, 7, seed=11)
-    inline = list(image_batches(model, paths, 3, workers=0))
-    threaded = list(image_batches(model, paths, 3, workers=workers))
+    inline = list(image_batches(model.encoder, paths, 3, workers=0))
+    threaded = list(image_batches(model.encoder, paths, 3, workers=workers))
     assert [p for p, _ in inline] == [p for p, _ in threaded] == [paths[:3], paths[3:6], paths[6:]]
     for (_, a), (_, b) in zip(inline, threaded):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_attribute_pairs_with_loader_threads_equals_the_inline_path(model, tmp_path):
-    from lib.clip4dm import attribute_pairs
+    from lib.clip4dm.runs import attribute_pairs
     paths = _files(tmp_path, 5, seed=12)
     pairs = [(paths[i % 5], CAPTIONS[i % 4]) for i in range(9)]
     a = attribute_pairs(model, pairs, tmp_path / "a.jsonl", batch_size=2, progress=False, workers=0)
@@ -498,11 +501,12 @@ def test_attribute_pairs_with_loader_threads_equals_the_inline_path(model, tmp_p
 
 
 def test_the_loader_defaults_to_no_threads_on_a_cpu_and_reports_its_ratio(model, tmp_path):
-    from lib.clip4dm import default_loader_workers, image_batches, loader_ratio
+    from lib.clip4dm.runs import loader_ratio
+    from lib.models.encoders.loading import default_loader_workers, image_batches
     assert default_loader_workers("cpu") == 0 and default_loader_workers(None) == 0
     assert 1 <= default_loader_workers("cuda:0") <= 8
     with pytest.raises(ValueError, match="workers must be >= 0"):
-        list(image_batches(model, ["x.png"], 2, workers=-1))
+        list(image_batches(model.encoder, ["x.png"], 2, workers=-1))
     paths = _files(tmp_path, 4, seed=13)
     r = loader_ratio(model, paths, CAPTIONS[:4], batch_size=2, repeats=1)
     assert r["workers"] == 0 and r["pairs"] == 4 and r["from_files_pairs_per_s"] > 0 and r["floor_pairs_per_s"] > 0

@@ -1,12 +1,12 @@
-"""The paper profile's cost table (lib/costs.py): token counts, memory formulas and the settings the README prints."""
+"""The paper profile's cost table (lib/compendium/costs.py): token counts, memory formulas and the settings the README prints."""
 import re
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from lib import costs
-from lib.costs import CHECKPOINTS, GIB, Assumptions, image_tokens
+from lib.compendium import costs
+from lib.compendium.costs import CHECKPOINTS, GIB, Assumptions, image_tokens
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,7 @@ def test_kv_and_weights_follow_the_configs():
 
 
 def test_the_feature_cache_estimate_is_the_caches_own_size(tiny):
-    from lib.trace import FeatureCache
+    from lib.trace.features import FeatureCache
     enc, data = tiny
     for store in ("float32", "float16"):
         cache = FeatureCache(enc, data, lowest_unfrozen=1, progress=False, store_dtype=store)
@@ -51,7 +51,7 @@ def test_the_feature_cache_estimate_is_the_caches_own_size(tiny):
 
 
 def test_the_agent_row_fits_80gb_with_checkpointing_and_names_a_48gb_setting():
-    from lib.train_memory import step_bytes
+    from lib.models.train_memory import step_bytes
     pg = costs.PALIGEMMA_TRAINING
     assert step_bytes(pg, 8, 1536)["total"] > 80 * GIB > step_bytes(pg, 8, 1536, gradient_checkpointing=True)["total"]
     row = next(r for r in costs.cost_rows("paper") if r.stage == "04 agents: training")
@@ -75,7 +75,7 @@ def test_the_table_covers_every_stage_and_says_what_kind_each_number_is():
 
 def test_documented_vllm_commands_hold_the_longest_few_shot_prompt():
     """The serve commands docs/models-and-serving.md prints must fit the profile's 8-shot prompts (default meme size)."""
-    from lib.params import load_profile
+    from lib.compendium.params import load_profile
     section = load_profile("paper")["04_few_shot"]
     text = (ROOT / "docs" / "models-and-serving.md").read_text(encoding="utf-8")
     for name, served in (("internvl3.5-8b", "internvl3.5-8b"), ("pixtral-12b", "pixtral-12b")):

@@ -7,7 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lib import artifacts, crosseval as ce
+from lib.compendium import artifacts
+from lib.evaluation import crosseval as ce
 
 
 @pytest.fixture

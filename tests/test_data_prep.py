@@ -1,7 +1,8 @@
 """Stage 00's library side: cached MemeWorld builds and the paper profile's missing-data message."""
 import pytest
 
-from lib import artifacts, data_prep
+from lib.compendium import artifacts
+from lib.data import prep as data_prep
 
 PARAMS = dict(build_memeworld=True, memeworld_n=80, memeworld_seed=1, memeworld_n_multioff=10, image_size=64,
               label_noise=0.0, confounder_rate=0.1, datasets={})
@@ -37,7 +38,7 @@ def test_paper_profile_lists_every_missing_dataset_once(tmp_path, monkeypatch):
 def test_the_profiles_other_local_files_fail_with_the_datasets_in_one_message(tmp_path, monkeypatch):
     """The tag list and the local roberta-large folder are checked before any stage runs (BERTScore
     used to fail only after agent training in notebook 04), in the same message as the datasets."""
-    from lib import params as params_mod
+    from lib.compendium import params as params_mod
     monkeypatch.setattr(artifacts, "ARTIFACTS_ROOT", tmp_path)
     prof = {"01_captioning": {"tag_vocabulary_file": "data/nope_ram_tag_list.txt"},
             "04_few_shot": {"bertscore": {"model": "data/models/nope-roberta-large"}},

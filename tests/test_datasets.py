@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lib.datasets import REGISTRY, DataError, load, load_source, memeworld_sources
+from lib.data.datasets import REGISTRY, DataError, load, load_source, memeworld_sources
 
 NAMES = sorted(REGISTRY)
 
@@ -178,7 +178,7 @@ def test_hvli_first_release_null_labels_stay_visible(world_text):
     image_label. The official code reads them (its sampler groups them all as 'unknown'); the loader
     keeps them with type 'unknown', the evaluator shows them apart, and the official sampler sees
     the stored type, not the derived one."""
-    from lib.debate import SampleResult, balanced_sample, evaluate, sampler_items
+    from lib.arcade.court import SampleResult, balanced_sample, evaluate, sampler_items
     p = world_text / "hvli" / "test_set.json"
     data = json.loads(p.read_text())
     ids = list(data)
@@ -511,7 +511,7 @@ def test_checks_that_check(world):
 def test_memesense_analyses_may_span_lines_but_not_the_whole_file(world_text):
     """MemeSense's commonsense analyses are multi-line blocks: they load; a quote left open for
     more than MAX_FIELD_LINES lines is an error."""
-    from lib.datasets import MAX_FIELD_LINES
+    from lib.data.datasets import MAX_FIELD_LINES
     src = memeworld_sources(world_text)["memesense"]
     _set_first(world_text, "memesense", "description_with_commonsense_parameters",
                "Meme Description: a boat\nCommonsense Analysis:\n- **Vermin**: calls a people rats")
@@ -522,7 +522,7 @@ def test_memesense_analyses_may_span_lines_but_not_the_whole_file(world_text):
         load_source("memesense", src, check_images="none")
 
 
-SPLIT_LOADERS = [n for n in NAMES if "splits" in __import__("lib.datasets", fromlist=["loader_options"]).loader_options(n)]
+SPLIT_LOADERS = [n for n in NAMES if "splits" in __import__("lib.data.datasets", fromlist=["loader_options"]).loader_options(n)]
 
 
 @pytest.mark.parametrize("name", SPLIT_LOADERS)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from lib.chat import Chat, ChatResult, OpenAICompatibleBackend
-from lib.debate import (Court, CourtConfig, CourtError, Prompts, SampleResult, balanced_sample, evaluate,
+from lib.models.chat import Chat, ChatResult, OpenAICompatibleBackend
+from lib.arcade.court import (Court, CourtConfig, CourtError, Prompts, SampleResult, balanced_sample, evaluate,
                         official_parse, report_text)
 
 CUE = {"id": 1, "cue_type": "Direct", "target_group": "valley folk", "claim": "CLAIM-P1", "hate_type": 1,
@@ -120,7 +120,7 @@ def test_without_the_gate_every_sample_goes_through_track_two():
     assert [c[0] for c in script.calls] == ["prosecutor_indirect", "defender_indirect", "prosecutor_round2",
                                             "defender_round2", "judge_indirect"]
     assert r.route == "track2" and r.label == 5
-    from lib.debate import cost_summary
+    from lib.arcade.court import cost_summary
     assert cost_summary([r], 2)["calls_all_track2"] == 5 and cost_summary([r], 2)["gate_call_saving"] == 0.0
 
 
@@ -275,7 +275,7 @@ def test_prompts_can_come_from_an_official_checkout(tmp_path):
 
 
 def test_every_stage_has_a_prompt_and_a_schema_in_both_class_modes():
-    from lib.debate import STAGES
+    from lib.arcade.court import STAGES
     for mode in ("multiclass", "binary"):
         p = Prompts(CourtConfig(class_mode=mode))
         for s in STAGES:
@@ -327,7 +327,7 @@ def test_balanced_sampler_matches_the_official_algorithm():
 def test_balanced_sampler_on_an_h_vli_fixture_file(tmp_path):
     """The sampler over records read from a file in the official format (dict keyed by id, lower-case
     difficulty), as notebook 05 calls it."""
-    from lib.datasets import load
+    from lib.data.datasets import load
     rng = random.Random(5)
     data = {}
     for i in range(60):
@@ -402,7 +402,7 @@ def test_world_knowledge_follows_the_definition_in_every_system_prompt(tmp_path)
     """The embedded court is told who MemeWorld's peoples are and which category each belongs to;
     without the setting (the paper profile, the official code) the definition stands alone."""
     from lib import ROOT
-    from lib.memeworld import GROUPS, HVLI_LABEL_STR
+    from lib.data.memeworld import GROUPS, HVLI_LABEL_STR
     plain = Prompts(CourtConfig())
     cfg = CourtConfig(world_knowledge="params/prompts/arcade/world/memeworld.txt")
     world = Prompts(cfg)
@@ -423,7 +423,7 @@ def test_definition_first_layout_opens_every_role_with_one_shared_prefix(tmp_pat
     """prompt_layout definition_first: the same definition and world knowledge open every role's
     system prompt (one prefix the server's prompt cache reuses across roles); the role's own lines
     follow unchanged. role_first (the default, the official layout) is the prompt files as written."""
-    from lib.debate import STAGES
+    from lib.arcade.court import STAGES
     wk = "params/prompts/arcade/world/memeworld.txt"
     first = Prompts(CourtConfig(prompt_layout="definition_first", world_knowledge=wk))
     roles = Prompts(CourtConfig(world_knowledge=wk))

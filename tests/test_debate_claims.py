@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from lib.debate import STAGES, Court, CourtConfig, CourtError, Prompts, SampleResult, cap_string_lengths, cost_summary
-from lib.debate_report import claim_frame, court_config, paired_test, post_correct, stage_metrics, variant_posts
+from lib.arcade.court import STAGES, Court, CourtConfig, CourtError, Prompts, SampleResult, cap_string_lengths, cost_summary
+from lib.arcade.report import claim_frame, court_config, paired_test, post_correct, stage_metrics, variant_posts
 from tests.test_debate import CourtScript, Sample, default_answers
 
 
@@ -71,7 +71,7 @@ def test_the_court_sends_the_capped_schema_and_an_answer_over_the_cap_is_not_rea
         sent.append(params.json_schema)
         return complete(messages, params)
     script.complete = spy
-    from lib.chat import Chat
+    from lib.models.chat import Chat
     r = Court(Chat(script, None), cfg).run(Sample())
     assert sent and all(x["maxLength"] <= 12 for s in sent for x in strings(s) if "enum" not in x)
     # the same answer fits the uncapped schema and is read; over the cap it is the prosecutor's unreadable answer
@@ -88,7 +88,7 @@ class Rec:
 
 
 def test_variant_posts_take_the_main_sample_a_smaller_balanced_n_and_named_types():
-    from lib.debate import balanced_sample
+    from lib.arcade.court import balanced_sample
     recs = [Rec(f"p{i}", {"type": t}) for i in range(12) for t in ("000", "001", "100", "110")]
     by_id = {r.id + r.meta["type"]: r for r in recs}
     recs = [Rec(k, r.meta) for k, r in by_id.items()]
@@ -160,7 +160,7 @@ def test_claim_frame_pairs_variants_on_the_posts_both_judged_and_feeds_the_metri
 
 
 def test_seed_spread_reads_the_repeats_of_a_variant_and_refuses_different_posts():
-    from lib.debate_report import is_seed_repeat, seed_spread
+    from lib.arcade.report import is_seed_repeat, seed_spread
     def run(seed, right, ids=range(4)):
         res = [result(i, 1, 1 if i < right else 0) for i in ids]
         return {"results": res, "config": {"seed": seed}, "corrected": {"acc": right / len(res), "n": len(res)}}
@@ -171,7 +171,7 @@ def test_seed_spread_reads_the_repeats_of_a_variant_and_refuses_different_posts(
     assert sp.loc["direct", "sd"] == pytest.approx(np.std([0.25, 0.5, 1.0], ddof=1))
     assert is_seed_repeat("direct_seed1", runs) and not is_seed_repeat("arcade", runs)
     assert not is_seed_repeat("other_seed1", runs)                  # no variant "other" ran
-    m_keys = {k for k in __import__("lib.debate_report", fromlist=["x"]).stage_metrics(
+    m_keys = {k for k in __import__("lib.arcade.report", fromlist=["x"]).stage_metrics(
         {k: {**v, "cost": cost_summary(v["results"], 2), "official": {"acc": 0, "n_refused": 0},
              "corrected": {**v["corrected"], "acc_easy": 0, "acc_normal": 0, "acc_hard": 0, "acc_normal_hard": 0}}
          for k, v in runs.items()}, 0.5, 0, None, sp.reset_index())}

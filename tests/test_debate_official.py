@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from lib.chat import Chat, ChatResult
-from lib.debate import (DEFAULT_TEMPERATURES, EMPTY_RESPONSE, MISSING_IMAGE, ROLE, Court, CourtConfig, Prompts,
+from lib.models.chat import Chat, ChatResult
+from lib.arcade.court import (DEFAULT_TEMPERATURES, EMPTY_RESPONSE, MISSING_IMAGE, ROLE, Court, CourtConfig, Prompts,
                         evaluate, official_label, official_parse)
 
 CUE = {"id": 1, "cue_type": "Direct", "target_group": "valley folk", "claim": "CLAIM-P1", "hate_type": 1,

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from lib.embedded_models import ClipConfig, build_clip_tokenizer, train_memeworld_clip
+from lib.models.embedded import ClipConfig, build_clip_tokenizer, train_memeworld_clip
 
 STRINGS = ["A photo depicts a red sun on the left and a crossed-out spiral sigil.",
            "hello   World!! naïve café 123", "they're  vermin", "MY NEW ZORBLIN NEIGHBOURS BE LIKE"]
@@ -48,7 +48,7 @@ def test_tiny_clip_trains_and_round_trips_in_hf_format(memeworld_small, tmp_path
 def test_leak_free_training_never_sees_a_test_caption(memeworld_small, tmp_path):
     """The hard-negative ablation's models drop every pair whose caption or foil some benchmark
     scores; the main model keeps them and says how many it trained on."""
-    from lib.embedded_models import test_captions
+    from lib.models.embedded import test_captions
     out, _ = memeworld_small
     test = test_captions(out)
     foil = json.loads((out / "foil" / "foil_test.json").read_text())
@@ -73,7 +73,7 @@ def test_leak_free_training_never_sees_a_test_caption(memeworld_small, tmp_path)
                                     "a crossed-out zigzag sigil"]])
 def test_pretokenised_batches_equal_the_tokenizer_padding(texts):
     """Training tokenises every caption once and pads per batch: the same tensors as `padding=True`."""
-    from lib.embedded_models import pad_batch
+    from lib.models.embedded import pad_batch
     tok = build_clip_tokenizer()
     ids, mask = pad_batch(tok(texts)["input_ids"], tok.pad_token_id)
     ref = tok(texts, padding=True, return_tensors="pt")

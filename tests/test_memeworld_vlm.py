@@ -8,14 +8,14 @@ import pytest
 import torch
 from PIL import Image
 
-from lib.chat import GenParams, load_chat, user
-from lib.memeworld_vlm import (CAPTION_PROMPT, VlmConfig, generate_captions, prompt_ids, rouge_l, train_memeworld_vlm,
+from lib.models.chat import GenParams, load_chat, user
+from lib.models.memeworld_vlm import (CAPTION_PROMPT, VlmConfig, generate_captions, prompt_ids, rouge_l, train_memeworld_vlm,
                                train_tokenizer)
 
 
 @pytest.fixture(scope="module")
 def tiny_vlm(memeworld_small, tmp_path_factory):
-    from lib.embedded_models import ClipConfig, train_memeworld_clip
+    from lib.models.embedded import ClipConfig, train_memeworld_clip
     out, _ = memeworld_small
     d = tmp_path_factory.mktemp("models")
     train_memeworld_clip(out, d / "clip", ClipConfig(width=32, layers=1, heads=2, projection_dim=16, epochs=1,
@@ -84,9 +84,9 @@ def test_batched_generation_equals_one_at_a_time_and_is_cached(tiny_vlm, tmp_pat
 
 
 def test_zero_shot_tagger_and_caption_columns(tiny_vlm, tmp_path):
-    from lib.captioning import ZeroShotTagger, caption_many, grounded_prompt, tag_caption, trace_records
-    from lib.datasets import MemeRecord
-    from lib.encoders import load_encoder
+    from lib.trace.captioning import ZeroShotTagger, caption_many, grounded_prompt, tag_caption, trace_records
+    from lib.data.datasets import MemeRecord
+    from lib.models.encoders import load_encoder
     out, path, _ = tiny_vlm
     enc = load_encoder(path.parent / "clip", device="cpu")
     vocab = ["sun", "house", "tree", "boat", "cup"]
@@ -111,7 +111,7 @@ def test_the_tokenizer_text_ignores_other_views_of_the_world(memeworld_small, tm
     """A new view written beside the world (a jsonl of its own) must not change memeworld-vlm: its
     tokenizer reads named files only."""
     import shutil
-    from lib.memeworld_vlm import memeworld_texts
+    from lib.models.memeworld_vlm import memeworld_texts
     out, _ = memeworld_small
     world = tmp_path / "w"
     (world / "captions").mkdir(parents=True)

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from lib.metrics import best_threshold, mcnemar, metrics_at, per_type_accuracy, threshold_sweep
+from lib.evaluation.metrics import best_threshold, mcnemar, metrics_at, per_type_accuracy, threshold_sweep
 
 
 def test_threshold_sweep_equals_the_definition():
@@ -33,7 +33,7 @@ def test_per_type_accuracy_counts_and_mcnemar_needs_pairs():
 # ----------------------------------------------------------------------------- notebook 06's statistics
 def test_vectorised_statistics_equal_sklearn_on_every_resample_shape():
     from sklearn.metrics import f1_score, roc_auc_score
-    from lib.metrics import _vec_auroc, _vec_macro_f1
+    from lib.evaluation.metrics import _vec_auroc, _vec_macro_f1
     rng = np.random.default_rng(1)
     for _ in range(20):
         n = int(rng.integers(4, 60))
@@ -49,7 +49,7 @@ def test_vectorised_statistics_equal_sklearn_on_every_resample_shape():
 
 
 def test_bootstrap_ci_brackets_the_value_narrows_with_n_and_is_reproducible():
-    from lib.metrics import _vec_accuracy, bootstrap_ci
+    from lib.evaluation.metrics import _vec_accuracy, bootstrap_ci
     rng = np.random.default_rng(2)
     y = rng.integers(0, 2, 400)
     p = np.where(rng.random(400) < 0.8, y, 1 - y)
@@ -63,7 +63,7 @@ def test_bootstrap_ci_brackets_the_value_narrows_with_n_and_is_reproducible():
 
 def test_metric_rows_count_missing_answers_as_wrong_and_skip_auroc_without_scores():
     import pandas as pd
-    from lib.metrics import metric_rows
+    from lib.evaluation.metrics import metric_rows
     f = pd.DataFrame({"id": ["a", "b", "c", "d"], "label": [1, 0, 1, 0], "prediction": [1, None, 1, 0]})
     rows = {(r["subset"], r["metric"]): r for r in metric_rows(f, "m", {"all": np.ones(4, bool), "ab": ["a", "b"]},
                                                               n_resamples=200)}
@@ -75,7 +75,7 @@ def test_metric_rows_count_missing_answers_as_wrong_and_skip_auroc_without_score
 
 
 def test_pairwise_mcnemar_corrects_for_the_number_of_pairs():
-    from lib.metrics import pairwise_mcnemar
+    from lib.evaluation.metrics import pairwise_mcnemar
     rng = np.random.default_rng(4)
     a = rng.random(200) < 0.9
     b = rng.random(200) < 0.5
@@ -93,7 +93,7 @@ def test_pairwise_mcnemar_corrects_for_the_number_of_pairs():
 
 
 def test_flip_rate_counts_only_memes_called_hateful_before():
-    from lib.metrics import flip_rate
+    from lib.evaluation.metrics import flip_rate
     r = flip_rate([1, 1, 1, 0, 1, None], [0, 1, None, 0, 0, 0], n_resamples=200)
     assert r["n_called_hateful"] == 4                      # the meme called 0 and the unanswered one are out
     assert r["flip_rate"] == 0.5                           # 2 of 4 turned to 0; the unanswered copy is no flip
@@ -114,7 +114,7 @@ def test_flip_rate_counts_only_memes_called_hateful_before():
 def test_flip_rate_reports_the_other_direction_too(original, injected, n_benign, reverse):
     """An injected instruction can also turn a non-hateful call into a hateful one (few-shot recall rose under
     injection): counted among the copies whose original was called non-hateful, with its own interval."""
-    from lib.metrics import flip_rate
+    from lib.evaluation.metrics import flip_rate
     r = flip_rate(original, injected, n_resamples=200)
     assert r["n_called_not_hateful"] == n_benign
     if reverse is None:
@@ -126,7 +126,7 @@ def test_flip_rate_reports_the_other_direction_too(original, injected, n_benign,
 
 def test_classification_report_matches_sklearn_and_counts_unanswered_as_wrong():
     from sklearn.metrics import f1_score, precision_score, recall_score
-    from lib.metrics import classification_report, fill_unanswered
+    from lib.evaluation.metrics import classification_report, fill_unanswered
     gold = [0, 1, 1, 0, 1, 0, 1, 1]
     pred = [0, 1, None, 1, -1, 0, 1, 0]
     filled = fill_unanswered(gold, pred)
@@ -149,7 +149,7 @@ def test_classification_report_matches_sklearn_and_counts_unanswered_as_wrong():
 
 
 def test_mean_ci_and_average_precision():
-    from lib.metrics import average_precision, mean_ci
+    from lib.evaluation.metrics import average_precision, mean_ci
     assert average_precision([0.1, 0.9, 0.5], [False, True, True]) == 1.0
     assert average_precision([0.9, 0.1], [False, True]) == 0.5
     m, lo, hi, used = mean_ci([1, 2, 3, 4, 5, 6, 7, 8], 500)
@@ -158,8 +158,8 @@ def test_mean_ci_and_average_precision():
 
 
 def test_one_strict_json_reader_for_answers_and_files():
-    from lib.artifacts import loads_strict
-    from lib.datasets import DataError
+    from lib.compendium.artifacts import loads_strict
+    from lib.data.datasets import DataError
     for bad, why in (('{"a": 1, "a": 2}', "duplicate key 'a'"), ('{"a": NaN}', "field 'a' is NaN, not a finite JSON number"),
                      ('{"a": 1e999}', "field 'a' is 1e999, not a finite"), ("[" * 100_000 + "]" * 100_000, "nested")):
         with pytest.raises(ValueError, match=why):
@@ -170,7 +170,7 @@ def test_one_strict_json_reader_for_answers_and_files():
 
 
 def test_proportion_ci_is_honest_at_small_n():
-    from lib.metrics import proportion_ci
+    from lib.evaluation.metrics import proportion_ci
     v, lo, hi = proportion_ci(2, 2)                        # a bootstrap of two memes says [1, 1]
     assert v == 1.0 and hi == 1.0 and lo < 0.5
     v, lo, hi = proportion_ci(0, 5, method="exact")       # Clopper-Pearson: 1 - 0.025 ** (1 / 5)
@@ -185,7 +185,7 @@ def test_proportion_ci_is_honest_at_small_n():
 
 
 def test_flip_rate_resamples_memes_not_copies():
-    from lib.metrics import flip_rate
+    from lib.evaluation.metrics import flip_rate
     orig, inj = [1] * 8, [0, 0, 0, 0, 1, 1, 1, 1]          # meme a's four copies all flip, meme b's none do
     one = flip_rate(orig, inj, n_resamples=500)            # eight independent memes: a narrow Wilson interval
     clustered = flip_rate(orig, inj, n_resamples=500, groups=list("aaaabbbb"))
@@ -200,7 +200,7 @@ def test_flip_rate_resamples_memes_not_copies():
 
 
 def test_cluster_ratio_ci_counts_each_group_once():
-    from lib.metrics import cluster_ratio_ci
+    from lib.evaluation.metrics import cluster_ratio_ci
     v, lo, hi = cluster_ratio_ci([1, 1, 0, 0, 1, 0], [1] * 6, list("aabbcc"), n_resamples=2000, seed=1)
     assert v == 0.5 and 0.0 <= lo <= 0.5 <= hi <= 1.0
     v2, lo2, hi2 = cluster_ratio_ci([1, 1, 0, 0, 1, 0], [1] * 6, list("abcdef"), n_resamples=2000, seed=1)
@@ -210,7 +210,7 @@ def test_cluster_ratio_ci_counts_each_group_once():
 
 def test_metric_rows_wilson_interval_for_accuracy_and_bootstrap_for_the_rest():
     import pandas as pd
-    from lib.metrics import interval_keys, metric_rows, proportion_ci
+    from lib.evaluation.metrics import interval_keys, metric_rows, proportion_ci
     f = pd.DataFrame({"id": list("abcdef"), "label": [1, 0, 1, 0, 1, 0], "prediction": [1, 0, 0, 0, 1, 1],
                       "score": [0.9, 0.1, 0.4, 0.2, 0.8, 0.6]})
     rows = {r["metric"]: r for r in metric_rows(f, "m", {"all": np.ones(6, bool)}, method_ci="wilson", n_resamples=200)}
@@ -224,7 +224,7 @@ def test_metric_rows_wilson_interval_for_accuracy_and_bootstrap_for_the_rest():
 # ----------------------------------------------------------------------------- power of the paired test
 def test_mcnemar_power_equals_a_simulation_of_the_test_itself():
     """The enumerated power against the share of simulated samples that statsmodels' exact McNemar rejects."""
-    from lib.metrics import mcnemar, mcnemar_power
+    from lib.evaluation.metrics import mcnemar, mcnemar_power
     rng = np.random.default_rng(0)
     for n, disc, diff in ((40, 0.3, 0.2), (96, 0.25, 0.1), (60, 0.5, 0.0)):
         sims, rejected = 1500, 0
@@ -249,13 +249,13 @@ def test_mcnemar_power_equals_a_simulation_of_the_test_itself():
     ({str(i): i % 6 for i in range(96)}, ""),                                        # six categories
 ])
 def test_a_near_constant_arm_is_flagged(answers, flagged):
-    from lib.metrics import constant_arm
+    from lib.evaluation.metrics import constant_arm
     assert constant_arm("x", answers, list(answers)) == flagged
     assert constant_arm("x", None, list(answers)) == "" and constant_arm("x", answers, []) == ""
 
 
 def test_the_minimum_detectable_difference_at_the_sizes_the_claims_use():
-    from lib.metrics import mcnemar_mdd, mcnemar_power
+    from lib.evaluation.metrics import mcnemar_mdd, mcnemar_power
     mdd = mcnemar_mdd(96, 0.25)
     assert 0.12 < mdd < 0.17 and mcnemar_power(96, 0.25, mdd) == pytest.approx(0.80, abs=0.01)
     assert np.isnan(mcnemar_mdd(24, 0.25)) and np.isnan(mcnemar_mdd(16, 0.25))   # no allowed difference reaches 80%
@@ -278,6 +278,6 @@ def test_the_minimum_detectable_difference_at_the_sizes_the_claims_use():
     ((0.12, (0.03, 0.21), 0.01, 0.10, 0.08, None), "reproduced, no control"),
 ])
 def test_the_verdict_follows_its_written_rules(args, expected):
-    from lib.metrics import VERDICTS, verdict
+    from lib.evaluation.metrics import VERDICTS, verdict
     v = verdict(*args)
     assert v == expected and v in VERDICTS

@@ -4,11 +4,11 @@ import json
 import numpy as np
 import pytest
 
-from lib import nli
+from lib.models import nli
 
 
 def test_pairs_are_balanced_and_labelled_by_what_the_premise_says(memeworld_small):
-    from lib.memeworld import load_specs
+    from lib.data.memeworld import load_specs
     out, _ = memeworld_small
     rows = [r for r in load_specs(out) if r["split"] == "train"][:200]
     pairs = nli.nli_pairs(rows, np.random.default_rng(0))
@@ -21,7 +21,7 @@ def test_pairs_are_balanced_and_labelled_by_what_the_premise_says(memeworld_smal
 
 
 def test_a_tiny_run_trains_saves_and_loads_through_the_seetrue_path(memeworld_small, tmp_path):
-    from lib.clip4dm import nli_entailment
+    from lib.clip4dm.method import nli_entailment
     out, _ = memeworld_small
     cfg = nli.NliConfig(epochs=1, train_memes=120, heldout_memes=40, batch_size=16)
     res = nli.train_memeworld_nli(out, tmp_path / "nli", cfg, progress=False)
@@ -34,8 +34,8 @@ def test_a_tiny_run_trains_saves_and_loads_through_the_seetrue_path(memeworld_sm
     saved = json.loads((tmp_path / "nli" / "training.json").read_text())
     assert saved["metrics"]["nli_heldout_acc"] == m["nli_heldout_acc"]
     # notebook 03 reports it beside the SeeTRUE score, with the score's two controls
-    from lib import clip4dm_report as c4r
-    from lib.data_prep import load_all
+    from lib.clip4dm import report as c4r
+    from lib.data.prep import load_all
     assert c4r.nli_heldout_accuracy(str(tmp_path / "nli")) == m["nli_heldout_acc"]
     assert c4r.nli_heldout_accuracy(str(tmp_path)) is None
     recs = load_all({"seetrue": {"root": str(out / "seetrue"), "img_dir": "../img"}})["seetrue"].records[:12]
@@ -52,8 +52,8 @@ def test_a_three_label_mnli_folder_loads_through_the_same_code(tmp_path):
     local folder: neutral is dropped, P(entailment) is over the other two."""
     import torch
     from transformers import AutoTokenizer, BartConfig, BartForSequenceClassification
-    from lib.clip4dm import nli_entailment
-    from lib.textmetrics import resolve_text_model
+    from lib.clip4dm.method import nli_entailment
+    from lib.evaluation.textmetrics import resolve_text_model
     cfg = BartConfig(vocab_size=30522, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
                      decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
                      num_labels=3, id2label={0: "contradiction", 1: "neutral", 2: "entailment"},

@@ -9,8 +9,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from lib import debate_report, sei_report
-from lib.artifacts import ARTIFACTS
+from lib.arcade import report as debate_report
+from lib.sei import report as sei_report
+from lib.compendium.artifacts import ARTIFACTS
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 MAX_LINES = 20

@@ -1,12 +1,12 @@
 """First contact with the paper profile's checkpoints, on tiny random models of the same classes
-and processors (lib/smoke_models.py): every loader, processor, chat template, image-token count,
+and processors (lib/models/smoke.py): every loader, processor, chat template, image-token count,
 label map and layer index the paper profile relies on, exercised on a CPU."""
 import numpy as np
 import pytest
 from PIL import Image
 
-from lib import costs
-from lib.smoke_models import BUILDERS, build_all
+from lib.compendium import costs
+from lib.models.smoke import BUILDERS, build_all
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +29,8 @@ def test_every_builder_writes_a_checkpoint_that_says_what_it_stands_for(ckpts):
 def test_served_few_shot_models_answer_a_multi_image_conversation(ckpts, name, rule):
     """The hf chat backend drives InternVL3.5 and Pixtral through their processors and chat
     templates, with a system turn and several images, as notebook 04's few-shot prompt does; the
-    image tokens the processor inserts are the ones lib.costs counts."""
-    from lib.chat import GenParams, load_chat, system, user
+    image tokens the processor inserts are the ones lib.compendium.costs counts."""
+    from lib.models.chat import GenParams, load_chat, system, user
     chat = load_chat(ckpts[name], cache=None, device="cpu")
     sizes = [(900, 600), (500, 500)]
     msgs = [system("You moderate memes."), user(_img(*sizes[0]), "Example: hateful.", _img(*sizes[1], 1), "Query?")]
@@ -46,8 +46,8 @@ def test_served_few_shot_models_answer_a_multi_image_conversation(ckpts, name, r
 
 
 def test_paligemma_448_agents_keep_all_1024_image_tokens(ckpts):
-    from lib.agents import encode_example
-    from lib.chat import GenParams, load_chat, user
+    from lib.sei.agents import encode_example
+    from lib.models.chat import GenParams, load_chat, user
     from transformers import AutoProcessor
     proc = AutoProcessor.from_pretrained(ckpts["paligemma-3b-pt-448"])
     enc = encode_example(proc, _img(640, 480), "explain why", "it calls them vermin", 1536)   # the paper profile's max_len
@@ -61,7 +61,7 @@ def test_paligemma_448_agents_keep_all_1024_image_tokens(ckpts):
 @pytest.mark.parametrize("name", ["clip-vit-b32", "clip-vit-l14", "clip-vit-h14", "siglip-so400m", "siglip2-so400m",
                                   "blip-base"])
 def test_hf_encoders_load_embed_and_tokenize_as_their_hub_checkpoints(ckpts, name):
-    from lib.encoders import load_encoder
+    from lib.models.encoders import load_encoder
     enc = load_encoder(ckpts[name], device="cpu")
     f = enc.image_features([_img(640, 480), _img(300, 700, 1)])
     t = enc.text_features(["a meme about zorblins", "two people holding a sign"])
@@ -75,9 +75,9 @@ def test_open_clip_hf_text_towers_load_from_a_local_dir_and_train_their_text_lay
     """open_clip models with a Hugging Face text tower load as `local-dir:` (what an offline copy of
     xlm-roberta-large-ViT-H-14 looks like), and TRACE's FHM recipe for XLM-R (text layers n-2 ... n-11)
     finds those layers."""
-    from lib.encoders.registry import encoder_class
-    from lib.presets import Preset
-    from lib.trace import TrainConfig, unfrozen_layer_indices
+    from lib.models.encoders.registry import encoder_class
+    from lib.compendium.presets import Preset
+    from lib.trace.model import TrainConfig, unfrozen_layer_indices
     pr = Preset(name=name, backend="open_clip", model=f"local-dir:{ckpts[name]}", options={"pretrained": None})
     enc = encoder_class("open_clip", name).from_preset(pr, "cpu")
     assert enc.project_text(enc.text_features(["a meme"])).shape == enc.project_image(enc.image_features([_img(50, 80)])).shape
@@ -86,16 +86,16 @@ def test_open_clip_hf_text_towers_load_from_a_local_dir_and_train_their_text_lay
 
 
 def test_clip4dm_attributes_words_on_a_twelve_layer_text_tower(ckpts):
-    from lib.clip4dm import CLIP4DM
-    from lib.encoders import load_encoder
+    from lib.clip4dm.method import CLIP4DM
+    from lib.models.encoders import load_encoder
     c4 = CLIP4DM(load_encoder(ckpts["clip-vit-b32"], device="cpu"), epsilon=-5e-5)
     out = c4(_img(400, 300), "a cup of coke on a table")
     assert [w for w, _ in out["word_attributions"]] == ["a", "cup", "of", "coke", "on", "a", "table"]
 
 
 def test_bart_mnli_label_map_and_roberta_large_layer_17(ckpts):
-    from lib.nli import nli_entailment
-    from lib.textmetrics import BertScoreSpec, bertscore_f1
+    from lib.models.nli import nli_entailment
+    from lib.evaluation.textmetrics import BertScoreSpec, bertscore_f1
     p = nli_entailment(["a dog runs", "a cat sleeps"], ["an animal moves", "nothing"], str(ckpts["bart-large-mnli"]))
     assert p.shape == (2,) and ((p > 0) & (p < 1)).all()
     f = bertscore_f1(["a meme about zorblins"], [["a meme about zorblins", "other"]],
@@ -106,7 +106,7 @@ def test_bart_mnli_label_map_and_roberta_large_layer_17(ckpts):
 def test_grounding_dino_grounds_tags_through_the_profiles_grounder(ckpts):
     """The paper profile's grounder spec, pointed at the checkpoint: boxes come back per image, each
     naming one of the tags it was given (a random model may find none above a threshold)."""
-    from lib.captioning import load_grounder
+    from lib.trace.captioning import load_grounder
     g = load_grounder({"kind": "grounding-dino", "model": str(ckpts["grounding-dino-base"]), "box_threshold": 0.0,
                        "text_threshold": 0.0}, device="cpu")
     tags = [["cat", "red sun"], []]
@@ -116,8 +116,8 @@ def test_grounding_dino_grounds_tags_through_the_profiles_grounder(ckpts):
 
 
 def _trace_data(tmp_path, n=24):
-    from lib.datasets import MemeRecord
-    from lib.trace import MemeBatchData
+    from lib.data.datasets import MemeRecord
+    from lib.trace.features import MemeBatchData
     recs = []
     for i in range(n):
         p = tmp_path / f"m{i}.png"
@@ -133,12 +133,12 @@ def test_trace_trains_each_paper_backbone_with_its_recipe(ckpts, tmp_path, backb
     """TRACE with the paper profile's own TrainConfig for each backbone (ViT-L/14: text layers n-2,
     n-5, n-8; XLM-R: n-2 ... n-11, batch 64 x 8; SigLIP2: sigmoid contrastive), the real TRACE
     caption columns and the feature cache, one epoch on the tiny checkpoint."""
-    from lib.encoders import load_encoder
-    from lib.encoders.registry import encoder_class
-    from lib.params import load_profile
-    from lib.presets import Preset
-    from lib.trace import FeatureCache
-    from lib.trace_report import lowest_layer, run_config, train_variant
+    from lib.models.encoders import load_encoder
+    from lib.models.encoders.registry import encoder_class
+    from lib.compendium.params import load_profile
+    from lib.compendium.presets import Preset
+    from lib.trace.features import FeatureCache
+    from lib.trace.report import lowest_layer, run_config, train_variant
     section = load_profile("paper")["02_finetuning"]
     _, cfg = run_config(section, backbone, epochs=1, batch_size=8, grad_accum=1, amp=False)
     if backbone == "clip-xlmr-h14":

@@ -12,9 +12,9 @@ import yaml
 from PIL import Image
 
 from lib import ROOT
-from lib.chat import loopback
-from lib.params import ProfileError, load_profile, validate_profile
-from lib.presets import OVERLAY_ENV, get_preset, overlay_path, read_overlay, resolve_model_path
+from lib.models.chat import loopback
+from lib.compendium.params import ProfileError, load_profile, validate_profile
+from lib.compendium.presets import OVERLAY_ENV, get_preset, overlay_path, read_overlay, resolve_model_path
 
 
 def test_paper_smoke_is_the_paper_profile_with_sizes_and_locations_changed():
@@ -37,7 +37,7 @@ def test_paper_smoke_is_the_paper_profile_with_sizes_and_locations_changed():
 
 
 def test_extends_merges_section_by_section_and_refuses_loops(tmp_path, monkeypatch):
-    import lib.params as params
+    import lib.compendium.params as params
     monkeypatch.setattr(params, "PARAMS_DIR", tmp_path)
     (tmp_path / "base.yaml").write_text("a: {x: 1, y: 2}\nb: {z: 3}\n")
     (tmp_path / "child.yaml").write_text("extends: base\na: {y: 5}\n")
@@ -76,7 +76,7 @@ def test_relative_paths_resolve_against_the_repository_root(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)                                  # a notebook runs in notebooks/, not the root
     assert resolve_model_path("params/presets") == str(ROOT / "params" / "presets")
     assert resolve_model_path("facebook/bart-large-mnli") == "facebook/bart-large-mnli"     # a hub id stays
-    from lib.captioning import read_tag_list
+    from lib.trace.captioning import read_tag_list
     with pytest.raises(FileNotFoundError, match="tag_vocabulary_file"):
         read_tag_list("data/no_such_tags.txt")
     f = tmp_path / "tags.txt"
@@ -137,8 +137,8 @@ def test_loopback_answers_depend_on_the_request_only():
 def test_smoke_data_sits_where_the_paper_profile_reads_it(tmp_path):
     """Every dataset of the paper-smoke profile loads with the paper profile's loaders, strictly, every
     image found where the real dataset keeps it (datasets' roots moved to a temporary copy)."""
-    from lib.data_prep import load_all
-    from lib.smoke_models import write_data
+    from lib.data.prep import load_all
+    from lib.models.smoke import write_data
     out = write_data(tmp_path / "data", n=60)
     assert (out / ".complete").exists() and "sun" in (out / "ram_tag_list.txt").read_text().split("\n")
     prefix = "artifacts/paper-smoke/data/"
@@ -152,7 +152,7 @@ def test_smoke_data_sits_where_the_paper_profile_reads_it(tmp_path):
 def test_real_fhm_without_confounder_annotations_gives_an_empty_table_not_an_error():
     """Notebook 06 failed on the paper profile's data (no meme has a confounder annotation)."""
     import pandas as pd
-    from lib import crosseval as ce
+    from lib.evaluation import crosseval as ce
     gold = pd.DataFrame({"id": ["1", "2", "3"], "split": ["test_seen"] * 3, "label": [0, 1, 1],
                          "confounder": [None, None, None]}).set_index("id")
     frame = pd.DataFrame({"id": ["1", "2", "3"], "label": [0, 1, 1], "prediction": [0, 1, 0]})
@@ -168,8 +168,8 @@ def test_a_smoke_run_never_rewrites_the_readme_results(monkeypatch, tmp_path):
     """`make test` ends with the paper-smoke profile; its numbers must not replace the README's table
     (only a published profile's run publishes and regenerates the README's blocks)."""
     import contextlib
-    import lib.runner as runner
-    from lib.params import stages
+    import lib.compendium.runner as runner
+    from lib.compendium.params import stages
     calls, published = [], []
     monkeypatch.setattr(runner, "ARTIFACTS_ROOT", tmp_path)
     monkeypatch.setattr(runner, "default_cache_path", lambda profile: tmp_path / profile / "cache" / "responses.sqlite")
@@ -187,8 +187,8 @@ def test_a_smoke_run_never_rewrites_the_readme_results(monkeypatch, tmp_path):
 
 
 def test_loopback_presets_reach_the_running_server_and_name_it_not_its_port(server, monkeypatch):
-    from lib.chat.loopback import LOOPBACK_ENV
-    from lib.chat.registry import load_backend
+    from lib.models.chat.loopback import LOOPBACK_ENV
+    from lib.models.chat.registry import load_backend
     monkeypatch.setenv(OVERLAY_ENV, str(overlay_path("paper-smoke")))
     monkeypatch.delenv(LOOPBACK_ENV, raising=False)
     with pytest.raises(RuntimeError, match=LOOPBACK_ENV):
@@ -196,5 +196,5 @@ def test_loopback_presets_reach_the_running_server_and_name_it_not_its_port(serv
     monkeypatch.setenv(LOOPBACK_ENV, server)
     b = load_backend(get_preset("chat", "gpt-4o"), None, None, None, None)
     assert b.base_url == server and "base_url" not in b.identity()      # a rerun on another port hits the cache
-    from lib.chat import GenParams, user
+    from lib.models.chat import GenParams, user
     assert b.complete([user("is it hateful?")], GenParams(max_new_tokens=8)).status == "ok"

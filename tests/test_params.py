@@ -5,8 +5,9 @@ import shutil
 import pytest
 import yaml
 
-from lib import ROOT, params
-from lib.params import ProfileError, parameters_cell, stages, validate_profile
+from lib import ROOT
+from lib.compendium import params
+from lib.compendium.params import ProfileError, parameters_cell, stages, validate_profile
 
 
 @pytest.mark.parametrize("profile", ["embedded", "paper"])
@@ -99,7 +100,7 @@ def test_select_stages_by_prefix_and_unknown():
         params.select_stages("42")
 
 
-# ----------------------------------------------------------------------------- nested sections (lib/param_schemas.py)
+# ----------------------------------------------------------------------------- nested sections (lib/compendium/param_schemas.py)
 def _set(path, value):
     """An edit that sets data[a][b]... = value for a dotted path."""
     def edit(d):
@@ -145,7 +146,7 @@ def test_nested_sections_are_checked(profile_copy, path, value, match):
 
 
 def test_every_none_default_has_a_rule():
-    from lib.param_schemas import SCHEMAS
+    from lib.compendium.param_schemas import SCHEMAS
     for st in stages():
         for key, default in params.stage_defaults(st).items():
             if default is None:

@@ -41,7 +41,7 @@ DERIVED: dict[str, dict[str, str]] = {
     "03_clip4dm": {"1.2": "the floor-ratio bound the committed-results check asserts"},
     "README.md": {"4": "the budget of make reproduce in hours (the issue's, not a measurement)",
                   "25": "make test's budget in minutes from a fresh clone", "20": "its budget with the venv present",
-                  "30": "the results folder's size cap in MB (lib.results.SIZE_CAP_MB)"},
+                  "30": "the results folder's size cap in MB (lib.compendium.results.SIZE_CAP_MB)"},
     "models-and-serving.md": {"401": "an HTTP status code", "403": "an HTTP status code", "429": "an HTTP status code",
                               "10": "InternVL3.5's tile limit (its processor's max_dynamic_patch)",
                               "256": "tokens per InternVL3.5 tile (its configuration)"},
@@ -90,7 +90,7 @@ def _backing() -> list[float]:
                     vals += _numbers_in(row)
     for page in [ROOT / "docs" / "results.md"]:                   # generated pages and blocks: from code and results
         vals += _numbers_in(page.read_text()) if page.exists() else []
-    from lib.results import BLOCKS
+    from lib.compendium.results import BLOCKS
     for blocks in BLOCKS.values():
         for fn in blocks.values():
             vals += _numbers_in(fn("embedded"))

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from lib import report
+from lib.compendium import report
 
 
 def _chromium():

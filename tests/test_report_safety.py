@@ -8,7 +8,7 @@ from urllib.parse import unquote
 import nbformat
 import pytest
 
-from lib import report
+from lib.compendium import report
 
 PAYLOADS = ['<script>alert("pwn1")</script>', '<img src=x onerror=alert("pwn2")>', '<a href="javascript:alert(\'pwn3\')">go</a>',
             '<svg onload=alert("pwn4")></svg>', '<iframe src="javascript:alert(\'pwn5\')"></iframe>',
@@ -138,7 +138,7 @@ def test_sanitize_html_allow_list(fragment, kept, dropped):
 @pytest.mark.parametrize("name", ["../artifacts/x", "/tmp/site", "a/b", "..", "x/../../y", ""])
 def test_the_report_takes_only_plain_profile_names(name, capsys):
     """`--profile` names a profile, never a path: nothing is written outside artifacts/<profile>/."""
-    from lib.params import ProfileError
+    from lib.compendium.params import ProfileError
     with pytest.raises(ProfileError, match="not a plain name"):
         report.build(name)
     assert report.main(["--profile", name]) == 2

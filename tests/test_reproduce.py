@@ -9,12 +9,12 @@ import json
 
 import pytest
 
-import lib.results as results
-import lib.runner as runner
-from lib.artifacts import read_json
-from lib.chat.cache import ResponseCache
-from lib.chat.messages import ChatResult
-from lib.params import load_profile, stages
+import lib.compendium.results as results
+import lib.compendium.runner as runner
+from lib.compendium.artifacts import read_json
+from lib.models.chat.cache import ResponseCache
+from lib.models.chat.messages import ChatResult
+from lib.compendium.params import load_profile, stages
 
 
 @pytest.fixture
@@ -24,7 +24,7 @@ def sandbox(tmp_path, monkeypatch):
     monkeypatch.setattr(runner, "ARTIFACTS_ROOT", tmp_path / "artifacts")
     monkeypatch.setattr(results, "ARTIFACTS_ROOT", tmp_path / "artifacts")
     monkeypatch.setattr(results, "RESULTS_ROOT", tmp_path / "results")
-    monkeypatch.setattr("lib.chat.cache.ROOT", tmp_path)
+    monkeypatch.setattr("lib.models.chat.cache.ROOT", tmp_path)
     ran, fail = [], set()
 
     def fake(stage, profile, params=None):
@@ -107,7 +107,7 @@ def test_a_corrupt_export_is_refused_naming_the_file_and_line(tmp_path):
     bad = tmp_path / "responses.jsonl.gz"
     with gzip.open(bad, "wt") as f:
         f.write(json.dumps({"key": "k", "model": "m", "status": "ok", "payload": {"text": "x"}}) + "\n{not json\n")
-    from lib.chat.cache import CacheError
+    from lib.models.chat.cache import CacheError
     with pytest.raises(CacheError, match=r"responses.jsonl.gz: line 2 is not an exported answer"):
         ResponseCache(tmp_path / "c.sqlite").import_answers(bad)
     assert len(ResponseCache(tmp_path / "c.sqlite")) == 0          # nothing of that file is kept
@@ -169,14 +169,14 @@ def test_the_working_tree_check_sees_a_change(tmp_path, monkeypatch):
 @pytest.mark.parametrize("stage", ["00_data_prep", "01_captioning", "02_finetuning", "04_few_shot", "05_debate",
                                    "06_evaluation"])
 def test_a_missing_results_file_names_it_and_the_command_that_writes_it(tmp_path, stage):
-    from lib.recompute import MissingResult, recompute
+    from lib.evaluation.recompute import MissingResult, recompute
     (tmp_path / stage).mkdir()
     with pytest.raises(MissingResult, match=rf"{stage}/\S+ is missing: `make reproduce NB={stage[:2]}` writes it"):
         recompute(stage, tmp_path / stage, tmp_path)
 
 
 def test_a_corrupt_results_file_names_it(tmp_path):
-    from lib.recompute import recompute
+    from lib.evaluation.recompute import recompute
     d = tmp_path / "05_debate"
     d.mkdir()
     (d / "settings.json").write_text('{"class_mode": "multiclass", ')

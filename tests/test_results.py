@@ -18,10 +18,10 @@ import pandas as pd
 import pytest
 
 from lib import ROOT
-from lib.artifacts import RESULTS_ROOT, figures_dir, read_json
-from lib.params import load_profile, stages
-from lib.recompute import RECOMPUTE, coverage, is_machine, mismatches, recompute, recorded_reason
-from lib.results import SIZE_CAP_MB, cache_export_path, notebook_digests, timings_path
+from lib.compendium.artifacts import RESULTS_ROOT, figures_dir, read_json
+from lib.compendium.params import load_profile, stages
+from lib.evaluation.recompute import RECOMPUTE, coverage, is_machine, mismatches, recompute, recorded_reason
+from lib.compendium.results import SIZE_CAP_MB, cache_export_path, notebook_digests, timings_path
 
 pytestmark = pytest.mark.results
 PROFILE = "embedded"
@@ -57,7 +57,7 @@ def test_committed_metrics_recompute_from_the_per_item_files(stage):
 
 def test_every_metric_is_accounted_for():
     """Each stage's metrics: recomputed from per-item files (RECOMPUTE), a timing or count, or read from
-    the run's own record with the reason written in lib/recompute.py's RECORDED. A stage without a
+    the run's own record with the reason written in lib/evaluation/recompute.py's RECORDED. A stage without a
     recompute function lists what is left to do here."""
     missing = {st: sorted(k for k in _metrics(st) if not is_machine(k) and recorded_reason(st, k) is None)
                for st in STAGES if st != "07_figures" and st not in RECOMPUTE}
@@ -88,7 +88,7 @@ def test_committed_answers_hold_every_model_answer_the_results_quote():
             texts.add(json.loads(line)["payload"]["text"])
     fs = [json.loads(x) for x in (RES / "04_few_shot" / "predictions_fhm.jsonl").read_text().splitlines()]
     assert fs and all(r["raw"] in texts for r in fs)
-    from lib.debate_report import results_from_jsonl
+    from lib.arcade.report import results_from_jsonl
     res = results_from_jsonl(RES / "05_debate" / "results_arcade.jsonl")
     raws = [c.raw for r in res for c in r.calls if getattr(c, "raw", None)]
     assert all(x in texts for x in raws)
@@ -98,14 +98,14 @@ def _redraw(tmp_path, with_images: bool):
     script = r'''
 import sys
 from pathlib import Path
-from lib import figures
+from lib.evaluation import figures
 with figures.reading_from(Path(sys.argv[2])):
     for f in figures.REGISTRY.values():
         if f.images and sys.argv[3] != "1":
             continue
         if all(figures._art("embedded", a).exists() for a in f.artifacts):
             fig = f.draw("embedded")
-            from lib import plotting
+            from lib.evaluation import plotting
             plotting.save_figure(fig, f.name, "embedded", sys.argv[1])
             print("DRAWN", f.name)
 '''
@@ -119,7 +119,7 @@ with figures.reading_from(Path(sys.argv[2])):
 def test_committed_figures_redraw_from_the_committed_results(tmp_path):
     """Every figure of figures/embedded/ is drawn again from results/embedded/ alone, byte for byte (the
     four that also show MemeWorld images need `make reproduce NB=00` first and are checked then)."""
-    from lib import figures
+    from lib.evaluation import figures
     with_images = (ROOT / "artifacts" / PROFILE / "00_data_prep" / "memeworld").exists()
     drawn = _redraw(tmp_path, with_images)
     expected = {f.name for f in figures.REGISTRY.values() if with_images or not f.images}
@@ -132,7 +132,7 @@ def test_committed_figures_redraw_from_the_committed_results(tmp_path):
 
 
 def test_readme_blocks_and_results_page_are_generated_from_the_committed_results():
-    from lib.results import BLOCKS, DOCS_RESULTS, results_page
+    from lib.compendium.results import BLOCKS, DOCS_RESULTS, results_page
     for path, blocks in BLOCKS.items():
         text = path.read_text()
         for name, fn in blocks.items():
@@ -142,7 +142,7 @@ def test_readme_blocks_and_results_page_are_generated_from_the_committed_results
                 f"{path.name} block {name}: run `make results`"
     assert DOCS_RESULTS.read_text() == results_page(), "docs/results.md: run `make results`"
     import nbformat
-    from lib.results import notebook_cost
+    from lib.compendium.results import notebook_cost
     for st in stages():
         if st.notebook is not None:
             head = nbformat.read(str(st.notebook), as_version=4).cells[0].source

@@ -5,7 +5,7 @@ import os
 import nbformat
 
 from lib import ROOT
-from lib.runner import scrub_notebook
+from lib.compendium.runner import scrub_notebook
 
 
 def _nb_with_outputs(tmp_path):
@@ -41,10 +41,10 @@ def test_scrub_removes_timestamps_paths_progress_and_secrets(tmp_path, monkeypat
 
 
 def test_scrub_redacts_keys_from_dotenv_and_paths_outside_the_project(tmp_path, monkeypatch):
-    import lib.runner as runner
-    from lib.chat import read_dotenv
+    import lib.compendium.runner as runner
+    from lib.models.chat import read_dotenv
     monkeypatch.delenv("GEMINI_API_KEY", raising=False)
-    monkeypatch.setattr("lib.runner.read_dotenv", lambda p: {**read_dotenv(p), "GEMINI_API_KEY": "fake-dotenv-only-123",
+    monkeypatch.setattr("lib.compendium.runner.read_dotenv", lambda p: {**read_dotenv(p), "GEMINI_API_KEY": "fake-dotenv-only-123",
                                                            "DASHSCOPE_API_KEY_2": "fake-rotated-second-key"})
     nb = nbformat.v4.new_notebook()
     c = nbformat.v4.new_code_cell("x")
@@ -76,7 +76,7 @@ def test_committed_notebooks_carry_no_machine_paths_or_timestamps():
 
 
 def test_environment_yml_is_generated_from_pyproject():
-    from lib.envfiles import dependencies, environment_yml
+    from lib.compendium.envfiles import dependencies, environment_yml
     assert (ROOT / "environment.yml").read_text() == environment_yml(), "run `make environment.yml`"
     deps = dependencies()
     assert "torch==2.14.1" in deps and "torchvision==0.29.1" in deps
@@ -85,7 +85,7 @@ def test_environment_yml_is_generated_from_pyproject():
 def test_lock_pins_every_declared_dependency():
     lock = {l.split("==")[0].lower().replace("_", "-") for l in (ROOT / "requirements.lock").read_text().splitlines()
             if "==" in l}
-    from lib.envfiles import dependencies
+    from lib.compendium.envfiles import dependencies
     missing = [d for d in dependencies() if d.split("==")[0].lower().replace("_", "-") not in lock]
     assert not missing, missing
 
@@ -98,7 +98,7 @@ def test_ci_runs_make_test():
 def test_generated_blocks_are_filled_from_the_results_and_the_rest_is_kept(tmp_path, monkeypatch):
     """`make results` replaces only what sits between a block's markers, with what its function returns for
     the embedded profile; a document without the markers, and a second run, change nothing."""
-    from lib import results
+    from lib.compendium import results
     readme, other = tmp_path / "README.md", tmp_path / "other.md"
     readme.write_text("intro\n<!-- findings:start -->\nold 0.5\n<!-- findings:end -->\nkept\n"
                       "<!-- timings:start --><!-- timings:end -->\nend\n")
@@ -121,8 +121,8 @@ def test_failing_stage_keeps_notebook_and_parks_the_failed_run(tmp_path):
 
     import pytest
 
-    from lib.params import Stage
-    from lib.runner import StageError, run_notebook
+    from lib.compendium.params import Stage
+    from lib.compendium.runner import StageError, run_notebook
     nb = nbformat.v4.new_notebook()
     p = nbformat.v4.new_code_cell('profile = "embedded"\nroot = "x"')
     p.metadata["tags"] = ["parameters"]
@@ -146,8 +146,8 @@ def test_failing_stage_keeps_notebook_and_parks_the_failed_run(tmp_path):
 def test_scrub_redacts_keys_read_from_another_env_file(tmp_path, monkeypatch):
     """A key loaded from an env file other than the project's .env (load_chat(..., env_file=...))
     is redacted from saved notebooks too, although the scrubber runs in another process."""
-    import lib.chat as chat
-    from lib.chat import api_keys
+    import lib.models.chat as chat
+    from lib.models.chat import api_keys
     env = tmp_path / "elsewhere" / "keys.env"
     env.parent.mkdir()
     env.write_text("export MY_PROVIDER_API_KEY=fake-from-another-env-file-42\nOTHER_TOKEN='fake-token-elsewhere-777'\n")

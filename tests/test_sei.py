@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lib import sei, textmetrics as tm
-from lib.metrics import mean_ci
-from lib.sei import Answer, Meme, SeiTemplates, build_conversation, parse_answer
+from lib.sei import fewshot as sei
+from lib.evaluation import textmetrics as tm
+from lib.evaluation.metrics import mean_ci
+from lib.sei.fewshot import Answer, Meme, SeiTemplates, build_conversation, parse_answer
 
 
 # ----------------------------------------------------------------------------- retrieval
@@ -273,7 +274,7 @@ def test_vader_bootstrap_and_lexical_measures():
 @pytest.fixture(scope="module")
 def tiny_agent_base(tiny_clip_dir, tmp_path_factory):
     """A randomly initialised memeworld-vlm-architecture model (LLaVA) saved like the real one."""
-    from lib.memeworld_vlm import VlmConfig, build_vlm, save_model, train_tokenizer
+    from lib.models.memeworld_vlm import VlmConfig, build_vlm, save_model, train_tokenizer
     texts = ["What does this meme mean? Its text:", "The meme is hateful. Explain why.", "non-hateful hateful",
              "they are rats", "a sunny day", "nothing attacks anyone", "it calls them vermin"] * 20
     cfg = VlmConfig(vocab_size=300, hidden=32, layers=1, heads=2, intermediate=64)
@@ -285,7 +286,7 @@ def tiny_agent_base(tiny_clip_dir, tmp_path_factory):
 
 def _records(tmp_path):
     from PIL import Image
-    from lib.datasets import ExplanationRecord, MemeCapRecord, MemeRecord, MemeSenseRecord
+    from lib.data.datasets import ExplanationRecord, MemeCapRecord, MemeRecord, MemeSenseRecord
     img = tmp_path / "img"
     img.mkdir(exist_ok=True)
     memes, cap, hat, sense = [], [], [], []
@@ -305,7 +306,7 @@ def _records(tmp_path):
 
 
 def test_agent_data_joins_formats_and_holds_out_test_memes(tmp_path):
-    from lib.agents import AgentDataError, build_agent_data
+    from lib.sei.agents import AgentDataError, build_agent_data
     memes, cap, hat, sense = _records(tmp_path)
     data = build_agent_data(cap, hat, sense, memes)
     assert {a: len(v) for a, v in data.items()} == {"captioner": 12, "explainer": 12, "commonsense": 6,
@@ -322,9 +323,9 @@ def test_agent_data_joins_formats_and_holds_out_test_memes(tmp_path):
 
 
 def test_agent_trains_on_the_answer_only_is_cached_and_answers_through_the_chat_layer(tiny_agent_base, tmp_path):
-    from lib.agents import (AgentRecipe, agent_chat, build_agent_data, encode_example, nearest_train_baseline,
+    from lib.sei.agents import (AgentRecipe, agent_chat, build_agent_data, encode_example, nearest_train_baseline,
                             run_agent, train_agent, _load_base)
-    from lib.chat import ResponseCache
+    from lib.models.chat import ResponseCache
     from PIL import Image
     memes, cap, hat, sense = _records(tmp_path)
     data = build_agent_data(cap, hat, sense, memes)
@@ -361,8 +362,8 @@ def test_prefix_models_train_and_answer_without_a_chat_template(tiny_paligemma, 
     """PaliGemma-pt (the paper's agents): prefix + suffix encoding for training, the prefix alone at
     inference, through the same trainer and chat layer as chat-template models."""
     from PIL import Image
-    from lib.agents import AgentRecipe, _load_base, agent_chat, build_agent_data, encode_example, run_agent, train_agent
-    from lib.chat import ResponseCache
+    from lib.sei.agents import AgentRecipe, _load_base, agent_chat, build_agent_data, encode_example, run_agent, train_agent
+    from lib.models.chat import ResponseCache
     _, proc, _ = _load_base(str(tiny_paligemma), "float32")
     assert not getattr(proc, "chat_template", None)
     enc = encode_example(proc, Image.new("RGB", (32, 32)), "explain why", "it calls them vermin", 256)
@@ -372,7 +373,7 @@ def test_prefix_models_train_and_answer_without_a_chat_template(tiny_paligemma, 
     assert enc["labels"][:16] == [-100] * 16                       # image and prefix tokens carry no loss
     # a max_len shorter than the image tokens is refused with the length to set (it used to cut them,
     # and the first training batch failed with "image features and image tokens do not match")
-    from lib.agents import image_token_id
+    from lib.sei.agents import image_token_id
     n_img = enc["input_ids"].count(image_token_id(proc))
     assert n_img > 0
     with pytest.raises(ValueError, match=f"{n_img} image tokens"):
@@ -393,15 +394,15 @@ def test_prefix_models_train_and_answer_without_a_chat_template(tiny_paligemma, 
     with pytest.raises(ValueError, match="single user turn"):
         chat.backend.complete_batch([[{"role": "system", "content": [{"type": "text", "text": "x"}]},
                                       {"role": "user", "content": [{"type": "text", "text": "y"}]}]],
-                                    __import__("lib.chat", fromlist=["GenParams"]).GenParams(max_new_tokens=2))
+                                    __import__("lib.models.chat", fromlist=["GenParams"]).GenParams(max_new_tokens=2))
 
 
 def test_training_twice_in_one_process_with_two_precisions_and_then_trace(tiny_agent_base, tmp_path):
     """accelerate keeps one state per process and refuses a second Accelerator with another mixed precision;
     every run here starts from a fresh one (a kernel trains agents in bf16 and fp32, then TRACE)."""
     from accelerate import Accelerator
-    from lib.agents import AgentRecipe, build_agent_data, train_agent
-    from lib.presets import new_accelerator
+    from lib.sei.agents import AgentRecipe, build_agent_data, train_agent
+    from lib.compendium.presets import new_accelerator
     data = build_agent_data(*_records(tmp_path)[1:], _records(tmp_path)[0])
     tpl = "The meme is {label}. Explain why. Its text: {ocr}"
     for k, mp in enumerate(("no", "bf16", "no")):
@@ -420,7 +421,7 @@ def test_an_answer_cut_away_entirely_is_an_error_or_dropped_and_counted(tiny_pal
     """A max_len that leaves an example no answer token used to give a NaN loss (a batch of only such
     examples) without an error."""
     from PIL import Image
-    from lib.agents import AgentDataError, AgentRecipe, _load_base, build_agent_data, encode_example, train_agent
+    from lib.sei.agents import AgentDataError, AgentRecipe, _load_base, build_agent_data, encode_example, train_agent
     memes, cap, hat, sense = _records(tmp_path)
     for m in memes[:2]:
         m.text = f"{m.text} " + "a long text that fills the prompt " * 3     # memes 0 and 1: long prompts
@@ -446,8 +447,8 @@ def test_an_answer_cut_away_entirely_is_an_error_or_dropped_and_counted(tiny_pal
 
 def test_a_non_finite_loss_stops_training_naming_the_step_and_memes(tiny_agent_base, tmp_path):
     import torch
-    from lib.agents import AgentRecipe, _load_base, build_agent_data, train_agent
-    from lib.memeworld_vlm import save_model
+    from lib.sei.agents import AgentRecipe, _load_base, build_agent_data, train_agent
+    from lib.models.memeworld_vlm import save_model
     model, proc, _ = _load_base(str(tiny_agent_base), "float32")
     with torch.no_grad():
         next(model.parameters()).fill_(float("nan"))
@@ -462,7 +463,7 @@ def test_a_non_finite_loss_stops_training_naming_the_step_and_memes(tiny_agent_b
 
 
 def test_gradient_checkpointing_gives_the_same_training_and_the_same_agent_key(tiny_paligemma, tmp_path):
-    from lib.agents import AgentRecipe, build_agent_data, train_agent
+    from lib.sei.agents import AgentRecipe, build_agent_data, train_agent
     data = build_agent_data(*_records(tmp_path)[1:], _records(tmp_path)[0])
     recipe = AgentRecipe(base=str(tiny_paligemma), epochs=1, lr=1e-3, batch_size=4, threads=1)
     plain = train_agent(data["explainer"], tmp_path / "plain", recipe, "explain {label} {ocr}", progress=False)
@@ -476,7 +477,7 @@ def test_gradient_checkpointing_gives_the_same_training_and_the_same_agent_key(t
 def test_fused_attention_trains_like_eager_attention_under_the_same_agent_key(tiny_paligemma, tmp_path):
     """attn_implementation (SDPA by default: no s x s score matrix per head) is the same function as eager
     attention: the same key, the same loss to float tolerance; the record names the one that ran."""
-    from lib.agents import AgentRecipe, build_agent_data, train_agent
+    from lib.sei.agents import AgentRecipe, build_agent_data, train_agent
     data = build_agent_data(*_records(tmp_path)[1:], _records(tmp_path)[0])
     recipe = AgentRecipe(base=str(tiny_paligemma), epochs=1, lr=1e-3, batch_size=4, threads=1)
     assert recipe.attn_implementation == "sdpa"
@@ -490,8 +491,8 @@ def test_fused_attention_trains_like_eager_attention_under_the_same_agent_key(ti
 
 def test_on_a_gpu_a_recipe_that_cannot_fit_is_refused_before_training(tiny_agent_base, tmp_path, monkeypatch):
     """The memory check runs before anything reaches the GPU (its free-memory query is mocked here)."""
-    import lib.agents as agents
-    from lib.train_memory import RecipeMemoryError
+    import lib.sei.agents as agents
+    from lib.models.train_memory import RecipeMemoryError
     monkeypatch.setattr(agents, "default_device", lambda: "cuda")
     monkeypatch.setattr(agents, "gpu_free_bytes", lambda: 1024.0)
     data = agents.build_agent_data(*_records(tmp_path)[1:], _records(tmp_path)[0])
@@ -507,7 +508,7 @@ def test_the_answer_only_loss_equals_the_models_loss_from_fewer_logits(base, req
     """answer_logits_only: the loss and its gradients from the answer span's logits equal the model's own."""
     import torch
     from PIL import Image
-    from lib.agents import _collate, _load_base, answer_loss, encode_example
+    from lib.sei.agents import _collate, _load_base, answer_loss, encode_example
     model, proc, _ = _load_base(str(request.getfixturevalue(base)), "float32")
     prompts = ["explain why", "explain why the meme is hateful and who it names", "why"]
     answers = ["it calls them vermin", "a", "the meme is hateful because it calls them vermin"]
@@ -540,9 +541,9 @@ def test_the_answer_only_loss_equals_the_models_loss_from_fewer_logits(base, req
 
 def test_mami_records_join_the_same_memes(memeworld_small):
     """MemeWorld's MAMI copy names memes by file ('01234.png'): they join FHM's ids."""
-    from lib.data_prep import load_all
-    from lib.datasets import memeworld_sources
-    from lib.sei_report import to_memes
+    from lib.data.prep import load_all
+    from lib.data.datasets import memeworld_sources
+    from lib.sei.report import to_memes
     out, _ = memeworld_small
     ds = load_all({k: v for k, v in memeworld_sources(out).items() if k in ("fhm", "mami")})
     fhm = {m.id: m for m in to_memes(ds["fhm"].records)}
@@ -551,7 +552,7 @@ def test_mami_records_join_the_same_memes(memeworld_small):
 
 
 def test_table2_layout_and_paper_rows():
-    from lib.sei_report import paper_row, table2_frame
+    from lib.sei.report import paper_row, table2_frame
     keys = [("vllm-internvl3.5-8b", "fhm", "siglip-so400m/4"), ("vllm-internvl3.5-8b", "mami", "siglip-so400m/4"),
             ("vllm-internvl3.5-8b", "fhm", "zero_shot")]
     key = lambda m, d, n: f"{m} · {d} · {n}"
@@ -570,7 +571,7 @@ def test_table2_layout_and_paper_rows():
 
 
 def test_the_main_setting_is_the_first_retriever_at_four_shots():
-    from lib.sei_report import main_setting_name
+    from lib.sei.report import main_setting_name
     assert main_setting_name(["clip", "siglip"], [2, 4, 8]) == "clip/4"
     assert main_setting_name(["clip"], [2, 8]) == "clip/8"
 
@@ -580,7 +581,7 @@ def test_memeworld_definition_carries_the_world_a_moderator_knows():
     draws, the hate gang and the pictures' meanings; the real datasets' definitions name none."""
     import yaml
     from lib import ROOT
-    from lib.memeworld import GANG, GROUPS
+    from lib.data.memeworld import GANG, GROUPS
     defs = yaml.safe_load((ROOT / "params/prompts/sei/definitions.yaml").read_text())
     text = " ".join(defs["memeworld"].values())
     for plural, _, _, symbol in GROUPS.values():
@@ -592,6 +593,6 @@ def test_memeworld_definition_carries_the_world_a_moderator_knows():
 def test_an_accuracy_interval_counts_every_meme_evaluated():
     """A setting whose answers mostly did not parse is scored over all its memes (unparseable =
     wrong), so its interval is over all of them too, not over the few that parsed."""
-    from lib.sei_report import evaluated
+    from lib.sei.report import evaluated
     assert evaluated({"n": 5, "n_ok": 5, "n_unparseable": 19, "n_refused": 0}) == 24
     assert evaluated({"n": 7}) == 7

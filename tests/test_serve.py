@@ -13,9 +13,9 @@ import jsonschema
 import pytest
 
 from lib import ROOT
-from lib.chat import Chat, GenParams, OpenAICompatibleBackend, ResponseCache, load_backend, load_chat, user
-from lib.presets import get_preset
-from lib.serve import find_running, port_open, serve, server_answers
+from lib.models.chat import Chat, GenParams, OpenAICompatibleBackend, ResponseCache, load_backend, load_chat, user
+from lib.compendium.presets import get_preset
+from lib.models.serve import find_running, port_open, serve, server_answers
 
 PRESET = "smollm2-135m-instruct"
 LABEL_SCHEMA = json.loads((ROOT / "params" / "schemas" / "few_shot_label.json").read_text())
@@ -165,7 +165,7 @@ def test_the_context_manager_leaves_no_process_and_no_port(tmp_path):
 
 
 def test_a_killed_parent_leaves_no_orphan_server(tmp_path):
-    code = ("import sys, time; from lib.serve import serve\n"
+    code = ("import sys, time; from lib.models.serve import serve\n"
             "with serve('smollm2-135m-instruct', reuse=False, n_parallel=1) as s:\n"
             "    print(s.pid, s.base_url, flush=True); time.sleep(600)\n")
     parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -188,7 +188,7 @@ def test_a_second_start_reuses_the_running_server(served):
         assert again.base_url == served.base_url and not again.owned
     assert server_answers(served.base_url)                    # leaving the inner block did not stop it
     # another process finds it through the state file
-    out = subprocess.run([sys.executable, "-c", "from lib.serve import find_running; "
+    out = subprocess.run([sys.executable, "-c", "from lib.models.serve import find_running; "
                           f"s = find_running('{PRESET}'); print(s.base_url if s else None)"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == served.base_url
@@ -196,9 +196,9 @@ def test_a_second_start_reuses_the_running_server(served):
 
 
 def test_standalone_command_serves_until_interrupted(tmp_path):
-    from lib.serve import free_port
+    from lib.models.serve import free_port
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "lib.serve", "--preset", PRESET, "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "lib.models.serve", "--preset", PRESET, "--port", str(port),
                              "--n-parallel", "1"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True)
     try:
@@ -243,8 +243,8 @@ def test_serve_never_hands_back_another_processs_server_as_its_own(monkeypatch, 
     """serve(port=P, reuse=False) with another process answering on P: an error naming the port,
     before anything starts (race=False); or, when the port looked free and was taken before the
     server bound it (race=True), an error once the started server exits, never the other one."""
-    from lib import serve as serve_mod
-    from lib.serve import ServeError, alias
+    from lib.models import serve as serve_mod
+    from lib.models.serve import ServeError, alias
     impostor = _Impostor(alias(get_preset("chat", PRESET)))
     try:
         if race:

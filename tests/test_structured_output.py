@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from lib.chat import (CaptionedBackend, Chat, ChatResult, GenParams, OpenAICompatibleBackend, ResponseCache,
+from lib.models.chat import (CaptionedBackend, Chat, ChatResult, GenParams, OpenAICompatibleBackend, ResponseCache,
                       extract_json, image_bytes, parse_structured, prompt_template, user)
-from lib.presets import PresetError
+from lib.compendium.presets import PresetError
 
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string", "enum": ["hateful", "non-hateful"]},
                                             "explanation": {"type": "string"}},
@@ -100,7 +100,7 @@ def test_extract_json_finds_the_object_in_prose_and_fences():
 
 
 def test_gen_params_validate_and_key_the_schema():
-    from lib.chat import cache_key
+    from lib.models.chat import cache_key
     with pytest.raises(ValueError, match="not both"):
         GenParams(json_schema=SCHEMA, choices=("a",))
     with pytest.raises(ValueError, match="JSON Schema object"):

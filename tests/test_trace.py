@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 import torch
 
-from lib.datasets import MemeRecord
-from lib.encoders import load_encoder
-from lib.metrics import best_threshold, mcnemar, metrics_at
-from lib.trace import (CLIPClassifier, FeatureCache, MemeBatchData, TrainConfig, Trainer, batch_features, focal_bce,
-                       gumbel_tau, trace_loss)
+from lib.data.datasets import MemeRecord
+from lib.models.encoders import load_encoder
+from lib.evaluation.metrics import best_threshold, mcnemar, metrics_at
+from lib.trace.model import CLIPClassifier, TrainConfig, focal_bce, gumbel_tau, trace_loss
+from lib.trace.training import Trainer
+from lib.trace.features import FeatureCache, MemeBatchData, batch_features
 
 
 def _cached_equals_uncached(enc, data, rows, cache):
@@ -136,8 +137,8 @@ def test_other_backbones_train_cached_with_the_same_features(arch, tiny, tmp_pat
     """CLIP-(XLM-)RoBERTa (open_clip HF tower), native open_clip and SigLIP2 go through the same
     cache and trainer: cached batch features equal the full backbone's, one epoch trains."""
     from test_encoders import _hf_siglip2, _open_clip_hf_text, _open_clip_native
-    from lib.embedded_models import build_clip_tokenizer
-    from lib.trace import lora_targets
+    from lib.models.embedded import build_clip_tokenizer
+    from lib.trace.model import lora_targets
     _, data = tiny
     enc = {"open_clip_hf_text": lambda: _open_clip_hf_text(tmp_path)[0], "open_clip": lambda: _open_clip_native()[0],
            "hf_siglip2": lambda: _hf_siglip2(build_clip_tokenizer())[0]}[arch]()
@@ -199,7 +200,7 @@ def test_importing_trace_fixes_the_cublas_workspace_for_deterministic_gpu_runs()
     import os
     import subprocess
     import sys
-    code = "import os, lib.trace; print(os.environ['CUBLAS_WORKSPACE_CONFIG'])"
+    code = "import os, lib.trace.model; print(os.environ['CUBLAS_WORKSPACE_CONFIG'])"
     env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ":4096:8"
@@ -209,8 +210,8 @@ def test_importing_trace_fixes_the_cublas_workspace_for_deterministic_gpu_runs()
 
 
 def test_run_config_layers_section_recipe_and_overrides():
-    from lib.trace import MULTIOFF_RECIPE
-    from lib.trace_report import run_config
+    from lib.trace.model import MULTIOFF_RECIPE
+    from lib.trace.report import run_config
     section = {"backbones": ["a", "b"], "recipes": {"b": {"weight_decay": 0.05, "unfreeze_text_layers": [-2, -5]}},
                "multioff": {"backbone": "c", "epochs": 3}, "lr": 0.5, "unfreeze_text_layers": [-1], "device": None}
     bb, cfg = run_config(section)
@@ -233,7 +234,7 @@ def test_load_trace_data_reads_notebook_01s_absolute_image_paths(tmp_path):
     absolute paths in a dataset file) must not reject the compendium's own artifact."""
     import json
     from PIL import Image
-    from lib.trace_report import load_trace_data
+    from lib.trace.report import load_trace_data
     rows = []
     for i, split in enumerate(["train", "dev_seen", "test_seen"]):
         p = tmp_path / "img" / f"{i}.png"
@@ -333,14 +334,14 @@ def test_official_threshold_is_the_best_f1_point_of_the_pr_curve():
     """probs [0.1, 0.4, 0.35, 0.8], labels [0, 0, 1, 1]: the PR curve's points at 0.1 / 0.35 / 0.4 / 0.8
     have F1 0.667 / 0.8 / 0.5 / 0.667, so the official threshold is 0.35 (best accuracy would tie
     0.35, 0.5 and 0.8 and pick the lowest candidate)."""
-    from lib.metrics import pr_best_f1_threshold
+    from lib.evaluation.metrics import pr_best_f1_threshold
     p, y = np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1])
     assert pr_best_f1_threshold(p, y) == pytest.approx(0.35)
     assert metrics_at(p, y, 0.35)["accuracy"] == 0.75
 
 
 def test_train_config_carries_the_method_and_official_optimiser(tiny):
-    from lib.trace_report import run_config
+    from lib.trace.report import run_config
     enc, data = tiny
     cfg = TrainConfig(hidden=16, epochs=1, batch_size=4)
     assert cfg.weight_decay == 0.01 and cfg.min_lr == 1e-7 and cfg.scorer_input == "caption"
@@ -376,7 +377,7 @@ def test_open_clip_heads_read_projected_features_without_final_dropout(tmp_path)
 def test_unimodal_baselines_see_only_their_modality():
     """text-only: the meme text only (no caption, no image); caption-only: the captions, no meme text
     and no image; image-only: no text at all. Changing what a baseline must not see changes nothing."""
-    from lib.trace import allowed_columns
+    from lib.trace.model import allowed_columns
     cols = ["text", "vlm_caption", "tag_caption"]
     assert allowed_columns(cols, "text") == [True, False, False]
     assert allowed_columns(cols, "caption") == [False, True, True]
@@ -412,7 +413,7 @@ def test_unimodal_baselines_see_only_their_modality():
 def test_a_killed_run_resumes_to_the_same_metrics(tiny, tmp_path):
     """A run killed after epoch 2 of 4 resumes from its checkpoint and ends with exactly the metrics,
     curve and predictions of an uninterrupted run; a finished run is read back, not retrained."""
-    from lib.trace_report import run_variant
+    from lib.trace.report import run_variant
     enc0, data = tiny
     model = enc0.preset.model
     cfg = TrainConfig(hidden=16, epochs=4, batch_size=4, lr=1e-2, patience=10, loss_config="all")
@@ -438,7 +439,7 @@ def test_a_killed_run_resumes_to_the_same_metrics(tiny, tmp_path):
     assert again["trained"] is False and again["eval"]["splits"] == full["eval"]["splits"]
     # a finished run scores memes it never saw (notebook 06's injected copies) with the restored weights:
     # on its own test memes it gives back the probabilities it wrote
-    from lib.trace_report import load_trained
+    from lib.trace.report import load_trained
     trainer, thr = load_trained(tmp_path / "full", data, make)
     rows = np.array([data.ids.index(p["id"]) for p in full["eval"]["predictions"]])
     probs, _ = trainer.predict(rows)
@@ -453,7 +454,7 @@ def test_a_killed_run_resumes_to_the_same_metrics(tiny, tmp_path):
 
 
 def test_quick_look_subsample_keeps_every_split_and_remaps_captions(tmp_path):
-    from lib.trace_report import subsample
+    from lib.trace.report import subsample
     recs = [MemeRecord(str(i), tmp_path / f"{i}.png", f"text {i}", i % 2, ["train", "dev_seen", "test_seen"][i % 3],
                        captions={"vlm_caption": f"cap {i % 5}"} if i % 4 else {}) for i in range(120)]
     data = MemeBatchData.from_records(recs, ["vlm_caption"])
@@ -475,7 +476,7 @@ def test_parallel_runs_match_a_sequential_run_and_are_collected(tiny_clip_dir, t
     import json
     import time
     from PIL import Image
-    from lib.trace_report import run_variant, run_variants
+    from lib.trace.report import run_variant, run_variants
     rng = np.random.default_rng(1)
     rows = []
     for i in range(30):
@@ -489,7 +490,7 @@ def test_parallel_runs_match_a_sequential_run_and_are_collected(tiny_clip_dir, t
             for s in (1, 2)]
     par = run_variants(jobs, src, ["vlm_caption"], workers=2, progress=False)
     assert [r["trained"] for r in par] == [False, False]          # trained by the workers, collected here
-    from lib.trace_report import load_trace_data
+    from lib.trace.report import load_trace_data
     data = load_trace_data(src, ["vlm_caption"])
     make = lambda: load_encoder(tiny_clip_dir, device="cpu")       # noqa: E731
     cache = lambda e: FeatureCache(e, data, lowest_unfrozen=2, progress=False)   # noqa: E731
@@ -517,8 +518,8 @@ def test_a_crafted_or_corrupt_checkpoint_is_refused_naming_the_file(tiny, tmp_pa
     """Checkpoints load with torch's weights_only loader: a file that would run code is refused
     without running it, and a corrupt one is an error that names it and says how to resume."""
     import torch
-    from lib.trace import CheckpointError
-    from lib.trace_report import run_variant
+    from lib.trace.training import CheckpointError
+    from lib.trace.report import run_variant
     enc0, data = tiny
     model = enc0.preset.model
     cfg = TrainConfig(hidden=16, epochs=2, batch_size=4, lr=1e-2, patience=10, loss_config="all")
@@ -547,7 +548,7 @@ def test_a_crafted_or_corrupt_checkpoint_is_refused_naming_the_file(tiny, tmp_pa
 
 def test_a_checkpoint_holds_only_tensors_and_plain_values(tiny, tmp_path):
     import torch
-    from lib.trace_report import run_variant
+    from lib.trace.report import run_variant
     enc0, data = tiny
     cfg = TrainConfig(hidden=16, epochs=2, batch_size=4, lr=1e-2, patience=10, loss_config="all")
     run_variant(tmp_path / "run", data, "tiny", cfg, lambda: load_encoder(enc0.preset.model, device="cpu"), None,
@@ -557,7 +558,7 @@ def test_a_checkpoint_holds_only_tensors_and_plain_values(tiny, tmp_path):
 
 
 def test_ablation_variants_name_every_run_and_its_folder_tag():
-    from lib.trace_report import ablation_variants, predictions_file
+    from lib.trace.report import ablation_variants, predictions_file
     v = ablation_variants(["cls+rel", "all"], ["text"], {"cls+con (cos/0.07)": {"loss_config": "cls+con"}},
                           ["enc-a", "enc-b"])
     assert list(v) == ["cls+rel", "all", "text_only", "cls+con (cos/0.07)", "cls+rel@enc-b"]
@@ -575,8 +576,8 @@ def test_seed_replicates_and_the_caption_benefit_test():
     caption benefit pairs the default with the no-caption run on the same memes and seeds."""
     from pathlib import Path
     import pandas as pd
-    from lib.trace import TrainConfig
-    from lib.trace_report import ablation_variants, caption_benefit, seed_replicates
+    from lib.trace.model import TrainConfig
+    from lib.trace.report import ablation_variants, caption_benefit, seed_replicates
 
     class Stage:
         def job(self, backbone, over, tag):
@@ -610,7 +611,7 @@ def test_a_runs_caption_columns_come_from_the_run(tmp_path):
     """Notebook 06 loads the captions a run was trained with, so the real TRACE JSON's column names
     (ivl_8b_new_caption, gemini_caption) work as MemeWorld's do."""
     import json
-    from lib.trace_report import run_caption_columns
+    from lib.trace.report import run_caption_columns
     (tmp_path / "result.json").write_text(json.dumps({"selected_share": {
         "test_seen": {"text": 0.2, "ivl_8b_new_caption": 0.5, "gemini_caption": 0.3}}}))
     assert run_caption_columns(tmp_path) == ["ivl_8b_new_caption", "gemini_caption"]
@@ -621,7 +622,7 @@ def test_a_runs_caption_columns_come_from_the_run(tmp_path):
 def test_one_backbones_feature_cache_in_memory_at_a_time(tiny):
     """Runs are grouped by backbone and a cache of another backbone is dropped before the next is
     built: the paper profile's three backbones would otherwise hold their caches' sum of host memory."""
-    from lib.trace_report import by_backbone, shared_cache
+    from lib.trace.report import by_backbone, shared_cache
     assert by_backbone(["l14", "xlmr", "l14", "siglip", "xlmr"]) == [0, 2, 1, 4, 3]
     assert by_backbone([]) == []
     enc, data = tiny

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from lib.train_memory import GIB, RecipeMemoryError, check_fits, settings_that_fit, shape_of, step_bytes
+from lib.models.train_memory import GIB, RecipeMemoryError, check_fits, settings_that_fit, shape_of, step_bytes
 
-#: peak GiB measured through lib.agents.train_agent on one H100 80GB (results/gpu/h100_agent_recipe.json)
+#: peak GiB measured through lib.sei.agents.train_agent on one H100 80GB (results/gpu/h100_agent_recipe.json)
 RECORD = json.loads((Path(__file__).resolve().parents[1] / "results" / "gpu" / "h100_agent_recipe.json").read_text())
 MEASURED = {(r["batch_size"], r["gradient_checkpointing"]): r["peak_gib"] for r in RECORD["runs"] if r["peak_gib"]}
 H100_FREE = 79.2 * GIB                      # what torch reports free on an idle H100 80GB
@@ -21,7 +21,7 @@ def paligemma_3b():
     the meta device: the real parameter count without allocating a byte."""
     import torch
     from transformers import PaliGemmaForConditionalGeneration
-    from lib.smoke_models import paligemma_config
+    from lib.models.smoke import paligemma_config
     with torch.device("meta"):
         model = PaliGemmaForConditionalGeneration(paligemma_config()).to(torch.bfloat16)
     # the measured run used eager attention: its 71.8 GiB in use at the first forward (no Adam state yet) are
@@ -67,22 +67,22 @@ def test_a_recipe_that_cannot_fit_is_refused_naming_settings_that_do(paligemma_3
 
 
 def test_the_paper_profiles_recipe_fits_one_80gb_gpu(paligemma_3b):
-    from lib.agents import AgentRecipe
-    from lib.params import load_profile
+    from lib.sei.agents import AgentRecipe
+    from lib.compendium.params import load_profile
     rec = AgentRecipe(**load_profile("paper")["04_few_shot"]["agent_recipe"])
     assert rec.gradient_checkpointing and rec.batch_size == 8 and rec.max_len == 1536
     check_fits(paligemma_3b, rec.batch_size, rec.grad_accum, rec.max_len, H100_FREE, rec.gradient_checkpointing)
 
 
 def test_the_cost_tables_shape_is_the_one_read_from_the_configuration(paligemma_3b):
-    from lib.costs import PALIGEMMA_TRAINING
+    from lib.compendium.costs import PALIGEMMA_TRAINING
     assert paligemma_3b.params == pytest.approx(PALIGEMMA_TRAINING.params, rel=0.01)
     assert replace(paligemma_3b, params=0) == replace(PALIGEMMA_TRAINING, params=0)
 
 
 def test_the_measurement_runs_at_toy_shape_and_reports_every_setting(tmp_path):
-    """`python -m lib.costs --measure --toy`: the GPU measurement's code on the CPU at a tiny shape."""
-    from lib import measure
+    """`python -m lib.compendium.costs --measure --toy`: the GPU measurement's code on the CPU at a tiny shape."""
+    from lib.compendium import measure
     path = measure.measure(toy=True, out_dir=tmp_path, batch_sizes=(2,), checkpointing=(False, True), work=tmp_path / "w")
     rec = json.loads(path.read_text())["agent_training"]
     assert rec["device"] == "CPU (toy shape)" and rec["parameters"] > 0 and rec["matmul_tflops"] > 0
@@ -111,7 +111,7 @@ def test_the_measurement_runs_at_toy_shape_and_reports_every_setting(tmp_path):
 
 def test_the_full_shape_clip_stand_ins_have_the_checkpoints_shapes(tmp_path):
     from transformers import CLIPConfig
-    from lib.smoke_models import CLIP_SHAPES, clip_full_shape
+    from lib.models.smoke import CLIP_SHAPES, clip_full_shape
     with pytest.raises(ValueError, match="unknown shape 'G/99'"):
         clip_full_shape(tmp_path / "x", "G/99")
     cfg = CLIPConfig.from_pretrained(clip_full_shape(tmp_path / "b32", "B/32"))

@@ -1,0 +1,351 @@
+"""Notebook 05's runs, tables and figures: one ARCADE variant per call, saved as the official code
+saves a run (per-sample results + report.txt) plus both evaluator views and the cost summary.
+
+    run = run_variant(chat, samples, cfg, out_dir, "arcade", model="smollm2")
+    summary_frame({"arcade": run, ...})        # official and corrected views side by side
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from lib.compendium.artifacts import write_json, write_text
+from lib.arcade.court import (DIFFICULTY, LABELS, TYPES, CallTrace, Court, CourtConfig, SampleResult, balanced_sample,
+                        cost_summary, evaluate, report_text)
+from lib.evaluation.metrics import claim_metric_keys, claim_row, claim_tests, cold_run_metric_keys, interval_keys, paired_accuracy_test
+
+
+def run_variant(chat, samples: Sequence[Any], cfg: CourtConfig, out_dir: Path, name: str, model: str,
+                progress: bool = True) -> dict[str, Any]:
+    """Run one court configuration over the samples; write results_<name>.jsonl, report_<name>.txt
+    (official layout) and eval_<name>.json (both views, cost); return them with the results."""
+    before = chat.stats.requests
+    t0 = time.perf_counter()
+    results = Court(chat, cfg).run_many(samples, progress=progress, desc=name)
+    run = {"name": name, "config": asdict(cfg), "results": results, "calls_made": chat.stats.requests - before,
+           "wall_s": time.perf_counter() - t0,
+           "official": evaluate(results, cfg.class_mode, "official"),
+           "corrected": evaluate(results, cfg.class_mode, "corrected"),
+           "cost": cost_summary(results, cfg.rounds)}
+    out_dir = Path(out_dir)
+    write_text(out_dir / f"results_{name}.jsonl",
+               "".join(json.dumps(r.to_json(), ensure_ascii=False, default=str) + "\n" for r in results))
+    write_text(out_dir / f"report_{name}.txt",
+               report_text(results, cfg.class_mode, "ARCADE" if cfg.run_mode == "arcade" else "none", model))
+    write_json(out_dir / f"eval_{name}.json", {k: run[k] for k in ("name", "config", "official", "corrected", "cost",
+                                                                   "calls_made", "wall_s")})
+    return run
+
+
+def summary_frame(runs: dict[str, dict[str, Any]]):
+    """One row per variant and view: n, refused, accuracy overall / by difficulty, F1s."""
+    import pandas as pd
+    rows = []
+    for name, run in runs.items():
+        for view in ("official", "corrected"):
+            ev = run[view]
+            rows.append({"variant": name, "view": view, "n": ev["n"], "refused": ev["n_refused"],
+                         "acc": ev["acc"], "easy": ev["acc_easy"], "normal": ev["acc_normal"], "hard": ev["acc_hard"],
+                         "normal+hard": ev["acc_normal_hard"], "binary_acc": ev.get("binary_acc"),
+                         "macro_f1": ev.get("macro_f1"), "weighted_f1": ev.get("weighted_f1")})
+    return pd.DataFrame(rows).round(3)
+
+
+def type_frame(runs: dict[str, dict[str, Any]], view: str = "corrected"):
+    """Accuracy per SMI interaction type (rows) and variant (columns), with n."""
+    import pandas as pd
+    first = next(iter(runs.values()))[view]
+    data = {"difficulty": [DIFFICULTY[t] for t in TYPES], "n": [first[f"n_type_{t}"] for t in TYPES]}
+    for name, run in runs.items():
+        data[name] = [run[view][f"acc_type_{t}"] for t in TYPES]
+    return pd.DataFrame(data, index=list(TYPES)).round(3)
+
+
+def cost_frame(runs: dict[str, dict[str, Any]]):
+    import pandas as pd
+    rows = []
+    for name, run in runs.items():
+        c = run["cost"]
+        rows.append({"variant": name, "calls/sample": c["calls_per_sample"], "tokens/sample": c["tokens_per_sample"],
+                     "track I share": c["share_track1"], "track II share": c["share_track2"],
+                     "dismissal share": c["share_dismissal"], "error share": c["share_error"],
+                     "calls/sample track I": c["calls_per_sample_track1"],
+                     "calls/sample track II": c["calls_per_sample_track2"],
+                     "calls saved vs all track II": c["gate_call_saving"]})
+    return pd.DataFrame(rows).round(3)
+
+
+def prediction_frame(runs: dict[str, dict[str, Any]], samples_gt: Sequence[int]):
+    """How often each label is predicted per variant, beside the ground truth's distribution."""
+    import pandas as pd
+    cols = {"ground truth": Counter(samples_gt)}
+    for name, run in runs.items():
+        cols[name] = Counter(r.label for r in run["results"])
+    idx = [-1] + list(LABELS)
+    df = pd.DataFrame({k: [v.get(i, 0) for i in idx] for k, v in cols.items()},
+                      index=["-1 (no verdict)"] + [f"{i} {LABELS[i]}" for i in LABELS])
+    return df
+
+
+def plot_accuracy(runs: dict[str, dict[str, Any]], view: str = "corrected", chance: float | None = None):
+    """Accuracy by difficulty (left) and by interaction type (right), one bar per variant, n under the ticks."""
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [1, 2]})
+    names = [n for n in runs if not is_repeat(n, runs)]       # seed repeats and cold runs: tables of their own
+    width = 0.8 / len(names)
+    first = runs[names[0]][view]
+    groups = [("Easy", "easy"), ("Normal", "normal"), ("Hard", "hard"), ("All", None)]
+    for k, name in enumerate(names):
+        ev = runs[name][view]
+        vals = [ev[f"acc_{g}"] if g else ev["acc"] for _, g in groups]
+        axes[0].bar(np.arange(4) + k * width - 0.4 + width / 2, np.nan_to_num(vals), width, label=name)
+        tv = [ev[f"acc_type_{t}"] for t in TYPES]
+        axes[1].bar(np.arange(len(TYPES)) + k * width - 0.4 + width / 2, np.nan_to_num(tv), width, label=name)
+    axes[0].set_xticks(range(4), [f"{g}\nn={first[f'n_{k}'] if k else first['n']}" for g, k in groups])
+    axes[1].set_xticks(range(len(TYPES)), [f"{t}\n{DIFFICULTY[t]}\nn={first[f'n_type_{t}']}" for t in TYPES])
+    for ax in axes:
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel(f"accuracy ({view} view)")
+        if chance is not None:
+            ax.axhline(chance, color="grey", ls="--", lw=1)
+    axes[0].set_title("by difficulty", fontsize=11)
+    axes[1].set_title("by SMI interaction type (text, image, final)", fontsize=11)
+    axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def plot_cost(runs: dict[str, dict[str, Any]]):
+    """Where samples go (route shares) and what each route costs (calls per sample)."""
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
+    names = [n for n, r in runs.items() if r["config"]["run_mode"] == "arcade" and not is_repeat(n, runs)]
+    routes = ["track1", "track2", "dismissal", "error"]
+    left = np.zeros(len(names))
+    for route in routes:
+        vals = np.array([runs[n]["cost"][f"share_{route}"] for n in names])
+        axes[0].barh(names, vals, left=left, label=route)
+        left += vals
+    axes[0].set_xlim(0, 1)
+    axes[0].set_xlabel("share of samples")
+    axes[0].set_title("route taken after the rapid scan", fontsize=11)
+    axes[0].legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.25), frameon=False)
+    allnames = list(runs)
+    width = 0.27
+    x = np.arange(len(allnames))
+    for k, (key, label) in enumerate((("calls_per_sample", "all samples"), ("calls_per_sample_track1", "track I samples"),
+                                      ("calls_per_sample_track2", "track II samples"))):
+        axes[1].bar(x + (k - 1) * width, [runs[n]["cost"][key] for n in allnames], width, label=label)
+    full = next(iter(runs.values()))["cost"]["calls_all_track2"]
+    axes[1].axhline(full, color="grey", ls="--", lw=1, label="no gate: every sample through track II")
+    axes[1].set_xticks(x, allnames, rotation=15, fontsize=8)
+    axes[1].set_ylabel("calls per sample")
+    axes[1].set_ylim(0, full * 1.15)
+    axes[1].set_title("cost", fontsize=11)
+    axes[1].legend(fontsize=8, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.3), frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def results_from_jsonl(path: Path) -> list[SampleResult]:
+    """Read a results_<name>.jsonl back (notebook 07 redraws figures from artifacts alone)."""
+    out = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        d = json.loads(line)
+        d["calls"] = [CallTrace(**c) for c in d["calls"]]
+        out.append(SampleResult(**d))
+    return out
+
+
+def court_config(section: dict[str, Any], variant: str) -> CourtConfig:
+    """The CourtConfig of one of notebook 05's variants from the profile's `05_debate` section
+    (the base settings, then the variant's overrides; a variant's `samples` and `types` choose its posts
+    and are not court settings)."""
+    if variant not in section["variants"]:
+        raise KeyError(f"no debate variant {variant!r}; the profile's variants: {', '.join(section['variants'])}")
+    base = {k: section[k] for k in ("class_mode", "rounds", "temperatures", "max_new_tokens", "prompt_dir",
+                                    "official_prompts_repo", "workers", "seed")}
+    base["world_knowledge"] = section.get("world_knowledge")
+    over = {k: v for k, v in section["variants"][variant].items() if k not in VARIANT_SAMPLE_KEYS}
+    return CourtConfig(**{**base, **over})
+
+
+#: a variant's keys that choose its posts rather than configure the court
+VARIANT_SAMPLE_KEYS = ("samples", "types")
+
+
+def variant_posts(variant: dict[str, Any], chosen: Sequence[Any], records_by_id: dict[str, Any],
+                  items: Sequence[tuple[str, str]], samples: int, sample_seed: int) -> list[Any]:
+    """The posts one variant of notebook 05 judges: the main sample, or the official sampler's
+    balanced N (`samples`; with the same seed a smaller N that divides by the types is a subset of
+    the main sample), then only the posts of the interaction types named in `types` (e.g. the
+    emergent-hate type 001 for a Track II ablation), in sample order."""
+    n = variant.get("samples", samples)
+    posts = list(chosen) if n == samples else [records_by_id[i] for i in balanced_sample(items, n, sample_seed)]
+    types = variant.get("types")
+    if types:
+        wanted = {str(t) for t in types}
+        posts = [r for r in posts if str(r.meta["type"]) in wanted]
+        if not posts:
+            raise ValueError(f"variant types={list(types)}: no post of those interaction types among its "
+                             f"{n or 'all'} sampled posts")
+    return posts
+
+
+def stage_metrics(runs: dict[str, dict[str, Any]], majority_acc: float, rerun_calls: int,
+                  claims: "pd.DataFrame | None" = None, spread: "pd.DataFrame | None" = None,
+                  cold: "pd.DataFrame | None" = None) -> dict[str, Any]:
+    """Notebook 05's metrics.json: the main run's (arcade, else the first) corrected accuracies by
+    difficulty and F1, its official-view accuracy, the direct judge's, the majority-class line,
+    the gate's cost figures, the accuracy of every other variant, the seed spread (`spread`) and the
+    cold runs' spread of each claim (`cold`: claim_frame's per-run rows)."""
+    main = runs["arcade"] if "arcade" in runs else next(iter(runs.values()))
+    direct = runs.get("direct")
+    c, o, cost = main["corrected"], main["official"], main["cost"]
+    m: dict[str, Any] = {k: c[k] for k in ("acc", "acc_easy", "acc_normal", "acc_hard", "acc_normal_hard")}
+    m.update({"macro_f1": c.get("macro_f1", float("nan")), "weighted_f1": c.get("weighted_f1", float("nan")),
+              "acc_official": o["acc"], "macro_f1_official": o.get("macro_f1", float("nan")),
+              "direct_acc": direct["corrected"]["acc"] if direct else float("nan"),
+              "direct_acc_official": direct["official"]["acc"] if direct else float("nan"),
+              "majority_acc": majority_acc})
+    m.update(interval_keys("acc", c["acc"], c["n"]))                  # Wilson: n is tens of posts
+    if direct:
+        m.update(interval_keys("direct_acc", direct["corrected"]["acc"], direct["corrected"]["n"]))
+    m.update({k: cost[k] for k in ("calls_per_sample", "calls_per_sample_track1", "calls_per_sample_track2",
+                                   "share_track1", "share_track2", "share_dismissal", "gate_call_saving",
+                                   "tokens_per_sample")})
+    m.update({"n_eval": c["n"], "n_refused": o["n_refused"],
+              "n_unparseable": sum(r.status == "unparseable" for r in main["results"]), "rerun_calls": rerun_calls})
+    for name, run in runs.items():
+        if run is not main:
+            m[f"acc_{name}"] = run["corrected"]["acc"]
+            m[f"n_{name}"] = run["corrected"]["n"]
+    m.update(claim_metric_keys([] if claims is None else claims.to_dict("records")))   # not the gate's row (no test)
+    for row in ([] if spread is None else spread.to_dict("records")):  # seed_spread: accuracy over seeds
+        v = row["variant"]
+        m.update({f"{v}_n_seeds": len(row["seeds"]), f"{v}_seed_mean": row["mean"], f"{v}_seed_sd": row["sd"],
+                  f"{v}_seed_min": row["min"], f"{v}_seed_max": row["max"]})
+    m.update(cold_run_metric_keys([] if cold is None or not len(cold) else cold.to_dict("records")))
+    return m
+
+
+#: the parameters of notebook 05 that rebuild its court (written to its settings.json; notebook 06 reads them)
+SETTINGS_KEYS = ("dataset", "chat_preset", "serve_preset", "variants", "class_mode", "rounds", "temperatures",
+                 "max_new_tokens", "prompt_dir", "official_prompts_repo", "world_knowledge", "workers", "seed")
+
+
+def post_correct(results: Sequence[SampleResult], class_mode: str = "multiclass") -> dict[str, bool]:
+    """Post id -> right or wrong, as `evaluate`'s corrected view counts it (a refused, failed or
+    unreadable verdict is wrong)."""
+    out = {}
+    for r in results:
+        gt, pred = (int(r.gt > 0), int(r.label > 0)) if class_mode == "binary" else (r.gt, r.label)
+        out[r.id] = r.status == "ok" and r.label >= 0 and pred == gt
+    return out
+
+
+paired_test = paired_accuracy_test          # the claim tests' name for it
+
+
+#: notebook 05's claims: (the paper's claim, variant A, variant B, what the comparison isolates); "a|b":
+#: the first of them that ran (a variant run on the emergent-hate posts alone, else the main sample's)
+CLAIMS = (
+    ("debate beats a direct judge", "arcade", "direct",
+     "the court (gate, prosecutor, defender, judge) against one judge call on the same posts"),
+    ("Track II's debate reads emergent hate (type 001)", "track2_transcript", "direct_type001|direct",
+     "every post through Track II against one judge call, on the emergent-hate posts"),
+    ("Track II with the transcript vs blind debaters", "track2_transcript", "track2_blind",
+     "the compendium's debaters see the debate so far; the official code's do not"),
+    ("the gate sends emergent hate to the right track", "arcade_type001|arcade", "track2_transcript",
+     "the gated court against the same posts forced through Track II"),
+    ("the compendium's settings vs the official code's", "arcade", "arcade_official",
+     "structured answers, a stopped trial on a failed debater, the two cost options, against the official code"),
+)
+
+
+def claim_frame(runs: dict[str, dict[str, Any]], class_mode: str = "multiclass",
+                confidence: float = 0.95, spread: bool = False):
+    """One row per claim in CLAIMS whose two variants ran: the paired test on the posts both judged
+    (and, where both variants have cold runs `<variant>_run<k>`, a row pooled over the runs,
+    clustered by post: metrics.claim_tests), then the gate's saving on the arcade run (no test: a
+    count of calls). `spread`: also return the per-run rows (cold_runs.csv)."""
+    import pandas as pd
+    correct = {k: post_correct(v["results"], class_mode) for k, v in runs.items()}
+    truth = {r.id: (int(r.gt > 0) if class_mode == "binary" else r.gt) for v in runs.values() for r in v["results"]}
+    answers = {k: {r.id: (r.label if r.label is not None and r.label >= 0 else None) for r in v["results"]}
+               for k, v in runs.items()}
+    rows, per_run = claim_tests(CLAIMS, correct, truth, confidence, answers)
+    if "arcade" in runs:
+        cost = runs["arcade"]["cost"]
+        rows.append({"claim": "the gate saves calls", "A": "arcade", "B": "every post through Track II",
+                     "n": runs["arcade"]["corrected"]["n"], "A-B": round(cost["gate_call_saving"], 3),
+                     "what it isolates": (f"{cost['calls_per_sample']:.2f} calls per post against "
+                                          f"{cost['calls_all_track2']:.0f} for Track II on every post")})
+    return (pd.DataFrame(rows), pd.DataFrame(per_run)) if spread else pd.DataFrame(rows)
+
+
+def with_cold_runs(variants: dict[str, dict[str, Any]], cold_runs: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """The profile's variants plus cold runs: `cold_runs` {runs: k, variants: [names]} adds
+    `<name>_run1` ... `<name>_run<k-1>` for each named variant, the same settings and posts with
+    `replicate` r (the same requests asked afresh, each run's answers cached apart)."""
+    out = dict(variants)
+    if not cold_runs:
+        return out
+    runs = cold_runs.get("runs")
+    if set(cold_runs) - {"runs", "variants"} or isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        raise ValueError(f"cold_runs: expected {{runs: k >= 1, variants: [names]}}, got {cold_runs!r}")
+    missing = [v for v in cold_runs.get("variants") or [] if v not in variants]
+    if missing:
+        raise ValueError(f"cold_runs.variants names no variant: {missing} (variants: {', '.join(variants)})")
+    for v in cold_runs.get("variants") or []:
+        for r in range(1, runs):
+            if f"{v}_run{r}" in variants:
+                raise ValueError(f"variant {v}_run{r} is both named in the profile and a cold run of {v}")
+            out[f"{v}_run{r}"] = {**variants[v], "replicate": r}
+    return out
+
+
+def _repeat_of(name: str) -> str | None:
+    """`<variant>` for a name `<variant>_seed<k>`, else None."""
+    m = re.fullmatch(r"(.+)_seed\d+", name)
+    return m.group(1) if m else None
+
+
+def is_seed_repeat(name: str, runs: dict[str, Any]) -> bool:
+    """`<variant>_seed<k>` where `<variant>` also ran: a repeat of it at another seed."""
+    return _repeat_of(name) in runs
+
+
+def is_repeat(name: str, runs: dict[str, Any]) -> bool:
+    """A seed repeat (`<variant>_seed<k>`) or a cold run (`<variant>_run<k>`) of a variant that also ran:
+    tables and figures of variants show the variant once (the repeats have their own tables)."""
+    m = re.fullmatch(r"(.+)_run\d+", name)
+    return is_seed_repeat(name, runs) or (m is not None and m.group(1) in runs)
+
+
+def seed_spread(runs: dict[str, dict[str, Any]]) -> "pd.DataFrame":
+    """Variants that repeat another at other seeds (named `<variant>_seed<k>`, same posts): one row
+    per repeated variant with each seed's corrected accuracy, their mean, sd (ddof 1), min and max.
+    The variant itself is its court's own seed."""
+    import pandas as pd
+    rows = []
+    for name, run in runs.items():
+        reps = {name: run, **{k: v for k, v in runs.items() if _repeat_of(k) == name}}
+        if len(reps) < 2:
+            continue
+        ids = [sorted(r.id for r in v["results"]) for v in reps.values()]
+        if any(i != ids[0] for i in ids):
+            raise ValueError(f"seed repeats of {name} judged different posts; they must share the sample")
+        accs = {int(v["config"]["seed"]) if isinstance(v.get("config"), dict) and "seed" in v["config"] else k:
+                v["corrected"]["acc"] for k, v in reps.items()}
+        a = np.array(list(accs.values()), float)
+        rows.append({"variant": name, "n posts": len(ids[0]), "seeds": list(accs), "accuracy by seed":
+                     [round(x, 3) for x in a], "mean": a.mean(), "sd": a.std(ddof=1), "min": a.min(), "max": a.max()})
+    return pd.DataFrame(rows)

@@ -1,0 +1,367 @@
+"""Declared artifacts, atomic writes, manifests and metrics files.
+
+Stages (notebooks and python steps) exchange only the files declared in
+`ARTIFACTS`, under `artifacts/<profile>/<stage>/`. Every write goes to a temporary
+file in the same folder and is then renamed over the target, so a crash never
+leaves a half-written artifact. Each stage folder carries `manifest.json`
+(params hash, git revision, package versions) next to its outputs.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import glob
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from lib import ROOT
+
+ARTIFACTS_ROOT = ROOT / "artifacts"
+FIGURES_ROOT = ROOT / "figures"
+RESULTS_ROOT = ROOT / "results"
+
+#: Profiles whose figures, README tables and committed results are the compendium's own (figures/<profile>/,
+#: results/<profile>/). Every other profile (ci, paper-smoke, a user's variant) writes only under
+#: artifacts/<profile>/, so running it leaves the working tree as it was.
+PUBLISHED_PROFILES: tuple[str, ...] = ("embedded", "paper")
+
+
+def figures_dir(profile: str, root: Path = ROOT) -> Path:
+    """Where a profile's figures go: figures/<profile>/ for a published profile, else
+    artifacts/<profile>/figures/ (`root`: the repository root)."""
+    return root / "figures" / profile if profile in PUBLISHED_PROFILES else root / "artifacts" / profile / "figures"
+
+
+def figures_index(profile: str, root: Path = ROOT) -> Path:
+    """The figure index notebook 07 writes: figures/README.md for a published profile, else beside its figures."""
+    return root / "figures" / "README.md" if profile in PUBLISHED_PROFILES else figures_dir(profile, root) / "README.md"
+
+#: Packages whose versions every manifest records.
+TRACKED_PACKAGES = ("torch", "torchvision", "transformers", "open_clip_torch", "peft",
+                    "numpy", "pandas", "scikit-learn", "pillow")
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A file or folder one stage writes and later stages read."""
+    stage: str        # producing stage, e.g. "00_data_prep"
+    relpath: str      # path inside artifacts/<profile>/<stage>/ ({fields} filled by path(): one file per dataset, ...)
+    make_target: str  # the command that produces it
+
+    def path(self, profile: str, **fields: str) -> Path:
+        return ARTIFACTS_ROOT / profile / self.stage / (self.relpath.format(**fields) if fields else self.relpath)
+
+
+#: Everything a stage may hand to another stage. Later issues add their entries here.
+ARTIFACTS: dict[str, Artifact] = {
+    "datasets": Artifact("00_data_prep", "datasets.json", "make reproduce NB=00"),
+    "memeworld": Artifact("00_data_prep", "memeworld", "make reproduce NB=00"),
+    "trace_captions": Artifact("01_captioning", "trace_captions.json", "make reproduce NB=01"),
+    "trace_captions_multioff": Artifact("01_captioning", "trace_captions_multioff.json", "make reproduce NB=01"),
+    "trace_seeds": Artifact("02_finetuning", "seeds.csv", "make reproduce NB=02"),
+    "trace_runs": Artifact("02_finetuning", "runs", "make reproduce NB=02"),
+    "trace_variants": Artifact("02_finetuning", "variants.json", "make reproduce NB=02"),
+    "clip4dm_settings": Artifact("03_clip4dm", "settings.json", "make reproduce NB=03"),
+    "memeworld-clip": Artifact("models", "memeworld-clip", "make reproduce NB=models"),
+    "memeworld-vlm": Artifact("models", "memeworld-vlm", "make reproduce NB=models"),
+    "sei_agents": Artifact("04_few_shot", "agents", "make reproduce NB=04"),
+    "sei_results": Artifact("04_few_shot", "results.json", "make reproduce NB=04"),
+    "sei_predictions": Artifact("04_few_shot", "predictions_{dataset}.jsonl", "make reproduce NB=04"),
+    "sei_table3": Artifact("04_few_shot", "table3.json", "make reproduce NB=04"),
+    "sei_settings": Artifact("04_few_shot", "settings.json", "make reproduce NB=04"),
+    "debate_settings": Artifact("05_debate", "settings.json", "make reproduce NB=05"),
+    "debate_results": Artifact("05_debate", "results_{variant}.jsonl", "make reproduce NB=05"),
+}
+
+
+class MissingInputError(FileNotFoundError):
+    """A stage's declared input is absent; the message names the producer."""
+
+
+def stage_dir(profile: str, stage: str, create: bool = True) -> Path:
+    d = ARTIFACTS_ROOT / profile / stage
+    if create:
+        d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def require(profile: str, name: str, consumer: str, **fields: str) -> Path:
+    """Path of declared artifact `name`, or fail at once naming what produces it."""
+    art = ARTIFACTS[name]
+    p = art.path(profile, **fields)
+    if not p.exists():
+        raise MissingInputError(
+            f"{consumer} needs {relpath(p)} (artifact '{name}', profile '{profile}'), which is "
+            f"missing. Produce it with `{art.make_target}`"
+            + (f" (PROFILE={profile})" if profile != "embedded" else "") + " first.")
+    return p
+
+
+def declared(profile: str, name: str, **fields: str) -> Path:
+    """Path of declared artifact `name`, present or not (for readers that accept its absence)."""
+    return ARTIFACTS[name].path(profile, **fields)
+
+
+def project_path(p: Path | str) -> Path:
+    """A path a profile names: absolute as given, relative to the repository root otherwise (the
+    profiles' convention, whatever folder the notebook or process runs in)."""
+    p = Path(p).expanduser()
+    return p if p.is_absolute() else ROOT / p
+
+
+def relpath(p: Path | str) -> str:
+    """A path relative to the repository root when it lies inside it (for messages/outputs)."""
+    p = Path(p).resolve()
+    try:
+        return str(p.relative_to(ROOT))
+    except ValueError:
+        return str(p)
+
+
+# ----------------------------------------------------------------------------- atomic writes
+def pid_alive(pid: int) -> bool:
+    """Whether a process of this host is running under `pid` (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _sweep_stale_temporaries(target: Path) -> None:
+    """Remove the temporaries of `target` that a killed writer left (`.<name>.<pid>.<random>.tmp`
+    whose pid is no longer running); a live writer's temporary is left alone."""
+    prefix = f".{target.name}."
+    for f in target.parent.glob(f"{glob.escape(prefix)}*.tmp"):
+        pid = f.name[len(prefix):].split(".", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not pid_alive(int(pid)):
+            with contextlib.suppress(OSError):
+                f.unlink()
+
+
+@contextlib.contextmanager
+def atomic_path(target: Path | str) -> Iterator[Path]:
+    """Yield a temporary path next to `target`; rename it over `target` on success. The temporary
+    is removed on any failure, and the temporaries a killed writer left beside `target` are removed
+    when it is next written, so no `.tmp` file outlives the writes."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _sweep_stale_temporaries(target)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        strays = sorted(target.parent.glob(f"{glob.escape(tmp_path.name)}.*"))
+        if strays:                  # a writer that added its own suffix (np.save adds .npy) wrote elsewhere
+            raise OSError(f"writing {target}: the writer wrote {strays[0].name} instead of the temporary file it was "
+                          f"given; pass it an open file object (or a name it keeps as is)")
+        os.replace(tmp_path, target)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+        for stray in target.parent.glob(f"{glob.escape(tmp_path.name)}.*"):
+            stray.unlink()
+
+
+def write_bytes(target: Path | str, data: bytes) -> Path:
+    with atomic_path(target) as tmp:
+        tmp.write_bytes(data)
+    return Path(target)
+
+
+def write_text(target: Path | str, text: str) -> Path:
+    return write_bytes(target, text.encode("utf-8"))
+
+
+def write_json(target: Path | str, obj: Any, indent: int | None = 1) -> Path:
+    return write_text(target, json.dumps(obj, indent=indent, sort_keys=False, ensure_ascii=False) + "\n")
+
+
+def write_csv(target: Path | str, frame, drop_if_empty: bool = False) -> Path | None:
+    """A DataFrame as CSV (no index), atomically. `drop_if_empty`: an empty frame writes nothing and
+    removes an older file of that name (so a figure drawn "where its artifact exists" is not drawn
+    from a stale one); returns None then."""
+    target = Path(target)
+    if drop_if_empty and len(frame) == 0:
+        target.unlink(missing_ok=True)
+        return None
+    return write_text(target, frame.to_csv(index=False))
+
+
+def write_with(target: Path | str, writer: Callable[[Path], None]) -> Path:
+    """Atomic write through a function that writes to a given path (e.g. torch.save)."""
+    with atomic_path(target) as tmp:
+        writer(tmp)
+    return Path(target)
+
+
+def loads_strict(text: str, where: str = "", error: type[Exception] = ValueError,
+                 duplicate_error: type[Exception] | None = None) -> Any:
+    """json.loads that refuses what no reader here can mean: a duplicate key in an object (the
+    first value would be lost silently), NaN / Infinity, numbers that overflow to infinity, and
+    nesting the decoder cannot hold. The one strict reader behind model answers
+    (`lib.models.chat.structured`) and dataset files (`lib.data.datasets`); failures raise `error` with
+    `where` (a file and record, or nothing) in front (a repeated key raises `duplicate_error`
+    when given, for callers that treat it apart). A malformed document still raises
+    json.JSONDecodeError, which callers turn into their own message with its line and column."""
+    at = f"{where}: " if where else ""
+
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in pairs:
+            if k in out:
+                raise (duplicate_error or error)(f"{at}duplicate key {k!r} in a JSON object (the first value would be lost)")
+            out[k] = v
+        return out
+
+    def constant(name: str) -> Any:
+        return _NonFinite(name)
+
+    def finite(token: str) -> Any:
+        v = float(token)
+        return _NonFinite(token) if v in (float("inf"), float("-inf")) else v
+
+    try:
+        value = json.loads(text, object_pairs_hook=no_duplicates, parse_constant=constant, parse_float=finite)
+    except RecursionError:
+        raise error(f"{at}nested deeper than the JSON decoder allows") from None
+    bad = _first_non_finite(value)
+    if bad is not None:
+        path, token = bad
+        raise error(f"{at}{f'field {path!r} is ' if path else ''}{token}, not a finite JSON number "
+                    f"(NaN and Infinity are not JSON)")
+    return value
+
+
+class _NonFinite(str):
+    """NaN, Infinity or a number that overflows, as the decoder met it (found and named after decoding)."""
+
+
+def _first_non_finite(value: Any, path: str = "") -> tuple[str, str] | None:
+    """(the key path, the token) of the first non-finite number in a decoded document, or None."""
+    stack = [(value, path)]
+    while stack:
+        v, p = stack.pop()
+        if isinstance(v, _NonFinite):
+            return p, str(v)
+        if isinstance(v, dict):
+            stack += [(x, f"{p}.{k}" if p else str(k)) for k, x in reversed(list(v.items()))]
+        elif isinstance(v, list):
+            stack += [(x, f"{p}[{i}]") for i, x in reversed(list(enumerate(v)))]
+    return None
+
+
+def read_json(path: Path | str) -> Any:
+    path = Path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{relpath(path)}: malformed JSON at line {e.lineno} column {e.colno}: {e.msg}") from e
+
+
+# ----------------------------------------------------------------------------- manifests
+def params_hash(params: dict) -> str:
+    blob = json.dumps(params, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def git_revision() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (rev or "unknown") + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def package_versions(names: tuple[str, ...] = TRACKED_PACKAGES) -> dict[str, str]:
+    out = {}
+    for n in names:
+        try:
+            out[n] = metadata.version(n)
+        except metadata.PackageNotFoundError:
+            out[n] = "absent"
+    return out
+
+
+def write_manifest(directory: Path, params: dict, outputs: list[str] | None = None,
+                   inputs: dict[str, str] | None = None) -> Path:
+    """manifest.json for a stage folder: what produced it, from which parameters and code."""
+    manifest = {
+        "params_hash": params_hash(params),
+        "params": params,
+        "git_revision": git_revision(),
+        "packages": package_versions(),
+        "outputs": sorted(outputs or []),
+        "inputs": inputs or {},
+    }
+    return write_json(Path(directory) / "manifest.json", manifest)
+
+
+def write_metrics(profile: str, stage: str, metrics: dict[str, Any]) -> Path:
+    """Headline numbers of a stage as one flat JSON object (what the README table reads)."""
+    for k, v in metrics.items():
+        if isinstance(v, (dict, list, tuple)):
+            raise TypeError(f"metrics of {stage}: key '{k}' is a {type(v).__name__}; metrics.json is flat")
+    clean = {k: (round(float(v), 6) if isinstance(v, float) else v) for k, v in metrics.items()}
+    return write_json(stage_dir(profile, stage) / "metrics.json", clean)
+
+
+def read_metrics(profile: str, stage: str) -> dict[str, Any]:
+    p = ARTIFACTS_ROOT / profile / stage / "metrics.json"
+    return read_json(p) if p.exists() else {}
+
+
+def file_digest(path: Path | str, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    return isinstance(node, ast.If) and ast.unparse(node.test).replace("'", '"') == '__name__ == "__main__"'
+
+
+def _strip_docstring(node: ast.AST) -> ast.AST:
+    body = getattr(node, "body", None)
+    if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+        node.body = body[1:] or [ast.Pass()]
+    return node
+
+
+def code_digest(*modules: Any) -> str:
+    """What the code of `modules` computes, independent of where it sits: a digest of their top-level
+    definitions and statements (sorted), without imports, docstrings, comments, formatting or a
+    `__main__` guard. A model or dataset cached under it is rebuilt when a rule changes, not when
+    code moves between files, gets a comment or imports from a new place (a digest of the file's
+    bytes rebuilt the world and retrained every model for a moved `__main__` guard)."""
+    parts: list[str] = []
+    for mod in modules:
+        tree = ast.parse(Path(mod.__file__).read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)) or _is_main_guard(node):
+                continue
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+                continue                                 # the module docstring, or a string on its own
+            for sub in ast.walk(node):
+                _strip_docstring(sub)
+            parts.append(ast.dump(node, annotate_fields=False))
+    return hashlib.sha256("\n".join(sorted(parts)).encode()).hexdigest()

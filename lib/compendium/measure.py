@@ -1,0 +1,284 @@
+"""Measured costs on the visible GPU (`python -m lib.compendium.costs --measure`): the paper profile's agent recipe at
+the checkpoint's full shape with random weights, CLIP4DM from image files against its floor, and TRACE's
+feature cache and training epoch at a CLIP shape.
+
+For each batch size and gradient-checkpointing setting it trains a random PaliGemma-3B-448
+(`lib.models.smoke.paligemma(full_shape=True)`) through `lib.sei.agents.train_agent`, the paper
+profile's recipe otherwise, for two short epochs on memes whose prompts fill about `max_len` tokens, and
+records the peak GPU memory, the seconds per example of the second epoch (the first pays for warm-up),
+`lib.models.train_memory`'s estimate beside the peak, and the model-FLOPs utilisation: 6 x parameters x tokens
+per example (forward and backward; a checkpointing recompute is not counted) against the GPU's bf16
+matrix rate measured here by a large matrix product. A setting `train_agent` refuses (it cannot fit) is a
+row that says so. `toy=True` runs the same code at the tiny shape on the CPU (what the tests do): the
+numbers then check the plumbing, not a GPU.
+
+The record is written to `artifacts/measured/<gpu>.json` with the GPU's name, torch and CUDA versions;
+copy it under `results/gpu/` to cite it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from PIL import Image
+
+from lib import ROOT
+from lib.models import smoke as smoke_models
+from lib.sei.agents import AgentRecipe, build_agent_data, train_agent
+from lib.compendium.artifacts import write_json
+from lib.clip4dm.method import CLIP4DM
+from lib.clip4dm.runs import loader_ratio
+from lib.models.encoders.loading import default_loader_workers
+from lib.data.datasets import ExplanationRecord, MemeRecord
+from lib.models.encoders import load_encoder
+from lib.compendium.params import load_profile
+from lib.trace.model import TrainConfig
+from lib.trace.training import Trainer
+from lib.trace.features import FeatureCache, MemeBatchData
+from lib.trace.report import lowest_layer, split_rows
+from lib.models.train_memory import GIB, RecipeMemoryError
+
+
+def matmul_tflops(device: str, size: int = 8192, repeats: int = 20) -> float:
+    """The device's bf16 (CPU: float32) dense matrix rate in TFLOP/s, from `size` x `size` products."""
+    import torch
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    for _ in range(3):
+        a @ b
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return 2 * size ** 3 * repeats / (time.perf_counter() - t0) / 1e12
+
+
+def long_examples(folder: Path, n: int, words: int):
+    """`n` explainer examples whose meme text and reasoning each run to about `words` words."""
+    folder.mkdir(parents=True, exist_ok=True)
+    filler = ("the river folk should leave the city they say and the sign repeats it " * 40).split()[:words]
+    memes, hat = [], []
+    for i in range(n):
+        p = folder / f"{i:05d}.png"
+        Image.new("RGB", (600, 500), (20 * i % 256, 100, 200 - 10 * i % 200)).save(p)
+        memes.append(MemeRecord(str(i), p, f"text {i} " + " ".join(filler), i % 2, "train"))
+        hat.append(ExplanationRecord(str(i), p, ["group"] if i % 2 else [], [f"because {i} " + " ".join(filler[:words // 3])],
+                                     "train"))
+    return build_agent_data([], hat, [], memes)["explainer"]
+
+
+def measure_agent(batch_sizes: Sequence[int] = (2, 4, 8), checkpointing: Sequence[bool] = (False, True),
+                  toy: bool = False, profile: str = "paper", work: Path | None = None,
+                  progress: bool = False) -> dict[str, Any]:
+    """Rows of (batch size, checkpointing) -> peak GiB, estimate GiB, s per example, MFU (see the module
+    docstring). On a machine without a GPU only `toy=True` runs."""
+    import torch
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not toy:
+        raise RuntimeError("lib.compendium.costs --measure needs a visible CUDA GPU (on a CPU, --toy runs the same code at a "
+                           "tiny shape, to check it)")
+    section = load_profile(profile)["04_few_shot"]["agent_recipe"]
+    tmp = tempfile.TemporaryDirectory(prefix="measure-") if work is None else None
+    root = Path(tmp.name) if tmp else Path(work)
+    try:
+        base = smoke_models.paligemma(root / "base", full_shape=not toy, device=device)
+        from transformers import AutoConfig, AutoModelForImageTextToText
+        with torch.device("meta"):                      # the parameter count without loading the weights
+            params = float(sum(t.numel() for t in
+                               AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(base)).parameters()))
+        rate = matmul_tflops(device, size=8192 if device == "cuda" else 256, repeats=20 if device == "cuda" else 3)
+        max_len = int(section.get("max_len", 1536)) if not toy else 1536
+        words = 80 if not toy else 60                 # about 1,450 and 1,360 tokens with the image's 1,024
+        rows = []
+        for b in batch_sizes:
+            for ckpt in checkpointing:
+                recipe = AgentRecipe(base=str(base), **{**section, "epochs": 2, "batch_size": b, "grad_accum": 1,
+                                                        "max_train": 2 * b, "gradient_checkpointing": ckpt,
+                                                        "max_len": max_len, "lr": 1e-5,
+                                                        **({"mixed_precision": "no", "dtype": "float32"} if toy else {})})
+                row: dict[str, Any] = {"batch_size": b, "gradient_checkpointing": ckpt}
+                if device == "cuda":
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats()
+                try:
+                    rec = train_agent(long_examples(root / "memes", 2 * b, words), root / f"agent_b{b}_{int(ckpt)}", recipe,
+                                      "explain why {label} {ocr}", progress=progress, force=True)
+                except RecipeMemoryError as e:
+                    rows.append({**row, "refused": re.sub(r"\s+", " ", str(e))})
+                    continue
+                second = rec["curve"][1]["seconds"] - rec["curve"][0]["seconds"]
+                s_per = second / rec["n_train"]
+                tokens = rec["tokens_per_example"]
+                row.update({"peak_gib": round(torch.cuda.max_memory_allocated() / GIB, 2) if device == "cuda" else None,
+                            "estimate_gib": rec.get("memory_estimate_gib"), "s_per_example": round(s_per, 4),
+                            "tokens_per_example": tokens,
+                            "mfu": round(6 * params * tokens / s_per / (rate * 1e12), 4)})
+                rows.append(row)
+        name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (toy shape)"
+        return {"what": "the paper profile's agent recipe through lib.sei.agents.train_agent, random weights of "
+                        + ("a tiny PaliGemma (toy)" if toy else "PaliGemma-3B-448's shape"),
+                "device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
+                "parameters": params, "matmul_tflops": float(f"{rate:.4g}"), "max_len": max_len, "runs": rows}
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def memes_on_disk(folder: Path, n: int, size: tuple[int, int] = (600, 500), seed: int = 0) -> list[str]:
+    """`n` meme-sized noisy PNG files (decoding and resizing them costs what a real meme's does)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    paths = []
+    for i in range(n):
+        p = folder / f"{i:05d}.png"
+        if not p.exists():
+            Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(p)
+        paths.append(str(p))
+    return paths
+
+
+def measure_clip4dm(shapes: Sequence[str] = ("B/32", "H/14"), batch_sizes: Sequence[int] = (64, 256), n: int = 1024,
+                    toy: bool = False, work: Path | None = None) -> dict[str, Any]:
+    """CLIP4DM from image files against its floor (`lib.clip4dm.runs.loader_ratio`): for each CLIP shape (random
+    weights) and batch size, pairs per second end to end with the loader's default threads and with none,
+    and with the pixels ready. `toy`: the tiny CLIP on the CPU, a few pairs (the tests' plumbing check)."""
+    import torch
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not toy:
+        raise RuntimeError("measure_clip4dm: no GPU is visible; toy=True runs the tiny shape on the CPU")
+    tmp = tempfile.TemporaryDirectory(prefix="measure-clip4dm-") if work is None else None
+    root = Path(tmp.name) if tmp is not None else Path(work)
+    try:
+        caps = [f"a photo of {w} people standing near the {v} sign" for w, v in
+                zip(("river", "hill", "salt", "moon") * n, ("red", "blue", "grey", "old", "new") * n)][:n if not toy else 8]
+        paths = memes_on_disk(root / "memes", len(caps), size=(600, 500) if not toy else (64, 48))
+        rows = []
+        for shape in (shapes if not toy else ("tiny",)):
+            d = root / shape.replace("/", "-")
+            if not (d / "config.json").exists():
+                smoke_models.clip(d) if toy else smoke_models.clip_full_shape(d, shape)
+            model = CLIP4DM.from_pretrained(str(d), device=device)
+            for b in (batch_sizes if not toy else (4,)):
+                for w in dict.fromkeys((default_loader_workers(device), 0)):
+                    r = loader_ratio(model, paths, caps, batch_size=b, workers=w, repeats=1 if toy else 2)
+                    rows.append({"shape": shape, **{k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}})
+            del model
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (toy shape)"
+        return {"what": "CLIP4DM attribution from image files (decode, preprocess, embed, attribute) against the same "
+                        "pairs with the pixels ready, random weights of each CLIP shape",
+                "device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "cpu_cores": os.cpu_count(),
+                "runs": rows}
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def measure_trace(shape: str = "L/14", n: int = 2000, toy: bool = False, work: Path | None = None) -> dict[str, Any]:
+    """TRACE at a CLIP shape (random weights; the paper profile's main backbone is L/14) on `n` meme-sized
+    PNGs with five candidate captions each, the official recipe otherwise: the frozen-feature cache's memes
+    per second, one training epoch's seconds per 1,000 training memes (the fastest of two), and the peak GPU
+    memory of both. `toy`: the tiny CLIP on the CPU, a few memes (the tests' plumbing check)."""
+    import torch
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not toy:
+        raise RuntimeError("measure_trace: no GPU is visible; toy=True runs the tiny shape on the CPU")
+    n = 24 if toy else n
+    tmp = tempfile.TemporaryDirectory(prefix="measure-trace-") if work is None else None
+    root = Path(tmp.name) if tmp is not None else Path(work)
+    try:
+        paths = memes_on_disk(root / "memes", n, size=(600, 500) if not toy else (64, 48), seed=1)
+        cols = [f"caption_{k}" for k in range(5)]
+        splits = ["train"] * 8 + ["dev_seen", "test_seen"]
+        recs = [MemeRecord(str(i), Path(p), f"meme text {i} about the river folk and their signs", i % 2,
+                           splits[i % len(splits)], captions={c: f"candidate {k} of meme {i}: a sign by the water"
+                                                               for k, c in enumerate(cols)})
+                for i, p in enumerate(paths)]
+        data = MemeBatchData.from_records(recs, cols)
+        d = root / ("tiny" if toy else shape.replace("/", "-"))
+        if not (d / "config.json").exists():
+            smoke_models.clip(d) if toy else smoke_models.clip_full_shape(d, shape)
+        enc = load_encoder(str(d), device=device)
+        cfg = TrainConfig(epochs=1) if not toy else TrainConfig(epochs=1, hidden=16, batch_size=4, grad_accum=1)
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        cache = FeatureCache(enc, data, lowest_unfrozen=lowest_layer(enc, cfg.unfreeze_text_layers), progress=False)
+        cache_s = time.perf_counter() - t0
+        train, _, _ = split_rows(data)
+        epoch_s = Trainer(enc, data, cfg, cache, progress=False).time_epoch(train, repeats=2)
+        name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (toy shape)"
+        return {"what": f"TRACE's feature cache and one training epoch (official recipe, batch {cfg.batch_size} x "
+                        f"accumulation {cfg.grad_accum}), random weights of CLIP {shape if not toy else 'tiny'}",
+                "device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "memes": n,
+                "train_memes": int(len(train)), "cache_memes_per_s": round(n / cache_s, 2),
+                "epoch_s_per_1000_train": round(epoch_s / len(train) * 1000, 3),
+                "peak_gib": round(torch.cuda.max_memory_allocated() / GIB, 2) if device == "cuda" else None}
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+def measure(toy: bool = False, out_dir: Path | None = None,
+            only: Sequence[str] = ("agent_training", "clip4dm", "trace"),
+            **kw) -> Path:
+    """Run the measurements (`only`: some of them) and write them to `artifacts/measured/<device>.json`,
+    merged into what is there; returns the path."""
+    rec: dict[str, Any] = {}
+    if "agent_training" in only:
+        rec["agent_training"] = measure_agent(toy=toy, **kw)
+    if "clip4dm" in only:
+        rec["clip4dm"] = measure_clip4dm(toy=toy)
+    if "trace" in only:
+        rec["trace"] = measure_trace(toy=toy)
+    device = next(iter(rec.values()))["device"]
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
+    path = (out_dir or ROOT / "artifacts" / "measured") / f"{slug}.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    write_json(path, {**old, **rec})
+    return path
+
+
+def markdown(rec: dict[str, Any]) -> str:
+    out = []
+    if "agent_training" in rec:
+        out += _agent_markdown(rec["agent_training"])
+    if "clip4dm" in rec:
+        c = rec["clip4dm"]
+        out += (["", ""] if out else []) + [
+            f"CLIP4DM, {c['what']}, on {c['device']} (torch {c['torch']}, CUDA {c['cuda']}, {c['cpu_cores']} CPU cores):",
+            "", "| shape | batch | loader threads | from files, pairs/s | pixels ready, pairs/s | ratio |",
+            "|---|---|---|---|---|---|"]
+        out += [f"| {r['shape']} | {r['batch_size']} | {r['workers']} | {r['from_files_pairs_per_s']:.0f} | "
+                f"{r['floor_pairs_per_s']:.0f} | {r['ratio']:.2f} |" for r in c["runs"]]
+    if "trace" in rec:
+        t = rec["trace"]
+        out += (["", ""] if out else []) + [
+            f"TRACE, {t['what']}, on {t['device']} (torch {t['torch']}, CUDA {t['cuda']}), {t['memes']} memes: "
+            f"feature cache {t['cache_memes_per_s']:.0f} memes/s; training {t['epoch_s_per_1000_train']:.1f} s per epoch "
+            f"per 1,000 training memes" + (f"; peak {t['peak_gib']:.1f} GiB" if t["peak_gib"] is not None else "") + "."]
+    return "\n".join(out)
+
+
+def _agent_markdown(a: dict[str, Any]) -> list[str]:
+    out = [f"Agent training, {a['what']}, on {a['device']} (torch {a['torch']}, CUDA {a['cuda']}; bf16 matrix rate "
+           f"{a['matmul_tflops']:.0f} TFLOP/s measured):", "",
+           "| batch | checkpointing | peak GiB | estimate GiB | s per example | MFU |", "|---|---|---|---|---|---|"]
+    for r in a["runs"]:
+        if "refused" in r:
+            out.append(f"| {r['batch_size']} | {r['gradient_checkpointing']} | refused: does not fit | | | |")
+        else:
+            out.append(f"| {r['batch_size']} | {r['gradient_checkpointing']} | {r['peak_gib']} | {r['estimate_gib']} | "
+                       f"{r['s_per_example']:.3f} | {100 * r['mfu']:.1f}% |")
+    return out

@@ -1,0 +1,565 @@
+"""The committed results (results/<profile>/) and what is generated from them.
+
+`make reproduce` writes a run's working copy under artifacts/<profile>/; for a published profile it then
+copies each finished stage's metrics and per-item files here (publish_stage: compared with the committed
+ones first, machine paths made relative), the model answers its stages used, its timings and the digests
+of the saved notebooks (publish_run). The README's findings and timings blocks and docs/results.md are
+generated from these files alone (`make results`), so what a reader sees is what the run committed.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import fnmatch
+import gzip
+import hashlib
+import json
+import math
+import os
+import platform
+import re
+from pathlib import Path
+
+from lib import ROOT
+from lib.compendium.artifacts import ARTIFACTS_ROOT, RESULTS_ROOT, read_json, write_bytes, write_json, write_text
+from lib.models.chat.cache import ResponseCache, default_cache_path
+from lib.compendium.costs import Assumptions, cost_rows, markdown
+from lib.compendium.params import stages
+
+
+
+def machine_description() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        import torch
+        gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    except Exception:  # torch missing or broken: the table still renders
+        gpu = "unknown accelerator"
+    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores ({cpu}), {gpu}"
+
+
+def results_dir(profile: str) -> Path:
+    """The committed results of a published profile: the source of truth of its figures, README
+    tables and saved notebooks (artifacts/<profile>/ is the working copy a run writes)."""
+    return RESULTS_ROOT / profile
+
+
+def cache_export_path(profile: str) -> Path:
+    """The committed model answers of a profile (gzipped JSON lines; lib.models.chat.cache.export)."""
+    return results_dir(profile) / "cache" / "responses.jsonl.gz"
+
+
+def timings_path(profile: str) -> Path:
+    return results_dir(profile) / "timings.json"
+
+
+#: Each stage's results as committed under results/<profile>/<stage>/: globs relative to the stage's
+#: artifacts folder. What the figures, the README, the saved notebooks and the checks of `make test`
+#: read (metrics, claims and seeds tables, per-item predictions), never models, images or caches.
+RESULT_FILES: dict[str, tuple[str, ...]] = {
+    "00_data_prep": ("metrics.json", "counts.csv", "memes.csv", "gallery.json", "memeworld/datasheet.json"),
+    "models": ("metrics.json", "models.json", "*/training.json", "eval_*.jsonl"),
+    "01_captioning": ("metrics.json", "examples.json", "captioned.csv", "caption_scores.csv", "box_scores.csv"),
+    "02_finetuning": ("metrics.json", "ablation.csv", "per_type.csv", "seeds.csv", "selected_share.csv",
+                      "variants.json", "runs/*/result.json", "runs/*/predictions.csv",
+                      "runs/*/config.json"),
+    "03_clip4dm": ("metrics.json", "settings.json", "ablation.csv", "by_encoder.csv", "epsilon_sweep.csv",
+                   "examples.json", "foil_table.csv", "hard_negatives.csv", "results_*.csv", "*/results_*.csv",
+                   "*/metrics.json"),
+    "serving": ("metrics.json", "details.json"),
+    "04_few_shot": ("metrics.json", "results.json", "predictions_*.jsonl", "claims.csv", "cold_runs.csv",
+                    "table3.json", "agent_outputs.jsonl", "references_*.json", "settings.json", "coherence.csv",
+                    "exemplars_*.json", "retrieval.csv"),
+    "05_debate": ("metrics.json", "settings.json", "results_*.jsonl", "eval_*.json", "claims.csv", "cold_runs.csv"),
+    "06_evaluation": ("metrics.json", "comparison.csv", "predictions_common.csv", "mcnemar*.csv", "injection*.csv", "confounders.csv",
+                      "common.json", "gallery.json"),
+    "07_figures": (),
+}
+
+#: per-item files committed gzipped (results/<profile>/<stage>/<name>.gz; pandas and the checks read either):
+#: the large tables no figure reads
+RESULT_GZIP: dict[str, tuple[str, ...]] = {
+    "02_finetuning": ("runs/*/predictions.csv",),
+    "03_clip4dm": ("results_hat.csv", "results_richhf.csv", "results_seetrue.csv"),
+}
+
+#: a cap on everything under results/<profile>/ (the committed answers included); publish_run says when it is passed
+SIZE_CAP_MB = 30
+#: files a stage writes for its own use that no check reads (never committed): a rerun check's output
+EXCLUDED = ("results_rerun_check.jsonl", "eval_rerun_check.json")
+
+
+def _scrubbed(path: Path) -> bytes:
+    """A result file's bytes with the repository's absolute path made relative (results carry no machine paths)."""
+    data = path.read_bytes()
+    if path.suffix in (".json", ".jsonl", ".csv", ".txt"):
+        data = data.replace((str(ROOT) + "/").encode(), b"").replace(str(ROOT).encode(), b".")
+    return data
+
+
+def stage_result_files(profile: str, stage: str) -> dict[str, Path]:
+    """The stage's result files in artifacts/<profile>/<stage>/: relative name -> path."""
+    src = ARTIFACTS_ROOT / profile / stage
+    out: dict[str, Path] = {}
+    for pattern in RESULT_FILES.get(stage, ()):
+        for f in sorted(src.glob(pattern)):
+            if f.is_file() and f.name not in EXCLUDED and not f.name.startswith("."):
+                out[f.relative_to(src).as_posix()] = f
+    return out
+
+
+def publish_stage(profile: str, stage: str) -> list[str]:
+    """Copy a finished stage's result files to results/<profile>/<stage>/ (each atomically; absolute paths
+    made relative) and remove committed files of that stage the run no longer wrote. Prints how the new
+    metrics compare with the committed ones first. Returns the relative names written."""
+    files = stage_result_files(profile, stage)
+    dest = results_dir(profile) / stage
+    if (dest / "metrics.json").exists() and "metrics.json" in files:
+        for line in compare_metrics(read_json(dest / "metrics.json"), read_json(files["metrics.json"]),
+                                    seed_spread(profile, stage)):
+            print(f"   {stage}: {line}")
+    written = {}
+    for rel, f in files.items():
+        data = _scrubbed(f)
+        if any(fnmatch.fnmatch(rel, pat) for pat in RESULT_GZIP.get(stage, ())):
+            rel, data = rel + ".gz", gzip.compress(data, mtime=0)       # no timestamp: the same rows, the same bytes
+        target = dest / rel
+        if not target.exists() or target.read_bytes() != data:
+            write_bytes(target, data)
+        written[rel] = target
+    if dest.exists():
+        for old in [x for x in dest.rglob("*") if x.is_file()]:
+            if old.relative_to(dest).as_posix() not in written:
+                old.unlink()
+    return sorted(written)
+
+
+def publish_run(profile: str) -> None:
+    """After a run: the answers its stages used (results/<profile>/cache/), the stage timings and the
+    machine (results/<profile>/timings.json), the digests of the saved notebooks' code and outputs
+    (results/<profile>/notebooks.json: the notebooks that go with these results); then the size check."""
+    cache = default_cache_path(profile)
+    if cache.exists():
+        n = ResponseCache(cache).export(cache_export_path(profile))
+        print(f">> {n} model answers the stages used -> {cache_export_path(profile).relative_to(ROOT)}")
+    run_timings = ARTIFACTS_ROOT / profile / "timings.json"
+    if run_timings.exists():                # a stage's cold time replaces the committed one; a warm rerun's does not
+        old = read_json(timings_path(profile)) if timings_path(profile).exists() else {}
+        new = read_json(run_timings)
+        stages_ = dict(old.get("stages", {}))
+        for k, v in new.get("stages", {}).items():
+            if v.get("cold", True) or k not in stages_:
+                stages_[k] = v
+        write_json(timings_path(profile), {"machine": new.get("machine", machine_description()), "stages": stages_,
+                                           "last_run": new.get("last_run", {})})
+    write_json(results_dir(profile) / "notebooks.json", notebook_digests(profile))
+    size = sum(f.stat().st_size for f in results_dir(profile).rglob("*") if f.is_file()) / 2 ** 20
+    note = "" if size <= SIZE_CAP_MB else f" (over the {SIZE_CAP_MB} MB cap: commit fewer per-item files)"
+    print(f">> results/{profile}/: {size:.1f} MB{note}")
+
+
+def notebook_digests(profile: str) -> dict[str, str]:
+    """sha256 of each saved notebook's code cells and their outputs (not its markdown: a reading may be
+    edited after the run without running it again). Embedded notebooks are saved in place."""
+    import nbformat
+    out = {}
+    for st in stages():
+        if st.notebook is None:
+            continue
+        nb_path = st.notebook if profile == "embedded" else ARTIFACTS_ROOT / profile / "notebooks" / st.notebook.name
+        if not nb_path.exists():
+            continue
+        nb = nbformat.read(str(nb_path), as_version=4)
+        blob = json.dumps([(c.source, c.get("outputs", [])) for c in nb.cells if c.cell_type == "code"],
+                          sort_keys=True, ensure_ascii=True)
+        out[st.notebook.name] = hashlib.sha256(blob.encode()).hexdigest()
+    return out
+
+
+# ----------------------------------------------------------------------------- comparing a run with the committed results
+#: metrics that measure the machine, not the method (timings, rates, call and token counts): never compared
+TIMING = re.compile(r"(_s$|_s_|_per_s|^ttft|speedup|tokens_per|requests_per|scaling|latency|wall|^calls$|_calls$|"
+                    r"^rerun_calls$|_tokens$|floor_ratio|render_s|cache_hits)")
+
+
+def seed_spread(profile: str, stage: str, root: Path | None = None) -> dict[str, tuple[float, float]]:
+    """Metric -> (low, high) of its committed seed spread, where the stage has seed replicates: notebook
+    02's trace_seeds_<variant>_<column>_mean keys against that column's range over the seeds in seeds.csv
+    (widened by 2 sd), notebook 05's <variant>_seed_mean against its seeds' min and max."""
+    import pandas as pd
+    d = (root or results_dir(profile)) / stage
+    out: dict[str, tuple[float, float]] = {}
+    if stage == "02_finetuning" and (d / "seeds.csv").exists():
+        tab = pd.read_csv(d / "seeds.csv")
+        for v, g in tab.groupby("variant", sort=False):
+            for col in ("accuracy", "auroc", "macro_f1", "acc_type_001", "unseen_accuracy"):
+                if col in g and g[col].notna().any():
+                    sd = float(g[col].std()) if len(g) > 1 else 0.0
+                    out[f"trace_seeds_{v.replace('+', '_')}_{col}_mean"] = (float(g[col].min()) - 2 * sd,
+                                                                            float(g[col].max()) + 2 * sd)
+    if (d / "metrics.json").exists():
+        m = read_json(d / "metrics.json")
+        for k in m:
+            if k.endswith("_seed_mean"):
+                v = k[:-len("_seed_mean")]
+                if f"{v}_seed_min" in m:
+                    out[k] = (float(m[f"{v}_seed_min"]), float(m[f"{v}_seed_max"]))
+    return out
+
+
+def compare_metrics(committed: dict, new: dict, spread: dict[str, tuple[float, float]] | None = None) -> list[str]:
+    """How a run's metrics compare with the committed ones: "identical", or one line per metric that
+    differs, saying whether it falls inside its committed seed spread (or has none to judge by).
+    Timings, rates and call counts are not compared (they measure the machine)."""
+    spread = spread or {}
+    diff, timing = [], 0
+    for k in sorted(set(committed) | set(new)):
+        if TIMING.search(k):
+            timing += 1
+            continue
+        a, b = committed.get(k), new.get(k)
+        num = isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool)
+        same = a == b or (num and (abs(float(a) - float(b)) <= 1e-6 * max(1.0, abs(float(a)))
+                                   or (math.isnan(float(a)) and math.isnan(float(b)))))   # undefined in both
+        if same:
+            continue
+        if a is None or b is None:
+            diff.append(f"{k}: {'new' if a is None else 'no longer written'} ({a!r} -> {b!r})")
+        elif k in spread and isinstance(b, (int, float)):
+            lo, hi = spread[k]
+            where = "inside" if lo <= float(b) <= hi else "OUTSIDE"
+            diff.append(f"{k}: {a!r} -> {b!r}, {where} the committed seed spread [{lo:.4g}, {hi:.4g}]")
+        else:
+            diff.append(f"{k}: {a!r} -> {b!r} (differs; no seed spread to judge it by)")
+    head = "identical to the committed results" if not diff else f"{len(diff)} metrics differ from the committed results"
+    return [f"{head} ({timing} timings and counts not compared)"] + diff
+
+
+def collect(profile: str) -> list[tuple[str, str, object]]:
+    """(stage, metric, value) of every committed metrics.json of the profile, in stage order."""
+    rows = []
+    for st in stages():
+        mfile = results_dir(profile) / st.name / "metrics.json"
+        if mfile.exists():
+            rows += [(st.name, k, v) for k, v in read_json(mfile).items()]
+    return rows
+
+
+#: the results are organised by system: stage -> the system (or shared part) it belongs to
+SYSTEM_OF_STAGE = {"00_data_prep": "Data (MemeWorld)", "models": "Embedded models", "serving": "Served LLM",
+                   "01_captioning": "TRACE", "02_finetuning": "TRACE", "03_clip4dm": "CLIP4DM",
+                   "04_few_shot": "See, Explain, Intervene", "05_debate": "ARCADE on H-VLI",
+                   "06_evaluation": "All four systems on the same memes"}
+SYSTEM_ORDER = ["All four systems on the same memes", "TRACE", "CLIP4DM", "See, Explain, Intervene", "ARCADE on H-VLI",
+                "Data (MemeWorld)", "Embedded models", "Served LLM"]
+
+
+def _fmt(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def comparison_tables(profile: str) -> list[str]:
+    """Notebook 06's cross-method table (accuracy with its 95% CI on the common memes, each
+    method's own memes beside it) and the prompt-injection table, from its committed CSVs."""
+    d = results_dir(profile) / "06_evaluation"
+    out = []
+    comp, inj = d / "comparison.csv", d / "injection.csv"
+    if comp.exists():
+        rows = list(csv.DictReader(comp.open(encoding="utf-8")))
+
+        def cell(method, memes, metric):
+            r = next((r for r in rows if r["method"] == method and r["memes"] == memes and r["subset"] == "all"
+                      and r["metric"] == metric), None)
+            return "—" if r is None else f"{float(r['value']):.3f} [{float(r['ci_low']):.3f}, {float(r['ci_high']):.3f}]"
+        methods = list(dict.fromkeys((r["system"], r["method"]) for r in rows if r["memes"] == "common"))
+        n_common = next((r["n"] for r in rows if r["memes"] == "common" and r["subset"] == "all"), "?")
+        out.append(f"*Every method on the same {n_common} memes (accuracy, macro-F1 and AUROC with 95% bootstrap CIs; "
+                   f"the method's own test memes beside them; notebook 06):*\n")
+        out.append("| system | method | accuracy (common) | macro-F1 (common) | AUROC (common) | accuracy (own memes, n) |")
+        out.append("|---|---|---|---|---|---|")
+        for system, method in methods:
+            own = next((r for r in rows if r["method"] == method and r["memes"] == "own" and r["subset"] == "all"
+                        and r["metric"] == "accuracy"), None)
+            own_s = "—" if own is None else f"{float(own['value']):.3f} ({own['n']})"
+            out.append(f"| {system} | {method} | {cell(method, 'common', 'accuracy')} | {cell(method, 'common', 'macro_f1')} "
+                       f"| {cell(method, 'common', 'auroc')} | {own_s} |")
+        out.append("")
+    if inj.exists():
+        rows = list(csv.DictReader(inj.open(encoding="utf-8")))
+        out.append("*Prompt injection: share of the memes a method called hateful that it calls non-hateful once an "
+                   "instruction (or the neutral control sentence) is added; notebook 06:*\n")
+        out.append("| method | copies | mitigation | flip rate [95% CI] | called hateful before |")
+        out.append("|---|---|---|---|---|")
+        for r in rows:
+            fr = "—" if r["flip_rate"] in ("", "nan") else \
+                f"{float(r['flip_rate']):.3f} [{float(r['ci_low']):.3f}, {float(r['ci_high']):.3f}]" \
+                if r["ci_low"] not in ("", "nan") else f"{float(r['flip_rate']):.3f}"
+            out.append(f"| {r['method']} | {r['copies']} | {r['mitigation']} | {fr} | {r['n_called_hateful']} of {r['n_pairs']} |")
+        out.append("")
+    return out
+
+
+#: the profiles whose results the README and docs show (a smoke or ci run's numbers never appear there)
+README_PROFILES: tuple[str, ...] = ("embedded", "paper")
+
+
+def render(profiles: tuple[str, ...] = README_PROFILES) -> str:
+    """Every committed metric, per profile and within it per system (notebook 06's cross-method and
+    injection tables first): docs/results.md."""
+    parts = []
+    for prof in profiles:
+        rows = collect(prof)
+        if not rows:
+            continue
+        t = read_json(timings_path(prof)) if timings_path(prof).exists() else {}
+        parts.append(f"## Profile `{prof}`\n\nProduced by `make reproduce PROFILE={prof}` on: "
+                     f"{t.get('machine', 'an unrecorded machine')}; committed under `results/{prof}/`.\n")
+        by_system: dict[str, list] = {}
+        for stage, k, v in rows:
+            by_system.setdefault(SYSTEM_OF_STAGE.get(stage, "Other stages"), []).append((stage, k, v))
+        order = SYSTEM_ORDER + sorted(set(by_system) - set(SYSTEM_ORDER))
+        for system in order:
+            if system not in by_system:
+                continue
+            parts.append(f"### {system} (`{prof}`)\n")
+            if system == SYSTEM_ORDER[0]:
+                parts += comparison_tables(prof)
+            parts.append(f"<details><summary>every metric ({len(by_system[system])})</summary>\n")
+            parts.append("| stage | metric | value |\n|---|---|---|")
+            for stage, k, v in by_system[system]:
+                parts.append(f"| {stage} | `{k}` | {_fmt(v)} |")
+            parts.append("\n</details>\n")
+    if not parts:
+        return "_No committed results yet: run `make reproduce`._\n"
+    return "\n".join(parts)
+
+
+def _p(v) -> str:
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return "—"
+    return "—" if v != v else (f"{v:.2g}" if v < 0.001 else f"{v:.3f}")
+
+
+def findings_rows(profile: str) -> list[dict[str, str]]:
+    """One row per claim the embedded run tests: the system, the claim, the two arms, n (and cold runs or
+    seeds), the effect with its 95% interval, the test's p. From the committed claims tables and metrics."""
+    d = results_dir(profile)
+    rows: list[dict[str, str]] = []
+    m2 = read_json(d / "02_finetuning" / "metrics.json") if (d / "02_finetuning" / "metrics.json").exists() else {}
+    if "caption_benefit_acc" in m2:
+        seeds = (f"{m2['caption_benefit_seeds_positive']} of {m2['caption_benefit_n_seeds']} seeds positive"
+                 if "caption_benefit_n_seeds" in m2 else "1 seed")
+        rows.append({"system": "TRACE", "claim": "captions help", "A vs B": "cls+rel vs image_text_only",
+                     "n": f"{m2['caption_benefit_n']} memes; {seeds}",
+                     "effect": f"{m2['caption_benefit_acc']:+.3f} [{m2['caption_benefit_ci_low']:+.3f}, "
+                               f"{m2['caption_benefit_ci_high']:+.3f}]",
+                     "p": f"{_p(m2['caption_benefit_mcnemar_p'])} (McNemar)"})
+    m3 = read_json(d / "03_clip4dm" / "metrics.json") if (d / "03_clip4dm" / "metrics.json").exists() else {}
+    if "ap_fclipscore" in m3:
+        ft = d / "03_clip4dm" / "foil_table.csv"
+        n = next((r["n_pairs"] for r in csv.DictReader(ft.open(encoding="utf-8")) if r["benchmark"] == "foil"), "—") \
+            if ft.exists() else "—"
+        rows.append({"system": "CLIP4DM", "claim": "F-CLIPScore ranks foils better than CLIPScore (FOIL AP)",
+                     "A vs B": "F-CLIPScore vs CLIPScore", "n": f"{n} caption pairs; 1 trained model",
+                     "effect": f"{m3['ap_fclipscore'] - m3['ap_clipscore']:+.3f} (AP {m3['ap_fclipscore']:.3f} vs "
+                               f"{m3['ap_clipscore']:.3f})", "p": "— (no test yet)"})
+    for stage, system, items in (("04_few_shot", "See, Explain, Intervene", "memes"),
+                                 ("05_debate", "ARCADE on H-VLI", "posts")):
+        f = d / stage / "claims.csv"
+        if not f.exists():
+            continue
+        for r in csv.DictReader(f.open(encoding="utf-8")):
+            if r.get("p") in ("", None):
+                continue
+            runs = int(float(r.get("runs") or 1))
+            rows.append({"system": system, "claim": r["claim"], "A vs B": f"{r['A']} vs {r['B']}",
+                         "n": f"{r['n']} {items}" + (f" x {runs} cold runs" if runs > 1 else ""),
+                         "effect": f"{float(r['A-B']):+.3f} {r.get('95% CI A-B', '')}".strip(),
+                         "p": f"{_p(r['p'])} ({r.get('test', 'exact McNemar')})"})
+    return rows
+
+
+def findings_block(profile: str = "embedded") -> str:
+    rows = findings_rows(profile)
+    if not rows:
+        return "_No committed results yet: run `make reproduce`._"
+    out = ["| system | claim | A vs B | n | A − B [95% CI] | p (test) |", "|---|---|---|---|---|---|"]
+    out += [f"| {r['system']} | {r['claim']} | {r['A vs B']} | {r['n']} | {r['effect']} | {r['p']} |" for r in rows]
+    return "\n".join(out)
+
+
+def _minutes(s: float) -> str:
+    return f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
+
+
+def timings_block(profile: str = "embedded") -> str:
+    """`make reproduce`'s measured time per stage (results/<profile>/timings.json) and `make test`'s
+    (results/make_test.json), each with the machine that measured it."""
+    out = []
+    if timings_path(profile).exists():
+        t = read_json(timings_path(profile))
+        st = t.get("stages", {})
+        total = sum(v["wall_s"] for v in st.values())
+        last = t.get("last_run", {})
+        out.append(f"`make reproduce` (profile `{profile}`) from nothing, every model trained and asked afresh, on "
+                   f"{t.get('machine', '?')}: {_minutes(total)} in all, against a budget of 4 hours; the latest run "
+                   f"on what the earlier ones left (trained models, runs and answers reused): "
+                   f"{_minutes(sum(v['wall_s'] for v in last.values()))}.\n")
+        names = [s.name for s in stages() if s.name in st]
+        out.append("| | " + " | ".join(names) + " |")
+        out.append("|---|" + "---|" * len(names))
+        out.append("| from nothing | " + " | ".join(_minutes(st[n]["wall_s"]) for n in names) + " |")
+        if last:
+            out.append("| latest run | " + " | ".join(_minutes(last[n]["wall_s"]) if n in last else "—" for n in names)
+                       + " |")
+        out.append("")
+    mt = RESULTS_ROOT / "make_test.json"
+    if mt.exists():
+        t = read_json(mt)
+        steps = "; ".join(f"{k} {_minutes(v)}" for k, v in t["steps"].items())
+        lanes = t.get("side_by_side", [])
+        beside = f"; side by side: {' | '.join(lanes)}" if lanes else ""
+        out.append(f"`make test` from a fresh clone on {t['machine']}: {_minutes(t['total_s'])} "
+                   f"({_minutes(t['venv_s'])} of it creating `.venv`; "
+                   f"{_minutes(t['total_s'] - t['venv_s'])} with `.venv` present), {t['passed']} checks passed "
+                   f"(commit {t['commit']}): {steps}{beside}.")
+    return "\n".join(out) if out else "_Not measured yet._"
+
+
+def costs_block(profile: str = "paper") -> str:
+    """docs/gpu-costs.md's table: `python -m lib.compendium.costs` for the paper profile on one H100 80GB."""
+    a = Assumptions()
+    rows = cost_rows(profile, a)
+    return (f"Profile `{profile}`, memes of {a.image_size[0]} x {a.image_size[1]} px, one {a.gpu}:\n\n"
+            + markdown(rows, a) + f"\n\nTotal: about {sum(r.gpu_hours for r in rows):.0f} GPU-hours (estimated).")
+
+
+def serving_block(profile: str = "embedded") -> str:
+    """docs/models-and-serving.md's measurements: the serving stage's committed metrics."""
+    f = results_dir(profile) / "serving" / "metrics.json"
+    if not f.exists():
+        return "_Not measured yet: `make reproduce NB=serving`._"
+    m = read_json(f)
+    t = read_json(timings_path(profile)).get("machine", "?") if timings_path(profile).exists() else "?"
+    levels = sorted(int(k.rsplit("_c", 1)[1]) for k in m if k.startswith("tokens_per_s_served_c"))
+    hf = {c: m.get(f"tokens_per_s_hf_c{c}") for c in levels}
+    out = [f"On {t}; {m.get('n_requests', '?')} prompts per level, {m.get('max_new_tokens', '?')} new tokens:\n",
+           "| completion tokens / s | " + " | ".join(f"{c} in flight" for c in levels) + " |",
+           "|---|" + "---|" * len(levels),
+           "| llama.cpp server (GGUF Q4_1, HTTP) | " + " | ".join(f"{m[f'tokens_per_s_served_c{c}']:.1f}"
+                                                           for c in levels) + " |",
+           "| transformers, the same GGUF dequantized (batch = in flight) | "
+           + " | ".join(f"{hf[c]:.1f}" if hf[c] is not None else "" for c in levels) + " |", ""]
+    sp = [f"{m[k]:.1f}x at {k.rsplit('_c', 1)[1]} in flight" for k in sorted(m) if k.startswith("speedup_served_vs_hf_c")]
+    out.append(f"The server against transformers: {', '.join(sp)}; 4 requests in flight give "
+               f"{m.get('served_scaling_c4_vs_c1', float('nan')):.2f}x the throughput of one. A 4-shot prompt of "
+               f"{m.get('prefix_prompt_tokens', float('nan')):.0f} tokens: time to first token "
+               f"{m.get('ttft_cold_s', float('nan')):.2f} s cold and {m.get('ttft_warm_s', float('nan')):.3f} s warm, with "
+               f"{m.get('prefix_cached_tokens_warm', float('nan')):.0f} prompt tokens taken from the prefix cache. Answers "
+               f"valid against the few-shot label and rapid-scan schemas: {m.get('schema_valid_rate_with_schema', 0):.0%} with "
+               f"constrained decoding, {m.get('schema_valid_rate_without_schema', 0):.0%} without (of "
+               f"{m.get('schema_n_per_arm', '?')} per arm). Greedy outputs of the two engines agree word for word on "
+               f"{m.get('greedy_agreement_served_vs_hf', float('nan')):.0%} of the prompts (4-bit kernels against "
+               f"dequantized float32).")
+    return "\n".join(out)
+
+
+def notebook_cost(stage: str, profile: str = "embedded") -> str:
+    """A notebook header's cost cell: the stage's measured time from nothing and in the latest run
+    (results/<profile>/timings.json), and the paper profile's estimate on one GPU (lib.compendium.costs)."""
+    parts = []
+    if timings_path(profile).exists():
+        t = read_json(timings_path(profile))
+        cold, last = t.get("stages", {}).get(stage), t.get("last_run", {}).get(stage)
+        cores = re.search(r"(\d+) CPU cores", t.get("machine", ""))
+        where = f"{cores.group(1)} CPU cores" if cores else "this machine"
+        if cold:
+            parts.append(f"embedded: {_minutes(cold['wall_s'])} on {where} from nothing (`make reproduce`)"
+                         + (f", {_minutes(last['wall_s'])} in the latest run on what earlier runs left" if last else ""))
+    rows = [r for r in cost_rows("paper", Assumptions()) if r.stage[:2] == stage[:2]]
+    if rows:
+        hours, gib = sum(r.gpu_hours for r in rows), max(r.gpu_gib for r in rows)
+        kinds = sorted({r.kind for r in rows} - {"none"})
+        parts.append("paper: " + ("no GPU" if hours == 0 and gib == 0 else
+                                  f"about {hours:.1f} GPU-hours and {gib:.0f} GiB on one {Assumptions().gpu} "
+                                  f"({', '.join(kinds)}; `python -m lib.compendium.costs`)"))
+    return "; ".join(parts) or "not measured yet"
+
+
+def update_notebook_headers(profile: str = "embedded") -> bool:
+    """Fill the `cost` block of each notebook's opening cell (markdown only: the saved outputs stay the run's)."""
+    import nbformat
+    changed = False
+    for st in stages():
+        if st.notebook is None:
+            continue
+        nb = nbformat.read(str(st.notebook), as_version=4)
+        cell = nb.cells[0]
+        new = _replace_block(cell.source, "cost", notebook_cost(st.name, profile)).replace("\n<!-- cost:end -->",
+                                                                                        " <!-- cost:end -->")
+        new = new.replace("<!-- cost:start -->\n", "<!-- cost:start --> ")
+        if new != cell.source:
+            cell.source = new
+            write_text(st.notebook, nbformat.writes(nb) + "\n")
+            changed = True
+    return changed
+
+
+#: generated blocks: file -> marker name -> function of the profile (`make results` fills them; the
+#: readings check skips them, tests/test_results.py checks them against their generators)
+BLOCKS = {ROOT / "README.md": {"findings": findings_block, "timings": timings_block},
+          ROOT / "docs" / "gpu-costs.md": {"costs": lambda _: costs_block("paper")},
+          ROOT / "docs" / "models-and-serving.md": {"serving": serving_block}}
+DOCS_RESULTS = ROOT / "docs" / "results.md"
+
+
+def _replace_block(text: str, name: str, body: str) -> str:
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    if start not in text or end not in text:
+        return text
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{body.strip()}\n{end}{tail}"
+
+
+def results_page() -> str:
+    return ("# Results: every committed metric\n\n"
+            "Generated by `make results` from `results/<profile>/` (what `make reproduce` commits); do not edit by "
+            "hand. The findings and their tests are in the README; each notebook's reading explains its numbers.\n\n"
+            + render())
+
+
+def update_readme(readme: Path | None = None) -> bool:
+    """Regenerate every generated block (the README's findings and timings, docs/gpu-costs.md's table) and
+    docs/results.md from the committed results; returns whether anything changed."""
+    changed = False
+    for path, blocks in BLOCKS.items():
+        path = readme if readme is not None and path.name == "README.md" else path
+        text = path.read_text(encoding="utf-8") if path.exists() else ""
+        new = text
+        for name, fn in blocks.items():
+            new = _replace_block(new, name, fn("embedded"))
+        if new != text:
+            write_text(path, new)
+            changed = True
+    page = results_page()
+    if not DOCS_RESULTS.exists() or DOCS_RESULTS.read_text(encoding="utf-8") != page:
+        write_text(DOCS_RESULTS, page)
+        changed = True
+    return update_notebook_headers() or changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Regenerate the README's findings and timings and docs/results.md "
+                                             "from results/ (make results)")
+    ap.add_argument("--readme", default=str(ROOT / "README.md"))
+    args = ap.parse_args(argv)
+    changed = update_readme(Path(args.readme))
+    print(json.dumps({"updated": changed}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

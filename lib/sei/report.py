@@ -1,0 +1,682 @@
+"""Notebook 04's steps, tables and figures (See, Explain, Intervene).
+
+    agents = train_agents(out_root, recipe, data, templates, ...)      # four fine-tuned agents (cached)
+    rows, items = evaluate_agents(agents, data, templates, emb, ...)  # Table 3: held-out scores beside the
+                                                                       #   nearest-training-meme baseline
+    ex = retrieve_exemplars(dataset, memes, train_split, test_split, ...)   # ranked exemplar pools
+    plans = plan_settings(settings, queries, pool, ...)               # which exemplars each prompt shows
+    silver = make_silver(pool, needs, agents, ...)                    # silver captions, explanations, interventions
+    result, preds = evaluate_setting(chat, setting, queries, pool, plan, silver, ...)   # lib.sei.fewshot, per setting
+    claims, cold = claim_frame(preds, main_name, retriever, spread=True)       # each claim's paired test
+"""
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from lib.sei import fewshot as sei
+from lib.sei.agents import (AGENTS, LABEL_WORDS, AgentExample, AgentRecipe, agent_chat, build_agent_data,
+                        nearest_train_baseline, norm_id, prompt_templates, run_agent, train_agent)
+from lib.compendium.artifacts import require, stage_dir, write_bytes, write_json, write_text
+from lib.models.chat import ResponseCache, default_cache_path
+from lib.data.prep import load_prepared
+from lib.evaluation.metrics import claim_metric_keys, claim_tests, cold_run_metric_keys, interval_keys, mean_ci
+from lib.compendium.params import is_paper
+from lib.sei.fewshot import Meme, Prediction, subgroup
+from lib.evaluation.textmetrics import pair_semsim, score_texts, token_count, type_token_ratio, unigram_perplexity, vader_label
+
+#: The paper's Table 3 (agents on held-out splits) and Table 2 rows (SigLIP retrieval), for the
+#: paper-profile rows. acc/mF1 in %, texts in [0, 1]; keys (model, n).
+PAPER_TABLE3 = {"captioner": ("MemeCap", 559, 0.3571, 0.6673, 0.9042), "explainer": ("HatReD", 246, 0.3777, 0.6326, 0.9079),
+                "commonsense": ("MemeSense", 134, 0.2501, 0.7212, 0.8999),
+                "intervention": ("MemeSense", 134, 0.3438, 0.7857, 0.9114)}
+PAPER_TABLE2_FHM = {("gpt-4o", 2): (79.35, 79.34, .221, .648, .886, .144, .465, .871, 400),
+                    ("gpt-4o", 4): (79.45, 79.44, .233, .674, .89, .155, .491, .875, 401),
+                    ("gpt-4o", 8): (80.26, 80.25, .242, .679, .891, .195, .563, .883, 409),
+                    ("internvl3.5-8b", 2): (71.41, 71.41, .209, .599, .88, .215, .58, .888, 341),
+                    ("internvl3.5-8b", 4): (73.55, 73.43, .215, .625, .883, .263, .701, .901, 324),
+                    ("internvl3.5-8b", 8): (71.41, 70.33, .227, .635, .887, .29, .777, .907, 252),
+                    ("pixtral-12b", 2): (69.79, 69.78, .197, .56, .88, .213, .611, .887, 338),
+                    ("pixtral-12b", 4): (70.3, 70.26, .211, .606, .884, .249, .699, .897, 329),
+                    ("pixtral-12b", 8): (72.53, 72.45, .224, .635, .887, .272, .774, .903, 330)}
+PAPER_TABLE2_MAMI = {("gpt-4o", 2): (88.25, 88.23, .224, .615, .886, .139, .508, .869, 438),
+                     ("gpt-4o", 4): (88.78, 88.75, .231, .641, .888, .172, .565, .877, 444),
+                     ("gpt-4o", 8): (89.1, 89.07, .238, .654, .891, .239, .693, .894, 446),
+                     ("internvl3.5-8b", 2): (71.96, 71.69, .207, .581, .885, .332, .792, .915, 386),
+                     ("internvl3.5-8b", 4): (74.39, 74.24, .186, .569, .882, .373, .83, .918, 388),
+                     ("internvl3.5-8b", 8): (75.34, 75.25, .163, .557, .879, .395, .843, .919, 385),
+                     ("pixtral-12b", 2): (67.94, 65.88, .191, .513, .882, .326, .802, .912, 437),
+                     ("pixtral-12b", 4): (73.65, 72.89, .19, .536, .881, .358, .833, .918, 427),
+                     ("pixtral-12b", 8): (75.42, 74.99, .17, .55, .879, .391, .849, .921, 418)}
+PAPER_COLUMNS = ("acc", "macro_f1", "expl_rouge_l", "expl_semsim", "expl_bertscore_f1", "int_rouge_l", "int_semsim",
+                 "int_bertscore_f1", "support")
+
+
+def paper_row(model_preset: str, dataset: str, n: int, retriever: str = "siglip") -> dict[str, float] | None:
+    """The paper's Table 2 numbers for a model preset, dataset and n; Table 2 retrieves with SigLIP,
+    so another retriever (CLIP, BLIP: Table 4) gets none."""
+    key = next((k for k in ("gpt-4o", "internvl3.5-8b", "pixtral-12b") if k in model_preset), None)
+    table = {"fhm": PAPER_TABLE2_FHM, "mami": PAPER_TABLE2_MAMI}.get(dataset)
+    if key is None or table is None or "siglip" not in retriever or (key, n) not in table:
+        return None
+    v = table[(key, n)]
+    return {c: (x / 100 if c in ("acc", "macro_f1") else x) for c, x in zip(PAPER_COLUMNS, v)}
+
+
+# ----------------------------------------------------------------------------- data
+def memeworld_types(root: str | Path) -> dict[str, str]:
+    """MemeWorld's SMI interaction type per meme id (empty for real data)."""
+    p = Path(root) / "memeworld.jsonl"
+    if not p.exists():
+        return {}
+    out = {}
+    for line in p.read_text(encoding="utf-8").splitlines():
+        r = json.loads(line)
+        out[norm_id(r["id"])] = r["type"]
+    return out
+
+
+def to_memes(records: Sequence[Any], types: dict[str, str] | None = None) -> list[Meme]:
+    types = types or {}
+    return [Meme(norm_id(r.id), Path(r.img_path), r.text or "", r.label, split=r.split, type=types.get(norm_id(r.id)))
+            for r in records]
+
+
+# ----------------------------------------------------------------------------- agents
+def train_agents(out_root: Path, recipe: AgentRecipe, data: dict[str, list[AgentExample]], templates: dict[str, str],
+                 per_agent: dict[str, dict[str, Any]] | None = None, progress: bool = True) -> dict[str, dict[str, Any]]:
+    """Fine-tune every agent (cached on its inputs); per_agent overrides recipe fields per agent."""
+    out = {}
+    for a in AGENTS:
+        r = replace(recipe, **(per_agent or {}).get(a, {}))
+        rec = train_agent(data[a], Path(out_root) / a, r, templates[a], progress=progress)
+        out[a] = {**rec, "dir": str(Path(out_root) / a)}
+    return out
+
+
+def evaluate_agents(agents: dict[str, dict[str, Any]], data: dict[str, list[AgentExample]], templates: dict[str, str],
+                    emb: dict[str, np.ndarray], cache, eval_n: int = 0, max_new_tokens: int = 100, seed: int = 0,
+                    intervention_input: str = "generated", semsim_model: str = "minilm", bertscore=None,
+                    batch_size: int = 32, progress: bool = True) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Table 3: each agent on its held-out examples (a seeded subset of eval_n), beside the
+    nearest-training-meme baseline. The intervention agent reads the commonsense agent's output
+    (`generated`, as deployed) or the gold commonsense (`gold`). Returns the table's rows and one item per
+    example (agent, id, the agent's text, the baseline's, the references, the answer's status: what
+    table3_rows scores, kept as agent_outputs.jsonl)."""
+    rng = random.Random(seed)
+    chats = {a: agent_chat(agents[a]["dir"], cache, batch_size=batch_size) for a in AGENTS}
+    held, outputs, items = {}, {}, []
+    for a in AGENTS:
+        test = [e for e in data[a] if e.split == "test"]
+        if eval_n and len(test) > eval_n:
+            test = sorted(rng.sample(test, eval_n), key=lambda e: e.id)
+        held[a] = test
+    # the intervention agent is evaluated on the commonsense agent's memes: generate commonsense first
+    for a in AGENTS:
+        test = held[a]
+        its = [(e.img_path, e.inputs) for e in test]
+        if a == "intervention" and intervention_input == "generated":
+            cs = dict(zip([e.id for e in held["commonsense"]], outputs.get("commonsense", [])))
+            missing = [e for e in test if e.id not in cs]
+            if missing:
+                extra = run_agent(chats["commonsense"], templates["commonsense"],
+                                  [(e.img_path, {"ocr": e.inputs["ocr"]}) for e in missing], max_new_tokens,
+                                  progress=progress)
+                cs.update({e.id: r.text for e, r in zip(missing, extra)})
+            its = [(e.img_path, {**e.inputs, "commonsense": cs[e.id]}) for e in test]
+        res = run_agent(chats[a], templates[a], its, max_new_tokens, desc=a, progress=progress)
+        outputs[a] = [r.text for r in res]
+        base = nearest_train_baseline(test, [e for e in data[a] if e.split == "train"], emb)
+        items += [{"agent": a, "id": e.id, "output": r.text, "baseline": b, "references": list(e.references),
+                   "gold": e.target, "status": r.status} for e, r, b in zip(test, res, base)]
+    return table3_rows(items, semsim_model, bertscore), items
+
+
+def table3_rows(items: Sequence[dict[str, Any]], semsim_model: str = "minilm", bertscore=None) -> list[dict[str, Any]]:
+    """Table 3's rows from the per-example items of evaluate_agents: each agent's scores against the
+    references beside the nearest-training-meme baseline's, whether it learned more than copying (both
+    ROUGE-L and semantic similarity above the baseline's), and three examples."""
+    rows = []
+    for a in dict.fromkeys(x["agent"] for x in items):
+        its = [x for x in items if x["agent"] == a]
+        refs = [x["references"] for x in its]
+        s = score_texts([x["output"] for x in its], refs, semsim_model, bertscore)
+        b = score_texts([x["baseline"] for x in its], refs, semsim_model, bertscore)
+        rows.append({"agent": a, "n": len(its), "rouge_l": s["rouge_l"], "semsim": s["semsim"],
+                     "bertscore_f1": s["bertscore_f1"], "baseline_rouge_l": b["rouge_l"],
+                     "baseline_semsim": b["semsim"], "baseline_bertscore_f1": b["bertscore_f1"],
+                     "n_failed": sum(x["status"] != "ok" for x in its),
+                     "learned": bool(s["rouge_l"] > b["rouge_l"] and s["semsim"] > b["semsim"]),
+                     "examples": [{"id": x["id"], "gold": x["gold"], "agent": x["output"], "nearest_train": x["baseline"]}
+                                  for x in its[:3]]})
+    return rows
+
+
+def table3_frame(rows: Sequence[dict[str, Any]], profile: str, bertscore_label: str = "BERTScore-F1"):
+    import pandas as pd
+    df = pd.DataFrame([{k: v for k, v in r.items() if k != "examples"} for r in rows]).set_index("agent")
+    if is_paper(profile):
+        for a, (data, n, rl, ss, bs) in PAPER_TABLE3.items():
+            if a in df.index:
+                df.loc[a, ["paper_data", "paper_n", "paper_rouge_l", "paper_semsim", "paper_bertscore_f1"]] = \
+                    [data, n, rl, ss, bs]
+    return df.rename(columns={"bertscore_f1": bertscore_label, "baseline_bertscore_f1": f"baseline {bertscore_label}"})
+
+
+# ----------------------------------------------------------------------------- silver data
+def make_silver(pool: Sequence[Meme], needs: tuple[set[int], set[tuple[int, int]], set[int]],
+                agents: dict[str, dict[str, Any]], templates: dict[str, str], cache, max_new_tokens: int = 100,
+                batch_size: int = 32, progress: bool = True) -> dict[str, Any]:
+    """Agent outputs for the exemplars a run needs: captions, label-aware explanations, and for the
+    memes shown as hateful a commonsense text, then an intervention from it."""
+    caps, expl, iv = needs
+    caps, expl, iv = sorted(caps), sorted(expl), sorted(iv)
+    chats = {a: agent_chat(agents[a]["dir"], cache, batch_size=batch_size) for a in AGENTS}
+    c = run_agent(chats["captioner"], templates["captioner"], [(pool[j].img_path, {"ocr": pool[j].ocr}) for j in caps],
+                  max_new_tokens, desc="silver captions", progress=progress)
+    e = run_agent(chats["explainer"], templates["explainer"],
+                  [(pool[j].img_path, {"ocr": pool[j].ocr, "label": LABEL_WORDS[lab]}) for j, lab in expl],
+                  max_new_tokens, desc="silver explanations", progress=progress)
+    cs = run_agent(chats["commonsense"], templates["commonsense"],
+                   [(pool[j].img_path, {"ocr": pool[j].ocr}) for j in iv], max_new_tokens, desc="silver commonsense",
+                   progress=progress)
+    i = run_agent(chats["intervention"], templates["intervention"],
+                  [(pool[j].img_path, {"ocr": pool[j].ocr, "commonsense": r.text}) for j, r in zip(iv, cs)],
+                  max_new_tokens, desc="silver interventions", progress=progress)
+    bad = [r for r in c + e + cs + i if r.status != "ok"]
+    if bad:
+        raise RuntimeError(f"{len(bad)} agent calls failed while writing silver data (first: {bad[0].error})")
+    return {"captions": {j: r.text for j, r in zip(caps, c)}, "explanations": {k: r.text for k, r in zip(expl, e)},
+            "commonsense": {j: r.text for j, r in zip(iv, cs)}, "interventions": {j: r.text for j, r in zip(iv, i)}}
+
+
+def caption_queries(queries: Sequence[Meme], agents: dict[str, dict[str, Any]], templates: dict[str, str], cache,
+                    max_new_tokens: int = 100, batch_size: int = 32, progress: bool = True) -> list[str]:
+    """The captioning agent's caption of each test meme (the paper's test-caption source)."""
+    chat = agent_chat(agents["captioner"]["dir"], cache, batch_size=batch_size)
+    res = run_agent(chat, templates["captioner"], [(q.img_path, {"ocr": q.ocr}) for q in queries], max_new_tokens,
+                    desc="test captions", progress=progress)
+    bad = [r for r in res if r.status != "ok"]
+    if bad:
+        raise RuntimeError(f"{len(bad)} test captions failed (first: {bad[0].error})")
+    return [r.text for r in res]
+
+
+def gold_exemplar_texts(pool: Sequence[Meme], silver: dict[str, Any], data: dict[str, list[AgentExample]]
+                        ) -> tuple[dict[str, Any], int]:
+    """`exemplar_texts: gold`: the dataset's own caption, explanation (for the gold label only) and
+    intervention replace the agents' where they exist; returns the new texts and how many changed."""
+    by = {a: {e.id: e for e in v} for a, v in data.items()}
+    out = {k: dict(v) for k, v in silver.items()}
+    n = 0
+    for j in list(out["captions"]):
+        e = by["captioner"].get(pool[j].id)
+        if e:
+            out["captions"][j] = e.target
+            n += 1
+    for (j, lab) in list(out["explanations"]):
+        e = by["explainer"].get(pool[j].id)
+        if e and lab == pool[j].label:
+            out["explanations"][(j, lab)] = e.target
+            n += 1
+    for j in list(out["interventions"]):
+        e = by["intervention"].get(pool[j].id)
+        if e:
+            out["interventions"][j] = e.target
+            n += 1
+    return out, n
+
+
+def gold_refs(records: Sequence[Any], kind: str, ids: set[str] | None) -> dict[str, list[str]]:
+    """Gold explanations (HatReD-style records: every reasoning) or interventions (MemeSense) by
+    meme id, restricted to `ids` when given."""
+    out: dict[str, list[str]] = {}
+    for r in records:
+        i = norm_id(r.id)
+        if ids is not None and i not in ids:
+            continue
+        texts = list(getattr(r, "reasonings", None) or []) if kind == "explanation" else \
+            [getattr(r, "intervention", "")]
+        texts = [t for t in texts if t]
+        if texts:
+            out.setdefault(i, []).extend(texts)
+    return out
+
+
+def coherence_frame(preds: Sequence[Prediction], semsim_model: str = "minilm"):
+    """Semantic similarity between each meme's explanation and its own intervention (cp, wp)."""
+    import pandas as pd
+    both = [p for p in preds if p.explanation and p.intervention and subgroup(p.gold, p.label) in ("cp", "wp")]
+    sims = pair_semsim([p.explanation for p in both], [p.intervention for p in both], semsim_model)
+    return pd.DataFrame({"id": [p.id for p in both], "setting": [p.setting for p in both],
+                         "subgroup": [subgroup(p.gold, p.label) for p in both], "coherence": sims})
+
+
+def silver_records(pool: Sequence[Meme], silver: dict[str, Any]) -> list[dict[str, Any]]:
+    """The silver data as one JSON record per exemplar meme (what silver_<dataset>.jsonl holds)."""
+    out = []
+    for j in sorted(silver["captions"]):
+        m = pool[j]
+        out.append({"id": m.id, "label": m.label, "caption": silver["captions"][j],
+                    "explanation": {("hateful" if lab else "non-hateful"): t
+                                    for (jj, lab), t in silver["explanations"].items() if jj == j},
+                    "commonsense": silver["commonsense"].get(j), "intervention": silver["interventions"].get(j)})
+    return out
+
+
+def write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
+    return write_text(path, "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows))
+
+
+# ----------------------------------------------------------------------------- tables and figures
+def results_frame(results: dict[str, dict[str, Any]]):
+    """One row per setting: classification, statuses, support, E/I scores, cost."""
+    import pandas as pd
+    rows = []
+    for name, r in results.items():
+        rows.append({"setting": name, **{k: v for k, v in r.items() if not isinstance(v, (list, dict))}})
+    return pd.DataFrame(rows).set_index("setting")
+
+
+def analysis_frame(preds: Sequence[Prediction]):
+    """One row per generated text with its subgroup and lexical measures (§7)."""
+    import pandas as pd
+    rows = []
+    for p in preds:
+        g = subgroup(p.gold, p.label)
+        if g is None:
+            continue
+        for kind, t in (("explanation", p.explanation), ("intervention", p.intervention)):
+            if not t:
+                continue
+            rows.append({"id": p.id, "setting": p.setting, "subgroup": g, "kind": kind, "text": t,
+                         "tokens": token_count(t), "ttr": type_token_ratio(t), "ppl": unigram_perplexity(t),
+                         "sentiment": vader_label(t)})
+    return pd.DataFrame(rows)
+
+
+def ci_frame(df, measures=("tokens", "ttr", "ppl"), n_resamples: int = 1000, method: str = "BCa", seed: int = 0):
+    """Mean and bootstrap CI per (kind, subgroup, measure), with n and the CI method used."""
+    import pandas as pd
+    rows = []
+    for (kind, g), sub in df.groupby(["kind", "subgroup"]):
+        for m in measures:
+            mean, lo, hi, used = mean_ci(sub[m].tolist(), n_resamples, method, seed)
+            rows.append({"kind": kind, "subgroup": g, "measure": m, "n": len(sub), "mean": mean, "low": lo,
+                         "high": hi, "ci": used})
+    return pd.DataFrame(rows)
+
+
+def plot_lexical(ci, title: str = ""):
+    """Figure 3 analogue: mean with 95% CI per subgroup, explanations and interventions."""
+    import matplotlib.pyplot as plt
+    measures = ["tokens", "ttr", "ppl"]
+    names = {"tokens": "token count", "ttr": "type-token ratio", "ppl": "unigram perplexity"}
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    order = ["cp", "cn", "wp", "wn"]
+    for ax, m in zip(axes, measures):
+        for k, (kind, mk) in enumerate((("explanation", "o"), ("intervention", "s"))):
+            sub = ci[(ci.measure == m) & (ci.kind == kind)].set_index("subgroup").reindex(order)
+            x = np.arange(len(order)) + (k - 0.5) * 0.2
+            y = sub["mean"].to_numpy(dtype=float)
+            err = np.vstack([y - sub["low"].to_numpy(dtype=float), sub["high"].to_numpy(dtype=float) - y])
+            ax.errorbar(x, y, yerr=np.nan_to_num(err), fmt=mk, capsize=3, label=kind)
+        ax.set_xticks(range(len(order)), order)
+        ax.set_title(names[m], fontsize=10)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_sentiment(df, title: str = ""):
+    """Figure 5 analogue: share of VADER classes per subgroup and text kind."""
+    import matplotlib.pyplot as plt
+    groups = [("cp", "explanation"), ("cn", "explanation"), ("wp", "explanation"), ("wn", "explanation"),
+              ("cp", "intervention"), ("wp", "intervention")]
+    fig, ax = plt.subplots(figsize=(7, 3))
+    colours = {"positive": "#4dac26", "neutral": "#bababa", "negative": "#d01c8b"}
+    bottom = np.zeros(len(groups))
+    for cls in ("negative", "neutral", "positive"):
+        vals = []
+        for g, kind in groups:
+            sub = df[(df.subgroup == g) & (df.kind == kind)]
+            vals.append(100 * float((sub.sentiment == cls).mean()) if len(sub) else 0.0)
+        ax.bar(range(len(groups)), vals, bottom=bottom, color=colours[cls], label=cls)
+        bottom += np.array(vals)
+    ns = [len(df[(df.subgroup == g) & (df.kind == k)]) for g, k in groups]
+    ax.set_xticks(range(len(groups)), [f"{g}-{k[:2]}\n(n={n})" for (g, k), n in zip(groups, ns)], fontsize=8)
+    ax.set_ylabel("% of texts")
+    ax.legend(fontsize=7, loc="upper right")
+    ax.set_title(title, fontsize=10)
+    return fig
+
+
+def plot_controls(results: dict[str, dict[str, Any]], chance: float, knn: float | None = None, title: str = ""):
+    """Accuracy per setting with the majority-class line and the exemplars' own vote."""
+    import matplotlib.pyplot as plt
+    names = list(results)
+    acc = [results[n]["acc"] for n in names]
+    fig, ax = plt.subplots(figsize=(max(5, 0.7 * len(names) + 2), 3.2))
+    ax.bar(range(len(names)), acc, color=["#4c72b0" if "/" in n else "#dd8452" for n in names])
+    ax.axhline(chance, ls="--", color="k", lw=1, label=f"majority class ({chance:.2f})")
+    if knn is not None:
+        ax.axhline(knn, ls=":", color="#55a868", lw=1.5, label=f"exemplars' majority label, no model ({knn:.2f})")
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("accuracy")
+    ax.legend(fontsize=7, loc="upper left")
+    ax.set_title(title, fontsize=10)
+    return fig
+
+
+def exemplar_label_following(preds: Sequence[Prediction]) -> dict[str, float]:
+    """How often the predicted label equals the majority label shown in the prompt's exemplars
+    (and the last exemplar's label), over answers with a label and at least one exemplar
+    (`n_following`: how many; the setting's `n` stays the number of memes it answered)."""
+    both = [p for p in preds if p.label in (0, 1) and p.shown_labels]
+    if not both:
+        return {"follows_majority": float("nan"), "follows_last": float("nan"), "n_following": 0}
+    maj = [Counter(p.shown_labels).most_common(1)[0][0] for p in both]
+    return {"follows_majority": float(np.mean([p.label == m for p, m in zip(both, maj)])),
+            "follows_last": float(np.mean([p.label == p.shown_labels[-1] for p in both])), "n_following": len(both)}
+
+
+def table2_frame(all_preds_keys: Sequence[tuple[str, str, str]], results: dict[str, dict[str, Any]], key_fn,
+                 profile: str):
+    """The paper's Table 2 / 4 layout: one row per (model, retriever, n) of the retrieved grid, one
+    column group per dataset (acc, macro-F1, explanation and intervention scores, support), and in
+    the paper profile the paper's SigLIP numbers beside each row it has."""
+    import pandas as pd
+    cols = ("acc", "macro_f1", "expl_rouge_l", "expl_semsim", "expl_bertscore_f1", "int_rouge_l", "int_semsim",
+            "int_bertscore_f1", "support")
+    rows: dict[tuple[str, str, int], dict[tuple[str, str], Any]] = {}
+    for model, ds, name in all_preds_keys:
+        r, _, n = name.partition("/")
+        if not n.isdigit():
+            continue
+        res = results[key_fn(model, ds, name)]
+        row = rows.setdefault((model, r, int(n)), {})
+        for c in cols:
+            row[(ds, c)] = res.get(c)
+        p = paper_row(model, ds, int(n), r) if is_paper(profile) else None
+        for c in cols if p else ():
+            row[(ds, f"paper {c}")] = p[c]
+    df = pd.DataFrame.from_dict(rows, orient="index")
+    if len(df):
+        df.index.names = ["model", "retriever", "n"]
+        df.columns = pd.MultiIndex.from_tuples(df.columns)
+    return df
+
+
+# ----------------------------------------------------------------------------- notebook 06
+#: the parameters of notebook 04 that rebuild its moderator (written to its settings.json)
+def evaluated(result: dict[str, Any]) -> int | None:
+    """How many memes a setting's accuracy is over: every status counted (an unparseable answer
+    is a wrong one, not a missing one); `n` where no status is counted."""
+    total = sum(int(result.get(f"n_{s}", 0)) for s in sei.STATUSES)
+    return total or result.get("n")
+
+
+main_setting_name = sei.main_setting_name      # the main row's name (kept here for callers)
+
+
+SETTINGS_KEYS = ("datasets", "train_split", "agent_base", "agent_recipe", "agent_overrides", "agent_prompt_dir",
+                 "agent_max_new_tokens", "retrievers", "shots", "order", "controls", "models", "serve_preset",
+                 "images", "prompt_dir", "temperature", "max_new_tokens", "parser", "seed", "answer_format",
+                 "string_max_length", "knn_n", "eval_n", "eval_balance", "cold_runs", "semsim_model", "bertscore",
+                 "rouge_stemmer", "explanation_refs", "intervention_refs")
+
+
+class FewShotModerator:
+    """Notebook 04's few-shot moderator rebuilt from 04's declared artifacts alone: the settings it
+    ran with (`settings.json`, SETTINGS_KEYS) and its fine-tuned agents (reused, never
+    retrained), to moderate memes 04 did not
+    evaluate: notebook 06's common memes and their prompt-injected copies. The exemplar pool, the
+    retriever, the silver texts, the prompt, the model and the parser are 04's; every call goes
+    through the response cache.
+
+        fs = FewShotModerator(profile, chat, out_dir)
+        preds = fs.predict(memes, "memeworld-clip/4")          # a setting name from notebook 04
+    """
+
+    def __init__(self, profile: str, chat, out_dir: Path, section: dict[str, Any] | None = None,
+                 progress: bool = False):
+        p = section or json.loads(require(profile, "sei_settings", "lib.sei.report.FewShotModerator").read_text())
+        nb = "notebooks/04_few_shot.ipynb"
+        self.p, self.chat, self.out_dir, self.progress = p, chat, Path(out_dir), progress
+        self.ds = next(iter(p["datasets"]))
+        self.definitions = p["datasets"][self.ds]["definitions"]
+        self.cache = ResponseCache(default_cache_path(profile))
+        recs = {n: load_prepared(profile, n, nb).records for n in ["memecap", "hatred", "memesense", self.ds]}
+        self.types = memeworld_types(Path(recs[self.ds][0].img_path).parent.parent) if recs[self.ds] else {}
+        self.pool = [m for m in to_memes(recs[self.ds], self.types) if m.split == p["train_split"]]
+        self.agent_tpl = prompt_templates(p["agent_prompt_dir"])
+        data = build_agent_data(recs["memecap"], recs["hatred"], recs["memesense"], recs[self.ds])
+        recipe = AgentRecipe(base=p["agent_base"], prompt_dir=p["agent_prompt_dir"], seed=p["seed"], **p["agent_recipe"])
+        self.stage04 = stage_dir(profile, "04_few_shot")
+        self.agents = train_agents(self.stage04 / "agents", recipe, data, self.agent_tpl,
+                                   p["agent_overrides"], progress=progress)
+        self.settings = {s.name: s for s in sei.parse_settings(p["controls"], p["retrievers"], p["shots"],
+                                                               p.get("answer_format", "free_text"))}
+        self.tpl = sei.SeiTemplates.load(p["prompt_dir"])
+
+    def main_setting(self) -> str:
+        """The setting notebook 04 reports as its main row (first retriever, 4 shots or the largest n)."""
+        return main_setting_name(self.p["retrievers"], self.p["shots"])
+
+    def predict(self, memes: Sequence[Meme], setting: str) -> list[Prediction]:
+        """Few-shot (or zero-shot) predictions for `memes` (sei.Meme; their caption is written here
+        by 04's captioning agent) under one of 04's settings."""
+        if setting not in self.settings:
+            raise KeyError(f"no few-shot setting {setting!r}; notebook 04's settings: {', '.join(self.settings)}")
+        s = self.settings[setting]
+        ranked = {}
+        if s.n and s.retriever:
+            fname = f"embeddings_{s.retriever.replace('/', '_')}.npz"
+            mine, theirs = self.out_dir / fname, self.stage04 / fname
+            if not mine.exists() and theirs.exists():       # start from 04's embeddings: only new memes are embedded
+                write_bytes(mine, theirs.read_bytes())
+            emb = sei.embed_images(s.retriever, list(self.pool) + list(memes), mine, progress=self.progress)
+            P = np.stack([emb[m.id] for m in self.pool])
+            Q = np.stack([emb[m.id] for m in memes])
+            ranked[s.retriever] = sei.top_n(Q, P, s.n)[0]
+        plan = sei.plan_exemplars(s, memes, self.pool, ranked, self.p["order"], self.p["seed"])
+        silver = make_silver(self.pool, sei.silver_needs([plan]), self.agents, self.agent_tpl, self.cache,
+                             self.p["agent_max_new_tokens"], progress=self.progress)
+        caps = caption_queries(memes, self.agents, self.agent_tpl, self.cache, self.p["agent_max_new_tokens"],
+                               progress=self.progress)
+        queries = [replace(m, caption=c) for m, c in zip(memes, caps)]
+        preds, _ = sei.run_setting(self.chat, s, queries, self.pool, plan, silver, self.tpl, self.definitions,
+                                   self.p["max_new_tokens"], self.p["temperature"], self.p["images"],
+                                   parser=self.p["parser"], progress=self.progress,
+                                   string_max_length=self.p.get("string_max_length"))
+        return preds
+
+
+# ----------------------------------------------------------------------------- notebook 04's steps
+def retrieve_exemplars(dataset: str, memes: Sequence[Meme], train_split: str, test_split: str, eval_n: int,
+                       eval_seed: int, retrievers: Sequence[str], emb: dict[str, dict[str, np.ndarray]],
+                       ns: Sequence[int], out_dir: Path, balance: str = "label"
+                       ) -> tuple[list[Meme], list[Meme], dict[str, np.ndarray], list[dict[str, Any]], str]:
+    """One dataset's exemplar pool (the train split), its balanced evaluation queries, the pool
+    ranked for every query by each retriever (written as exemplars_<dataset>_<retriever>.json,
+    with similarities) and the retrieval quality at each n in `ns`. `emb`: retriever -> the
+    embeddings already computed; memes missing from them are embedded (cached per encoder).
+    Returns (pool, queries, ranked, quality rows, a summary line)."""
+    pool = [m for m in memes if m.split == train_split]
+    test_all = [m for m in memes if m.split == test_split]
+    queries = sei.balanced_subset(test_all, eval_n, eval_seed, balance)
+    ranked, rows = {}, []
+    for r in retrievers:
+        e = emb[r] if all(m.id in emb[r] for m in pool + queries) else \
+            sei.embed_images(r, pool + queries, out_dir / f"embeddings_{r.replace('/', '_')}.npz")
+        idx, sims = sei.top_n(np.stack([e[m.id] for m in queries]), np.stack([e[m.id] for m in pool]), max(ns))
+        ranked[r] = idx
+        write_json(out_dir / f"exemplars_{dataset}_{r.replace('/', '_')}.json",
+                   {q.id: [[pool[j].id, round(float(s), 6)] for j, s in zip(row, srow)]
+                    for q, row, srow in zip(queries, idx, sims)})
+        rows += [{"dataset": dataset, "retriever": r, **sei.retrieval_quality(idx[:, :n], pool, queries)}
+                 for n in sorted(set(ns))]
+    line = (f"{dataset}: pool {len(pool)} {train_split} memes; {len(queries)} of {len(test_all)} "
+            f"{test_split} memes ({sum(q.label for q in queries)} hateful"
+            + (f"; {len({q.type for q in queries})} types, {dict(sorted(Counter(q.type for q in queries).items()))}"
+               if balance == "type" else "") + ")")
+    return pool, queries, ranked, rows, line
+
+
+def evaluate_setting(chat, setting, queries: Sequence[Meme], pool: Sequence[Meme], plan, silver: dict[str, Any],
+                     tpl, definitions: str, gold: dict[str, dict[str, list[str]]], generation: dict[str, Any],
+                     scoring: dict[str, Any]) -> tuple[dict[str, Any], list[Prediction]]:
+    """One few-shot setting on one dataset: the predictions, and their classification, cost,
+    explanation / intervention scores against `gold` ({"explanation": ..., "intervention": ...})
+    and how often the answer follows the exemplars' labels. `generation`: max_new_tokens,
+    temperature, images, parser; `scoring`: semsim_model, bertscore, stemmer."""
+    preds, cost = sei.run_setting(chat, setting, queries, pool, plan, silver, tpl, definitions, **generation)
+    res = {**sei.classification(preds), **cost}
+    res.update(sei.generation_scores(preds, gold["explanation"], gold["intervention"], **scoring))
+    res.update(exemplar_label_following(preds))
+    return res, preds
+
+
+def plan_settings(settings: Sequence[sei.Setting], queries: Sequence[Meme], pool: Sequence[Meme],
+                  ranked: dict[str, np.ndarray], order: str, seed: int, eval_seed: int, balance: str
+                  ) -> tuple[dict[str, dict[str, list[tuple[int, int]]]], dict[str, list[Meme]]]:
+    """Every setting's exemplar plan and the evaluation memes it runs on: all of `queries`, or for a
+    setting with `eval_n` their balanced subset (sei.setting_queries). Plans are drawn over all
+    queries (a query's exemplars never depend on which others run) and kept for the setting's own
+    memes, so no silver text is written for an exemplar no prompt shows."""
+    plans, runs_on = {}, {}
+    for s in settings:
+        runs_on[s.name] = sei.setting_queries(s, queries, eval_seed, balance)
+        ids = {q.id for q in runs_on[s.name]}
+        plans[s.name] = {i: v for i, v in sei.plan_exemplars(s, queries, pool, ranked, order, seed).items() if i in ids}
+    return plans, runs_on
+
+
+def knn_predictions(ranked: np.ndarray, pool: Sequence[Meme], queries: Sequence[Meme]) -> list[Prediction]:
+    """The label-vote control as predictions: each query's label is the majority of its retrieved
+    exemplars' gold labels (no model call)."""
+    return [Prediction(q.id, q.label, "knn_vote", "ok", int(v), "", "", False, False, [], [])
+            for q, v in zip(queries, sei.knn_vote(ranked, pool))]
+
+
+def knn_result(ranked: np.ndarray, pool: Sequence[Meme], queries: Sequence[Meme]) -> dict[str, Any]:
+    """The label-vote control's classification (no model call)."""
+    return {**sei.classification(knn_predictions(ranked, pool, queries)), "calls": 0}
+
+
+#: notebook 04's claims: (the paper's claim, setting A, setting B, what the comparison isolates);
+#: "<main>" is the main setting (first retriever, 4 shots)
+FEWSHOT_CLAIMS = (
+    ("retrieved exemplars beat random ones", "<main>", "random_4",
+     "the same prompt and n, with exemplars chosen by image similarity or at random"),
+    ("exemplars beat none (zero-shot)", "<main>", "zero_shot",
+     "four retrieved exemplars against the same prompt with none"),
+    ("the exemplars' labels carry the signal", "<main>", "shuffled_labels_4",
+     "the same exemplars shown with their gold labels or labels redrawn at the base rate"),
+    ("the model adds to its exemplars' vote", "<main>", "knn_vote",
+     "the model's answer against the majority label of the same retrieved exemplars (no model)"),
+    ("four exemplars beat two", "<main>", "<retriever>/2", "the same retriever at n = 4 and n = 2"),
+)
+
+
+def prediction_correct(preds: Sequence[Prediction]) -> dict[str, bool]:
+    """Meme id -> right or wrong; an answer with no label (unparseable, refused) is wrong, as the
+    accuracy counts it."""
+    return {p.id: p.status == "ok" and p.label in (0, 1) and p.label == p.gold for p in preds}
+
+
+def claim_frame(preds: dict[str, Sequence[Prediction]], main_name: str, retriever: str,
+                confidence: float = 0.95, spread: bool = False):
+    """One row per claim in FEWSHOT_CLAIMS whose two settings ran (`preds`: setting name ->
+    predictions, the knn vote included): both accuracies with Wilson intervals on the memes both
+    answered, the difference with its bootstrap interval, the exact McNemar test on the discordant
+    memes, and those memes' majority line; a claim whose settings have cold runs (`<name>_run<k>`)
+    gets a second row pooled over the runs, clustered by meme (metrics.claim_tests). Same columns as
+    notebook 05's claims.csv. `spread`: also return the per-run rows (cold_runs.csv)."""
+    import pandas as pd
+    truth = {p.id: p.gold for v in preds.values() for p in v}
+    claims = [(claim, *(x.replace("<main>", main_name).replace("<retriever>", retriever) for x in (a, b)), what)
+              for claim, a, b, what in FEWSHOT_CLAIMS]
+    answers = {k: {p.id: p.label for p in v} for k, v in preds.items()}
+    rows, runs = claim_tests(claims, {k: prediction_correct(v) for k, v in preds.items()}, truth, confidence, answers)
+    return (pd.DataFrame(rows), pd.DataFrame(runs)) if spread else pd.DataFrame(rows)
+
+
+def claim_metrics(claims) -> dict[str, Any]:
+    """metrics.json keys of each claim row: claim_<A>_vs_<B>_{n, acc_a, acc_b, p, majority}."""
+    return claim_metric_keys([] if claims is None else claims.to_dict("records"))
+
+
+#: notebook 04's Table 2 columns
+TABLE2_COLUMNS = ("acc", "macro_f1", "n", "n_unparseable", "n_refused", "support", "pred_hateful_share",
+                  "follows_majority", "expl_rouge_l", "expl_semsim", "expl_bertscore_f1", "expl_n", "int_rouge_l",
+                  "int_semsim", "int_n", "calls", "cache_hits", "prompt_tokens", "completion_tokens", "wall_s",
+                  "model_latency_s")
+
+
+def table2_view(results: dict[str, dict[str, Any]], bertscore_label: str):
+    """Every setting's row with TABLE2_COLUMNS, the BERTScore column named by its model."""
+    return results_frame(results).reindex(columns=list(TABLE2_COLUMNS)).rename(
+        columns={"expl_bertscore_f1": f"expl {bertscore_label}"})
+
+
+def stage_metrics(results: dict[str, dict[str, Any]], row, main_name: str, majority_acc: float, retrieval,
+                  retriever: str, knn_n: int, dataset: str, agent_rows: Sequence[dict[str, Any]],
+                  bertscore_proxy: bool, rerun_calls: int, claims=None, cold=None) -> dict[str, Any]:
+    """Notebook 04's metrics.json: the main setting's classification and generation scores, the
+    controls' accuracies (zero-shot, random and shuffled-label exemplars, the other answer format,
+    label vote) with Wilson intervals and each control's n, the claims' paired tests (claim_frame),
+    the retrieval's label (and MemeWorld type) agreement against its base rate, the agents'
+    scores, the cost, and the accuracy of every other setting. `row(name)`: a setting's results;
+    `cold`: claim_frame's per-run rows (the cold runs' spread)."""
+    main = row(main_name)
+    q = retrieval[(retrieval.retriever == retriever) & (retrieval.n == knn_n) & (retrieval.dataset == dataset)]
+    m: dict[str, Any] = {
+        "acc": main["acc"], "macro_f1": main["macro_f1"], "acc_zero_shot": row("zero_shot").get("acc"),
+        "acc_random_exemplars": row("random_4").get("acc"), "acc_shuffled_labels": row("shuffled_labels_4").get("acc"),
+        "acc_structured": row("structured_4").get("acc"), "acc_free_text": row("free_text_4").get("acc"),
+        "acc_knn_vote": row("knn_vote")["acc"],
+        "majority_acc": majority_acc, "retrieval_label_agreement": float(q["label_agreement"].iloc[0]),
+        "retrieval_label_base_rate": float(q["label_base_rate"].iloc[0]),
+        "n_eval": main["n"], "n_unparseable": main["n_unparseable"], "n_refused": main["n_refused"],
+        "support": main["support"], "follows_majority": main["follows_majority"], "expl_rouge_l": main["expl_rouge_l"], "expl_semsim": main["expl_semsim"],
+        "expl_bertscore_f1_proxy" if bertscore_proxy else "expl_bertscore_f1": main["expl_bertscore_f1"],
+        "int_rouge_l": main["int_rouge_l"], "int_semsim": main["int_semsim"],
+        "calls": int(sum(r.get("calls", 0) for r in results.values())),
+        "prompt_tokens": int(sum(r.get("prompt_tokens", 0) for r in results.values())),
+        "completion_tokens": int(sum(r.get("completion_tokens", 0) for r in results.values())),
+        "few_shot_wall_s": float(sum(r.get("wall_s", 0) for r in results.values())),
+        "few_shot_model_latency_s": float(sum(r.get("model_latency_s", 0) for r in results.values())),
+        "rerun_calls": rerun_calls}
+    for key, name in (("acc", main_name), ("acc_zero_shot", "zero_shot"), ("acc_random_exemplars", "random_4"),
+                      ("acc_shuffled_labels", "shuffled_labels_4"), ("acc_structured", "structured_4"),
+                      ("acc_free_text", "free_text_4"), ("acc_knn_vote", "knn_vote")):
+        if m[key] is None:                                                # a control this profile does not run
+            del m[key]
+            continue
+        m.update(interval_keys(key, m[key], evaluated(row(name))))        # Wilson: n is tens of memes
+        if key != "acc":
+            m[f"n_{key.removeprefix('acc_')}"] = evaluated(row(name))
+    m.update(claim_metrics(claims))
+    m.update(cold_run_metric_keys([] if cold is None or not len(cold) else cold.to_dict("records")))
+    if "type_agreement" in retrieval:
+        m["retrieval_type_agreement"] = float(q["type_agreement"].iloc[0])
+        m["retrieval_type_base_rate"] = float(q["type_base_rate"].iloc[0])
+    for r in agent_rows:
+        a = r["agent"]
+        m.update({f"agent_{a}_rouge_l": r["rouge_l"], f"agent_{a}_semsim": r["semsim"],
+                  f"agent_{a}_bertscore_f1": r["bertscore_f1"], f"agent_{a}_baseline_rouge_l": r["baseline_rouge_l"],
+                  f"agent_{a}_baseline_semsim": r["baseline_semsim"], f"agent_{a}_n": r["n"],
+                  f"agent_{a}_learned": r["learned"]})
+    for k, r in results.items():
+        if k != main_name and "acc" in r:
+            m[f"acc_{k.replace('/', '_').replace(':', '_')}"] = r["acc"]
+    return {k: (float(v) if isinstance(v, (np.floating, float)) else v) for k, v in m.items()}
