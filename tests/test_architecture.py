@@ -23,9 +23,9 @@ LAYERS = {
     1: {"lib.data.datasets", "lib.data.render", "lib.data.injection", "lib.data.memeworld", "lib.data.prep"},
     2: {"lib.models.chat", "lib.models.encoders", "lib.models.serve", "lib.models.llm_adapt",
         "lib.models.memeworld_vlm", "lib.models.nli", "lib.evaluation.textmetrics"},
-    3: {"lib.trace.captioning", "lib.trace.model", "lib.trace.features", "lib.trace.training", "lib.clip4dm.method", "lib.clip4dm.runs", "lib.sei.agents", "lib.sei.fewshot",
+    3: {"lib.trace.captioning", "lib.trace.model", "lib.trace.features", "lib.trace.training", "lib.trace.runs", "lib.clip4dm.method", "lib.clip4dm.runs", "lib.sei.agents", "lib.sei.fewshot",
         "lib.arcade.court"},
-    4: {"lib.trace.report", "lib.clip4dm.report", "lib.sei.agents_report", "lib.sei.report", "lib.arcade.report",
+    4: {"lib.trace.runs", "lib.clip4dm.report", "lib.sei.agents_report", "lib.sei.report", "lib.arcade.report",
         "lib.models.embedded", "lib.models.serving", "lib.models.smoke", "lib.evaluation.crosseval",
         "lib.evaluation.figures", "lib.evaluation.recompute", "lib.compendium.results", "lib.compendium.report",
         "lib.compendium.params", "lib.compendium.param_schemas", "lib.compendium.runner", "lib.compendium.costs",
@@ -177,7 +177,7 @@ def test_no_lib_file_over_the_size_limit():
 
 
 def test_package_files_import_nothing():
-    # a folder's __init__ is its docstring: importing lib.trace.report must not load the rest of TRACE
+    # a folder's __init__ is its docstring: importing lib.trace.runs must not load the rest of TRACE
     for pkg in PACKAGE_FILES:
         assert not GRAPH[pkg], f"{pkg}/__init__.py imports {sorted(GRAPH[pkg])}"
 

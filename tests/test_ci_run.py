@@ -280,14 +280,14 @@ def test_embedded_models_load_through_their_presets(ci_presets):
 
 
 def test_trace_command_line_trains_one_variant():
-    """`python -m lib.trace.report` (what `accelerate launch` runs) trains from the profile and writes a
+    """`python -m lib.trace.runs` (what `accelerate launch` runs) trains from the profile and writes a
     resumable run folder; run again, it reads the finished run back instead of retraining."""
     import shutil
     import subprocess
     import sys
     run = RUN / "02_finetuning" / "runs" / "multioff_memeworld-clip_all_clitest"
     shutil.rmtree(run, ignore_errors=True)
-    cmd = [sys.executable, "-m", "lib.trace.report", "--profile", PROFILE, "--dataset", "multioff", "--epochs", "2",
+    cmd = [sys.executable, "-m", "lib.trace.runs", "--profile", PROFILE, "--dataset", "multioff", "--epochs", "2",
            "--tag", "clitest", "--no-progress"]
     env = {**__import__("os").environ, "COMPENDIUM_PRESET_OVERLAY":
            str(ARTIFACTS_ROOT.parent / "params/presets/overlays/ci.yaml")}

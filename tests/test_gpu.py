@@ -52,11 +52,11 @@ def test_trace_trains_with_bf16_autocast_on_the_gpu(tiny_clip_dir, tmp_path):
     from lib.models.encoders import load_encoder
     from lib.trace.model import TrainConfig
     from lib.trace.features import FeatureCache, MemeBatchData
-    from lib.trace.report import run_variant
+    from lib.trace.runs import run_variant
     data = MemeBatchData.from_records(_memes(tmp_path), ["vlm_caption"])
     make = lambda: load_encoder(str(tiny_clip_dir), device="cuda")                  # noqa: E731
     cache = lambda e: FeatureCache(e, data, lowest_unfrozen=2, progress=False)      # noqa: E731
-    from lib.trace.report import load_trained
+    from lib.trace.runs import load_trained
     for amp in (True, False):                                               # bf16 autocast, then fp32
         cfg = TrainConfig(hidden=16, epochs=3, batch_size=4, lr=1e-2, patience=10, amp=amp)
         r = run_variant(tmp_path / f"amp_{amp}", data, "tiny", cfg, make, cache, progress=False)

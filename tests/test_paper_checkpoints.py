@@ -138,7 +138,7 @@ def test_trace_trains_each_paper_backbone_with_its_recipe(ckpts, tmp_path, backb
     from lib.compendium.params import load_profile
     from lib.compendium.presets import Preset
     from lib.trace.features import FeatureCache
-    from lib.trace.report import lowest_layer, run_config, train_variant
+    from lib.trace.runs import lowest_layer, run_config, train_variant
     section = load_profile("paper")["02_finetuning"]
     _, cfg = run_config(section, backbone, epochs=1, batch_size=8, grad_accum=1, amp=False)
     if backbone == "clip-xlmr-h14":

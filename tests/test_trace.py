@@ -211,7 +211,7 @@ def test_importing_trace_fixes_the_cublas_workspace_for_deterministic_gpu_runs()
 
 def test_run_config_layers_section_recipe_and_overrides():
     from lib.trace.model import MULTIOFF_RECIPE
-    from lib.trace.report import run_config
+    from lib.trace.runs import run_config
     section = {"backbones": ["a", "b"], "recipes": {"b": {"weight_decay": 0.05, "unfreeze_text_layers": [-2, -5]}},
                "multioff": {"backbone": "c", "epochs": 3}, "lr": 0.5, "unfreeze_text_layers": [-1], "device": None}
     bb, cfg = run_config(section)
@@ -234,7 +234,7 @@ def test_load_trace_data_reads_notebook_01s_absolute_image_paths(tmp_path):
     absolute paths in a dataset file) must not reject the compendium's own artifact."""
     import json
     from PIL import Image
-    from lib.trace.report import load_trace_data
+    from lib.trace.runs import load_trace_data
     rows = []
     for i, split in enumerate(["train", "dev_seen", "test_seen"]):
         p = tmp_path / "img" / f"{i}.png"
@@ -341,7 +341,7 @@ def test_official_threshold_is_the_best_f1_point_of_the_pr_curve():
 
 
 def test_train_config_carries_the_method_and_official_optimiser(tiny):
-    from lib.trace.report import run_config
+    from lib.trace.runs import run_config
     enc, data = tiny
     cfg = TrainConfig(hidden=16, epochs=1, batch_size=4)
     assert cfg.weight_decay == 0.01 and cfg.min_lr == 1e-7 and cfg.scorer_input == "caption"
@@ -413,7 +413,7 @@ def test_unimodal_baselines_see_only_their_modality():
 def test_a_killed_run_resumes_to_the_same_metrics(tiny, tmp_path):
     """A run killed after epoch 2 of 4 resumes from its checkpoint and ends with exactly the metrics,
     curve and predictions of an uninterrupted run; a finished run is read back, not retrained."""
-    from lib.trace.report import run_variant
+    from lib.trace.runs import run_variant
     enc0, data = tiny
     model = enc0.preset.model
     cfg = TrainConfig(hidden=16, epochs=4, batch_size=4, lr=1e-2, patience=10, loss_config="all")
@@ -439,7 +439,7 @@ def test_a_killed_run_resumes_to_the_same_metrics(tiny, tmp_path):
     assert again["trained"] is False and again["eval"]["splits"] == full["eval"]["splits"]
     # a finished run scores memes it never saw (notebook 06's injected copies) with the restored weights:
     # on its own test memes it gives back the probabilities it wrote
-    from lib.trace.report import load_trained
+    from lib.trace.runs import load_trained
     trainer, thr = load_trained(tmp_path / "full", data, make)
     rows = np.array([data.ids.index(p["id"]) for p in full["eval"]["predictions"]])
     probs, _ = trainer.predict(rows)
@@ -454,7 +454,7 @@ def test_a_killed_run_resumes_to_the_same_metrics(tiny, tmp_path):
 
 
 def test_quick_look_subsample_keeps_every_split_and_remaps_captions(tmp_path):
-    from lib.trace.report import subsample
+    from lib.trace.runs import subsample
     recs = [MemeRecord(str(i), tmp_path / f"{i}.png", f"text {i}", i % 2, ["train", "dev_seen", "test_seen"][i % 3],
                        captions={"vlm_caption": f"cap {i % 5}"} if i % 4 else {}) for i in range(120)]
     data = MemeBatchData.from_records(recs, ["vlm_caption"])
@@ -476,7 +476,7 @@ def test_parallel_runs_match_a_sequential_run_and_are_collected(tiny_clip_dir, t
     import json
     import time
     from PIL import Image
-    from lib.trace.report import run_variant, run_variants
+    from lib.trace.runs import run_variant, run_variants
     rng = np.random.default_rng(1)
     rows = []
     for i in range(30):
@@ -490,7 +490,7 @@ def test_parallel_runs_match_a_sequential_run_and_are_collected(tiny_clip_dir, t
             for s in (1, 2)]
     par = run_variants(jobs, src, ["vlm_caption"], workers=2, progress=False)
     assert [r["trained"] for r in par] == [False, False]          # trained by the workers, collected here
-    from lib.trace.report import load_trace_data
+    from lib.trace.runs import load_trace_data
     data = load_trace_data(src, ["vlm_caption"])
     make = lambda: load_encoder(tiny_clip_dir, device="cpu")       # noqa: E731
     cache = lambda e: FeatureCache(e, data, lowest_unfrozen=2, progress=False)   # noqa: E731
@@ -519,7 +519,7 @@ def test_a_crafted_or_corrupt_checkpoint_is_refused_naming_the_file(tiny, tmp_pa
     without running it, and a corrupt one is an error that names it and says how to resume."""
     import torch
     from lib.trace.training import CheckpointError
-    from lib.trace.report import run_variant
+    from lib.trace.runs import run_variant
     enc0, data = tiny
     model = enc0.preset.model
     cfg = TrainConfig(hidden=16, epochs=2, batch_size=4, lr=1e-2, patience=10, loss_config="all")
@@ -548,7 +548,7 @@ def test_a_crafted_or_corrupt_checkpoint_is_refused_naming_the_file(tiny, tmp_pa
 
 def test_a_checkpoint_holds_only_tensors_and_plain_values(tiny, tmp_path):
     import torch
-    from lib.trace.report import run_variant
+    from lib.trace.runs import run_variant
     enc0, data = tiny
     cfg = TrainConfig(hidden=16, epochs=2, batch_size=4, lr=1e-2, patience=10, loss_config="all")
     run_variant(tmp_path / "run", data, "tiny", cfg, lambda: load_encoder(enc0.preset.model, device="cpu"), None,
@@ -611,7 +611,7 @@ def test_a_runs_caption_columns_come_from_the_run(tmp_path):
     """Notebook 06 loads the captions a run was trained with, so the real TRACE JSON's column names
     (ivl_8b_new_caption, gemini_caption) work as MemeWorld's do."""
     import json
-    from lib.trace.report import run_caption_columns
+    from lib.trace.runs import run_caption_columns
     (tmp_path / "result.json").write_text(json.dumps({"selected_share": {
         "test_seen": {"text": 0.2, "ivl_8b_new_caption": 0.5, "gemini_caption": 0.3}}}))
     assert run_caption_columns(tmp_path) == ["ivl_8b_new_caption", "gemini_caption"]
@@ -622,7 +622,7 @@ def test_a_runs_caption_columns_come_from_the_run(tmp_path):
 def test_one_backbones_feature_cache_in_memory_at_a_time(tiny):
     """Runs are grouped by backbone and a cache of another backbone is dropped before the next is
     built: the paper profile's three backbones would otherwise hold their caches' sum of host memory."""
-    from lib.trace.report import by_backbone, shared_cache
+    from lib.trace.runs import by_backbone, shared_cache
     assert by_backbone(["l14", "xlmr", "l14", "siglip", "xlmr"]) == [0, 2, 1, 4, 3]
     assert by_backbone([]) == []
     enc, data = tiny

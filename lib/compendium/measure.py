@@ -41,7 +41,7 @@ from lib.compendium.params import load_profile
 from lib.trace.model import TrainConfig
 from lib.trace.training import Trainer
 from lib.trace.features import FeatureCache, MemeBatchData
-from lib.trace.report import lowest_layer, split_rows
+from lib.trace.runs import lowest_layer, split_rows
 from lib.models.train_memory import GIB, RecipeMemoryError
 
 

@@ -14,7 +14,7 @@ lowest unfrozen layer for every distinct caption (`FeatureCache`, for every enco
 training then runs only the layers from there on and the classifier (for CLIP, the last layer
 at the pooled position only). `FeatureCache=None` runs the full backbone every step and gives
 the same numbers. `Trainer(..., accelerator=...)` trains over several processes (GPUs);
-`python -m lib.trace.report` is the command `accelerate launch` runs (runs and collection live
+`python -m lib.trace.runs` is the command `accelerate launch` runs (runs and collection live
 there; this file is the method read top to bottom).
 
 Evaluation is honest: the decision threshold is chosen on validation only; the official
