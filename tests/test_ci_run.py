@@ -189,7 +189,7 @@ def test_few_shot_settings_cold_runs_and_claims_recompute():
 
 
 def test_debate_variants_cold_runs_and_claims_recompute():
-    from lib.arcade.court import evaluate
+    from lib.arcade.scoring import evaluate
     from lib.arcade.report import claim_frame, results_from_jsonl, with_cold_runs
     sec = P["05_debate"]
     m = _metrics("05_debate")

@@ -178,7 +178,8 @@ def test_hvli_first_release_null_labels_stay_visible(world_text):
     image_label. The official code reads them (its sampler groups them all as 'unknown'); the loader
     keeps them with type 'unknown', the evaluator shows them apart, and the official sampler sees
     the stored type, not the derived one."""
-    from lib.arcade.court import SampleResult, balanced_sample, evaluate, sampler_items
+    from lib.arcade.court import SampleResult
+    from lib.arcade.scoring import balanced_sample, evaluate, sampler_items
     p = world_text / "hvli" / "test_set.json"
     data = json.loads(p.read_text())
     ids = list(data)

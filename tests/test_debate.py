@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from lib.models.chat import Chat, ChatResult, OpenAICompatibleBackend
-from lib.arcade.court import (Court, CourtConfig, CourtError, Prompts, SampleResult, balanced_sample, evaluate,
-                        official_parse, report_text)
+from lib.arcade.court import Court, CourtConfig, CourtError, Prompts, SampleResult, official_parse
+from lib.arcade.scoring import balanced_sample, evaluate, report_text
 
 CUE = {"id": 1, "cue_type": "Direct", "target_group": "valley folk", "claim": "CLAIM-P1", "hate_type": 1,
        "justification": "J"}
@@ -120,7 +120,7 @@ def test_without_the_gate_every_sample_goes_through_track_two():
     assert [c[0] for c in script.calls] == ["prosecutor_indirect", "defender_indirect", "prosecutor_round2",
                                             "defender_round2", "judge_indirect"]
     assert r.route == "track2" and r.label == 5
-    from lib.arcade.court import cost_summary
+    from lib.arcade.scoring import cost_summary
     assert cost_summary([r], 2)["calls_all_track2"] == 5 and cost_summary([r], 2)["gate_call_saving"] == 0.0
 
 

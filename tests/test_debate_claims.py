@@ -5,7 +5,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from lib.arcade.court import STAGES, Court, CourtConfig, CourtError, Prompts, SampleResult, cap_string_lengths, cost_summary
+from lib.arcade.court import STAGES, Court, CourtConfig, CourtError, Prompts, SampleResult, cap_string_lengths
+from lib.arcade.scoring import cost_summary
 from lib.arcade.report import claim_frame, court_config, paired_test, post_correct, stage_metrics, variant_posts
 from tests.test_debate import CourtScript, Sample, default_answers
 
@@ -88,7 +89,7 @@ class Rec:
 
 
 def test_variant_posts_take_the_main_sample_a_smaller_balanced_n_and_named_types():
-    from lib.arcade.court import balanced_sample
+    from lib.arcade.scoring import balanced_sample
     recs = [Rec(f"p{i}", {"type": t}) for i in range(12) for t in ("000", "001", "100", "110")]
     by_id = {r.id + r.meta["type"]: r for r in recs}
     recs = [Rec(k, r.meta) for k, r in by_id.items()]

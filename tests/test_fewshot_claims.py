@@ -111,7 +111,7 @@ def test_claim_frame_pairs_settings_on_shared_memes_with_the_exact_test():
     assert (r.loc["zero_shot", "acc B"], r.loc["zero_shot", "only A right"]) == (0.0, 30)
     assert (r.loc["enc/2", "n"], r.loc["enc/2", "acc A"], r.loc["enc/2", "majority line"]) == (10, 1.0, 0.5)
     # each row states its power: the exact test's minimum detectable difference at its n and discordance
-    from lib.evaluation.metrics import mcnemar_mdd
+    from lib.evaluation.claims import mcnemar_mdd
     assert r.loc["random_4", "MDD (80% power)"] == round(mcnemar_mdd(40, 12 / 40), 3)
     assert 0 < r.loc["random_4", "MDD (80% power)"] <= 0.3
     assert r.loc["enc/2", "MDD (80% power)"] > 0.5                # 10 memes: only a huge difference is detectable

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from lib.models.chat import MAX_JSON_DEPTH, Chat, ChatResult, GenParams, extract_json, loads_strict, user
-from lib.arcade.court import Court, CourtConfig, evaluate, fenced_blocks, official_label, official_parse, strict_label
+from lib.arcade.court import Court, CourtConfig, fenced_blocks, official_label, official_parse, strict_label
+from lib.arcade.scoring import evaluate
 from lib.sei.fewshot import parse_answer
 
 LINEAR_S = 2.0      # generous: every input below is parsed in milliseconds; the quadratic readers took 5-200 s

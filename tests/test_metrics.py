@@ -224,7 +224,8 @@ def test_metric_rows_wilson_interval_for_accuracy_and_bootstrap_for_the_rest():
 # ----------------------------------------------------------------------------- power of the paired test
 def test_mcnemar_power_equals_a_simulation_of_the_test_itself():
     """The enumerated power against the share of simulated samples that statsmodels' exact McNemar rejects."""
-    from lib.evaluation.metrics import mcnemar, mcnemar_power
+    from lib.evaluation.metrics import mcnemar
+    from lib.evaluation.claims import mcnemar_power
     rng = np.random.default_rng(0)
     for n, disc, diff in ((40, 0.3, 0.2), (96, 0.25, 0.1), (60, 0.5, 0.0)):
         sims, rejected = 1500, 0
@@ -249,13 +250,13 @@ def test_mcnemar_power_equals_a_simulation_of_the_test_itself():
     ({str(i): i % 6 for i in range(96)}, ""),                                        # six categories
 ])
 def test_a_near_constant_arm_is_flagged(answers, flagged):
-    from lib.evaluation.metrics import constant_arm
+    from lib.evaluation.claims import constant_arm
     assert constant_arm("x", answers, list(answers)) == flagged
     assert constant_arm("x", None, list(answers)) == "" and constant_arm("x", answers, []) == ""
 
 
 def test_the_minimum_detectable_difference_at_the_sizes_the_claims_use():
-    from lib.evaluation.metrics import mcnemar_mdd, mcnemar_power
+    from lib.evaluation.claims import mcnemar_mdd, mcnemar_power
     mdd = mcnemar_mdd(96, 0.25)
     assert 0.12 < mdd < 0.17 and mcnemar_power(96, 0.25, mdd) == pytest.approx(0.80, abs=0.01)
     assert np.isnan(mcnemar_mdd(24, 0.25)) and np.isnan(mcnemar_mdd(16, 0.25))   # no allowed difference reaches 80%
@@ -278,6 +279,6 @@ def test_the_minimum_detectable_difference_at_the_sizes_the_claims_use():
     ((0.12, (0.03, 0.21), 0.01, 0.10, 0.08, None), "reproduced, no control"),
 ])
 def test_the_verdict_follows_its_written_rules(args, expected):
-    from lib.evaluation.metrics import VERDICTS, verdict
+    from lib.evaluation.claims import VERDICTS, verdict
     v = verdict(*args)
     assert v == expected and v in VERDICTS

@@ -168,21 +168,21 @@ def test_a_smoke_run_never_rewrites_the_readme_results(monkeypatch, tmp_path):
     """`make test` ends with the paper-smoke profile; its numbers must not replace the README's table
     (only a published profile's run publishes and regenerates the README's blocks)."""
     import contextlib
-    import lib.compendium.runner as runner
+    import lib.compendium.stages as stages_mod
     from lib.compendium.params import stages
     calls, published = [], []
-    monkeypatch.setattr(runner, "ARTIFACTS_ROOT", tmp_path)
-    monkeypatch.setattr(runner, "default_cache_path", lambda profile: tmp_path / profile / "cache" / "responses.sqlite")
-    monkeypatch.setattr(runner, "profile_services", lambda profile: contextlib.nullcontext())
-    monkeypatch.setattr(runner, "run_notebook", lambda st, profile, params: None)
-    monkeypatch.setattr(runner, "update_readme", lambda path: calls.append(path))
-    monkeypatch.setattr(runner.results, "publish_stage", lambda profile, stage: published.append((profile, stage)))
-    monkeypatch.setattr(runner.results, "publish_run", lambda profile: published.append((profile, "run")))
+    monkeypatch.setattr(stages_mod, "ARTIFACTS_ROOT", tmp_path)
+    monkeypatch.setattr(stages_mod, "default_cache_path", lambda profile: tmp_path / profile / "cache" / "responses.sqlite")
+    monkeypatch.setattr(stages_mod, "profile_services", lambda profile: contextlib.nullcontext())
+    monkeypatch.setattr(stages_mod, "run_notebook", lambda st, profile, params: None)
+    monkeypatch.setattr(stages_mod, "update_readme", lambda path: calls.append(path))
+    monkeypatch.setattr(stages_mod.results, "publish_stage", lambda profile, stage: published.append((profile, stage)))
+    monkeypatch.setattr(stages_mod.results, "publish_run", lambda profile: published.append((profile, "run")))
     sections = {s.name: {} for s in stages()}
     st = [s for s in stages() if s.name == "07_figures"]
-    assert runner._run_stages(st, "paper-smoke", sections) == 0 and calls == [] and published == []
+    assert stages_mod._run_stages(st, "paper-smoke", sections) == 0 and calls == [] and published == []
     assert (tmp_path / "paper-smoke" / "07_figures" / ".stamp.json").exists()
-    assert runner._run_stages(st, "embedded", sections, force=True, publish=True) == 0 and len(calls) == 1
+    assert stages_mod._run_stages(st, "embedded", sections, force=True, publish=True) == 0 and len(calls) == 1
     assert published == [("embedded", "07_figures"), ("embedded", "run")]
 
 

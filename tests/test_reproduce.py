@@ -11,6 +11,7 @@ import pytest
 
 import lib.compendium.results as results
 import lib.compendium.runner as runner
+import lib.compendium.stages as stages_mod
 from lib.compendium.artifacts import read_json
 from lib.models.chat.cache import ResponseCache
 from lib.models.chat.messages import ChatResult
@@ -21,7 +22,7 @@ from lib.compendium.params import load_profile, stages
 def sandbox(tmp_path, monkeypatch):
     """artifacts/ and results/ in a temp folder; stages recorded instead of run (a stage named in
     `fail` raises, as a killed or failing run does)."""
-    monkeypatch.setattr(runner, "ARTIFACTS_ROOT", tmp_path / "artifacts")
+    monkeypatch.setattr(stages_mod, "ARTIFACTS_ROOT", tmp_path / "artifacts")
     monkeypatch.setattr(results, "ARTIFACTS_ROOT", tmp_path / "artifacts")
     monkeypatch.setattr(results, "RESULTS_ROOT", tmp_path / "results")
     monkeypatch.setattr("lib.models.chat.cache.ROOT", tmp_path)
@@ -29,18 +30,18 @@ def sandbox(tmp_path, monkeypatch):
 
     def fake(stage, profile, params=None):
         if stage.name in fail:
-            raise runner.StageError(f"{stage.name} stopped")
+            raise stages_mod.StageError(f"{stage.name} stopped")
         ran.append(stage.name)
         d = tmp_path / "artifacts" / profile / stage.name
         d.mkdir(parents=True, exist_ok=True)
         (d / "metrics.json").write_text(json.dumps({"acc": 0.5, "wall_s": 3.0}))
-    monkeypatch.setattr(runner, "run_notebook", fake)
-    monkeypatch.setattr(runner, "run_module", lambda st, p: fake(st, p))
+    monkeypatch.setattr(stages_mod, "run_notebook", fake)
+    monkeypatch.setattr(stages_mod, "run_module", lambda st, p: fake(st, p))
     return tmp_path, ran, fail
 
 
 def _run(profile="embedded", force=False, publish=False):
-    return runner._run_stages(stages(), profile, load_profile(profile), force=force, publish=publish)
+    return stages_mod._run_stages(stages(), profile, load_profile(profile), force=force, publish=publish)
 
 
 def test_a_second_run_skips_every_up_to_date_stage(sandbox):
@@ -68,11 +69,11 @@ def test_a_stage_reruns_when_its_parameters_or_an_earlier_stage_change():
     code = "lib digest"
     st = stages()
     p = load_profile("embedded")
-    a = runner.stage_stamp(st[3], p[st[3].name], code, "x")
-    assert a == runner.stage_stamp(st[3], dict(p[st[3].name]), code, "x")
-    assert a != runner.stage_stamp(st[3], {**p[st[3].name], "seed": 7}, code, "x")
-    assert a != runner.stage_stamp(st[3], p[st[3].name], code, "y")             # an earlier stage changed
-    assert a != runner.stage_stamp(st[3], p[st[3].name], "other lib", "x")      # the library changed
+    a = stages_mod.stage_stamp(st[3], p[st[3].name], code, "x")
+    assert a == stages_mod.stage_stamp(st[3], dict(p[st[3].name]), code, "x")
+    assert a != stages_mod.stage_stamp(st[3], {**p[st[3].name], "seed": 7}, code, "x")
+    assert a != stages_mod.stage_stamp(st[3], p[st[3].name], code, "y")             # an earlier stage changed
+    assert a != stages_mod.stage_stamp(st[3], p[st[3].name], "other lib", "x")      # the library changed
 
 
 def _answer(text):
@@ -188,7 +189,7 @@ def test_a_run_counts_the_answers_it_loaded_and_the_ones_it_asked_for(sandbox, m
     """make test's ci run replays the committed ci answers; what it had to ask a model for is counted."""
     import contextlib
     tmp, ran, _ = sandbox
-    monkeypatch.setattr(runner, "profile_services", lambda profile: contextlib.nullcontext())
+    monkeypatch.setattr(stages_mod, "profile_services", lambda profile: contextlib.nullcontext())
     committed = results.cache_export_path("ci")
     seed = ResponseCache(tmp / "seed.sqlite")
     monkeypatch.setenv("COMPENDIUM_STAGE", "04_few_shot")
@@ -202,26 +203,26 @@ def test_a_run_counts_the_answers_it_loaded_and_the_ones_it_asked_for(sandbox, m
     def stage(st, profile, params=None):          # each stage reads k1 and asks for one answer of its own
         ran.append(st.name)
         (tmp / "artifacts" / profile / st.name).mkdir(parents=True, exist_ok=True)
-        c = ResponseCache(runner.default_cache_path(profile))
+        c = ResponseCache(stages_mod.default_cache_path(profile))
         found.append(c.get("k1") is not None)
         if c.get(f"new-{st.name}") is None:
             c.put(f"new-{st.name}", _answer("asked"))
-    monkeypatch.setattr(runner, "run_notebook", stage)
-    monkeypatch.setattr(runner, "run_module", lambda st, p: stage(st, p))
-    assert runner.reproduce("ci", None, publish=False) == 0
+    monkeypatch.setattr(stages_mod, "run_notebook", stage)
+    monkeypatch.setattr(stages_mod, "run_module", lambda st, p: stage(st, p))
+    assert stages_mod.reproduce("ci", None, publish=False) == 0
     rec = read_json(tmp / "artifacts" / "ci" / "timings.json")["answers"]
     assert rec == {"loaded": 3, "asked": len(stages())} and all(found)
     assert "model answers: %d asked afresh" % len(stages()) in capsys.readouterr().out
-    assert runner.reproduce("ci", "05", force=True, publish=False) == 0   # one stage: kept apart, the full run's stays
+    assert stages_mod.reproduce("ci", "05", force=True, publish=False) == 0   # one stage: kept apart, the full run's stays
     t = read_json(tmp / "artifacts" / "ci" / "timings.json")
     assert t["answers_partial"] == {"loaded": 0, "asked": 0} and t["answers"] == rec
-    assert runner.reproduce("ci", None, force=True, publish=False) == 0      # a rerun replays everything
+    assert stages_mod.reproduce("ci", None, force=True, publish=False) == 0      # a rerun replays everything
     assert read_json(tmp / "artifacts" / "ci" / "timings.json")["answers"] == {"loaded": 0, "asked": 0}
-    assert runner.export_answers("ci") == 0                                  # what the runs used, k2/k3 dropped
+    assert stages_mod.export_answers("ci") == 0                                  # what the runs used, k2/k3 dropped
     keys = [json.loads(x)["key"] for x in gzip.open(committed, "rt")]
     assert "k1" in keys and "k2" not in keys and len(keys) == 1 + len(stages())
     found.clear()
-    assert runner.reproduce("ci", None, force=True, cold=True, publish=False) == 0   # COLD=1: nothing loaded
+    assert stages_mod.reproduce("ci", None, force=True, cold=True, publish=False) == 0   # COLD=1: nothing loaded
     assert read_json(tmp / "artifacts" / "ci" / "timings.json")["answers"] == {"loaded": 0, "asked": len(stages())}
     assert not any(found)
 

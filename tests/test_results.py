@@ -103,7 +103,7 @@ with figures.reading_from(Path(sys.argv[2])):
     for f in figures.REGISTRY.values():
         if f.images and sys.argv[3] != "1":
             continue
-        if all(figures._art("embedded", a).exists() for a in f.artifacts):
+        if all(figures.art_path("embedded", a).exists() for a in f.artifacts):
             fig = f.draw("embedded")
             from lib.evaluation import plotting
             plotting.save_figure(fig, f.name, "embedded", sys.argv[1])

@@ -5,7 +5,7 @@ import os
 import nbformat
 
 from lib import ROOT
-from lib.compendium.runner import scrub_notebook
+from lib.compendium.stages import scrub_notebook
 
 
 def _nb_with_outputs(tmp_path):
@@ -41,10 +41,10 @@ def test_scrub_removes_timestamps_paths_progress_and_secrets(tmp_path, monkeypat
 
 
 def test_scrub_redacts_keys_from_dotenv_and_paths_outside_the_project(tmp_path, monkeypatch):
-    import lib.compendium.runner as runner
+    import lib.compendium.stages as stages
     from lib.models.chat import read_dotenv
     monkeypatch.delenv("GEMINI_API_KEY", raising=False)
-    monkeypatch.setattr("lib.compendium.runner.read_dotenv", lambda p: {**read_dotenv(p), "GEMINI_API_KEY": "fake-dotenv-only-123",
+    monkeypatch.setattr("lib.compendium.stages.read_dotenv", lambda p: {**read_dotenv(p), "GEMINI_API_KEY": "fake-dotenv-only-123",
                                                            "DASHSCOPE_API_KEY_2": "fake-rotated-second-key"})
     nb = nbformat.v4.new_notebook()
     c = nbformat.v4.new_code_cell("x")
@@ -58,7 +58,7 @@ def test_scrub_redacts_keys_from_dotenv_and_paths_outside_the_project(tmp_path, 
     nb.cells.append(c)
     p = tmp_path / "y.ipynb"
     nbformat.write(nb, str(p))
-    runner.scrub_notebook(p)
+    stages.scrub_notebook(p)
     out = json.loads(p.read_text())["cells"][0]["outputs"]
     text = "".join(out[0]["text"])
     assert "fake-dotenv-only-123" not in text and "fake-rotated-second-key" not in text
@@ -122,7 +122,7 @@ def test_failing_stage_keeps_notebook_and_parks_the_failed_run(tmp_path):
     import pytest
 
     from lib.compendium.params import Stage
-    from lib.compendium.runner import StageError, run_notebook
+    from lib.compendium.stages import StageError, run_notebook
     nb = nbformat.v4.new_notebook()
     p = nbformat.v4.new_code_cell('profile = "embedded"\nroot = "x"')
     p.metadata["tags"] = ["parameters"]

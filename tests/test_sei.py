@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lib.sei import fewshot as sei
+from lib.sei import fewshot as sei, retrieval
 from lib.evaluation import textmetrics as tm
 from lib.evaluation.metrics import mean_ci
 from lib.sei.fewshot import Answer, Meme, SeiTemplates, build_conversation, parse_answer
@@ -32,12 +32,12 @@ def test_top_n_is_exact_and_breaks_ties_by_pool_order():
     P[120] = P[10]
     Q = np.vstack([P[10], rng.normal(size=(30, 16)).astype(np.float32)])
     Q /= np.linalg.norm(Q, axis=1, keepdims=True)
-    idx, sims = sei.top_n(Q, P, 8)
+    idx, sims = retrieval.top_n(Q, P, 8)
     assert np.array_equal(idx, _brute_top_n(Q, P, 8))
     assert list(idx[0, :3]) == [10, 50, 120]
     assert np.all(np.diff(sims, axis=1) <= 1e-7)
     with pytest.raises(ValueError, match="pool of 200"):
-        sei.top_n(Q, P, 201)
+        retrieval.top_n(Q, P, 201)
 
 
 def test_exemplar_order_and_retrieval_quality_against_hand_counts():
@@ -49,13 +49,13 @@ def test_exemplar_order_and_retrieval_quality_against_hand_counts():
             enumerate([(1, "001"), (0, "000"), (1, "011"), (0, "000")])]
     queries = [Meme("q1", Path("x"), "", 1, type="001"), Meme("q2", Path("x"), "", 0, type="000")]
     ranked = np.array([[0, 1], [2, 3]])
-    q = sei.retrieval_quality(ranked, pool, queries)
+    q = retrieval.retrieval_quality(ranked, pool, queries)
     assert q["label_agreement"] == pytest.approx(2 / 4)        # q1: 1 of 2, q2: 1 of 2
     assert q["label_base_rate"] == pytest.approx(0.5)
     assert q["type_agreement"] == pytest.approx((1 + 1) / 4)
     assert q["type_base_rate"] == pytest.approx((1 / 4 + 2 / 4) / 2)
     # majority vote, a tie going to the most similar exemplar
-    assert sei.knn_vote(np.array([[0, 1], [1, 0], [0, 2, 1]], dtype=object), pool) == [1, 0, 1]
+    assert retrieval.knn_vote(np.array([[0, 1], [1, 0], [0, 2, 1]], dtype=object), pool) == [1, 0, 1]
 
 
 def test_plans_controls_and_silver_needs_are_seeded():
@@ -552,7 +552,7 @@ def test_mami_records_join_the_same_memes(memeworld_small):
 
 
 def test_table2_layout_and_paper_rows():
-    from lib.sei.report import paper_row, table2_frame
+    from lib.sei.analysis import paper_row, table2_frame
     keys = [("vllm-internvl3.5-8b", "fhm", "siglip-so400m/4"), ("vllm-internvl3.5-8b", "mami", "siglip-so400m/4"),
             ("vllm-internvl3.5-8b", "fhm", "zero_shot")]
     key = lambda m, d, n: f"{m} · {d} · {n}"
@@ -571,7 +571,7 @@ def test_table2_layout_and_paper_rows():
 
 
 def test_the_main_setting_is_the_first_retriever_at_four_shots():
-    from lib.sei.report import main_setting_name
+    from lib.sei.fewshot import main_setting_name
     assert main_setting_name(["clip", "siglip"], [2, 4, 8]) == "clip/4"
     assert main_setting_name(["clip"], [2, 8]) == "clip/8"
 

@@ -17,9 +17,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from lib.compendium.artifacts import write_json, write_text
-from lib.arcade.court import (DIFFICULTY, LABELS, TYPES, CallTrace, Court, CourtConfig, SampleResult, balanced_sample,
-                        cost_summary, evaluate, report_text)
-from lib.evaluation.metrics import claim_metric_keys, claim_row, claim_tests, cold_run_metric_keys, interval_keys, paired_accuracy_test
+from lib.arcade.court import DIFFICULTY, LABELS, TYPES, CallTrace, Court, CourtConfig, SampleResult
+from lib.arcade.scoring import balanced_sample, cost_summary, evaluate, report_text
+from lib.evaluation.metrics import interval_keys, paired_accuracy_test
+from lib.evaluation.claims import claim_metric_keys, claim_tests, cold_run_metric_keys
 
 
 def run_variant(chat, samples: Sequence[Any], cfg: CourtConfig, out_dir: Path, name: str, model: str,

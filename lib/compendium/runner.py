@@ -1,19 +1,17 @@
-"""Runs the stages: `make reproduce` (papermill) and `make test` (pytest + nbval).
+"""The command line of `make reproduce`, `make test` and `make test-answers`, and `make test` itself.
 
-Embedded-profile notebooks are executed in place, so the committed notebooks carry
-the embedded run's outputs and read as the paper's narrative on any git host; other
-profiles write their executed notebooks under `artifacts/<profile>/notebooks/`.
-Saved notebooks are scrubbed of timestamps, absolute paths, progress bars and
-anything that looks like a secret.
+    python -m lib.compendium.runner reproduce --profile embedded [--only 03] [--force] [--cold]
+    python -m lib.compendium.runner test [--skip-unit]
+    python -m lib.compendium.runner answers --profile ci
+
+`make test` runs the unit tests, the ci profile's run of every notebook with its checks and its
+kill-and-resume tests, paper-smoke, and the committed results' checks, in two lanes that share the
+cores, records what ran, how long it took and how many model answers were replayed, and checks that
+it left the working tree as it found it. The stages themselves run in `lib.compendium.stages`.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
-import hashlib
-import json
-import os
-import re
 import shutil
 import subprocess
 import sys
@@ -22,404 +20,13 @@ import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
 
 from lib import ROOT
 from lib.compendium import results
-from lib.compendium.artifacts import ARTIFACTS_ROOT, PUBLISHED_PROFILES, read_json, relpath, write_json, write_text
-from lib.models.chat import loopback
-from lib.models.chat.cache import STAGE_ENV, ResponseCache, default_cache_path
-from lib.models.chat.keys import read_dotenv, remembered_env_files
-from lib.compendium.params import ProfileError, Stage, profile_path, select_stages, stages, validate_profile
-from lib.compendium.presets import OVERLAY_ENV, SHARED_CPU, overlay_path, presets, read_overlay, resolve_model_path
-from lib.compendium.results import README_PROFILES, update_readme
-
-#: the profile `make test` runs after the embedded stages: the paper profile on tiny stand-ins
-SMOKE_PROFILE = "paper-smoke"
-SECRET_ENV = re.compile(r"(API_KEY|TOKEN|SECRET|PASSWORD)", re.I)
-#: An absolute path outside the project and the home folder (those are made relative first): a
-#: "/" that does not continue a word, a URL or a relative path, followed by at least one folder.
-ABS_PATH = re.compile(r"(?<![\w:/.~\-}])/(?:[^\s\"'/:,;()\[\]{}<>]+/)+")
-
-
-def loaded_secrets() -> list[str]:
-    """Every secret the compendium may have loaded: environment variables, `.env` entries and the
-    entries of every other env file keys were read from (lib.models.chat remembers them) whose names look
-    secret, and every key named by a chat preset's api_key_env (with its _1, _2...)."""
-    sources = [dict(os.environ)]
-    for f in [ROOT / ".env", *remembered_env_files()]:
-        try:
-            sources.append(read_dotenv(f))
-        except (OSError, ValueError) as e:    # an unreadable file must not stop the scrubber; say so
-            print(f"warning: secrets of {f} cannot be read to scrub saved notebooks ({e})", file=sys.stderr)
-    try:
-        key_envs = {str(p.options["api_key_env"]) for p in presets("chat").values() if p.options.get("api_key_env")}
-    except Exception:  # a broken preset file must not stop the scrubber
-        key_envs = set()
-    found = set()
-    for env in sources:
-        names = {k for k in env if SECRET_ENV.search(k)}
-        names |= {k for k in env if any(k == e or re.fullmatch(rf"{re.escape(e)}_\d+", k) for e in key_envs)}
-        found |= {env[k] for k in names if env.get(k) and len(env[k]) >= 8}
-    return sorted(found, key=len, reverse=True)
-
-
-def _scrub_strings(value, replacements: list[tuple[str, str]], secrets: list[str]):
-    """Apply the replacements, redact secrets and absolute paths in every string of an output."""
-    if isinstance(value, str):
-        for old, new in replacements:
-            value = value.replace(old, new)
-        for secret in secrets:
-            value = value.replace(secret, "***")
-        return ABS_PATH.sub("<abs>/", value)
-    if isinstance(value, list):
-        return [_scrub_strings(v, replacements, secrets) for v in value]
-    if isinstance(value, dict):
-        return {k: (v if k in ("image/png", "image/jpeg") else _scrub_strings(v, replacements, secrets))
-                for k, v in value.items()}
-    return value
-_TQDM = re.compile(r"(\d+it/s|s/it|it/s\]|\|[#█▏▎▍▌▋▊▉ ]+\|)")
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    env.setdefault("MPLBACKEND", "Agg")
-    env.setdefault("PYTHONHASHSEED", "0")
-    return env
-
-
-def scrub_notebook(path: Path, output_path: Path | None = None) -> None:
-    """Remove run-to-run churn and machine details from a saved notebook, in place."""
-    import nbformat
-    nb = nbformat.read(str(path), as_version=4)
-    pm = nb.metadata.get("papermill", {})
-    for k in ("start_time", "end_time", "duration", "environment_variables", "exception"):
-        pm.pop(k, None)
-    if output_path is not None:
-        pm["output_path"] = str(output_path)
-    for k in ("input_path", "output_path"):
-        if k in pm and pm[k]:
-            pm[k] = os.path.relpath(pm[k], ROOT) if os.path.isabs(pm[k]) else pm[k]
-    secrets = loaded_secrets()
-    replacements = [(str(ROOT) + "/", ""), (str(ROOT), "."), (os.path.expanduser("~") + "/", "~/")]
-    for cell in nb.cells:
-        if "injected-parameters" in cell.metadata.get("tags", []):
-            cell["id"] = "injected-parameters"  # papermill draws a random id on every run
-        cell.metadata.pop("papermill", None)
-        cell.metadata.pop("execution", None)
-        if cell.cell_type != "code":
-            continue
-        kept = []
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "stream" and out.get("name") == "stderr" and (
-                    _TQDM.search(out.get("text", "")) or not out.get("text", "").strip()):
-                continue  # progress bars (and their blank leftovers): useful live, churn when saved
-            kept.append(nbformat.from_dict(_scrub_strings(json.loads(json.dumps(out)), replacements, secrets)))
-        cell.outputs = kept
-    write_text(path, nbformat.writes(nb) + "\n")
-
-
-class StageError(RuntimeError):
-    """A stage failed; the message says which, where, and the error it raised."""
-
-
-def run_notebook(stage: Stage, profile: str, params: dict) -> Path:
-    import papermill as pm
-    assert stage.notebook is not None
-    src = stage.notebook
-    if profile == "embedded":
-        out = src
-    else:
-        out = ROOT / "artifacts" / profile / "notebooks" / src.name
-        out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.stem}.running.ipynb")
-    parameters = {"profile": profile, **params}
-    try:
-        pm.execute_notebook(os.path.relpath(src, ROOT), os.path.relpath(tmp, ROOT), parameters=parameters,
-                            cwd=str(src.parent), kernel_name="python3", progress_bar=True,
-                            report_mode=False, request_save_on_cell_execute=False)
-    except pm.PapermillExecutionError as e:
-        # keep the committed notebook; park the failed run where it can be inspected
-        failed = ROOT / "artifacts" / profile / "notebooks" / f"FAILED_{src.name}"
-        failed.parent.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            scrub_notebook(tmp, output_path=failed.relative_to(ROOT))
-            os.replace(tmp, failed)
-        raise StageError(f"{stage.label} failed (profile {profile}) in cell {e.exec_count}:\n"
-                         f"{e.ename}: {e.evalue}\n(executed notebook: {failed.relative_to(ROOT)})") from None
-    finally:
-        if tmp.exists() and sys.exc_info()[0] is not None:
-            tmp.unlink()
-    write_cell_timings(tmp, ARTIFACTS_ROOT / profile / "notebooks" / f"{src.stem}.cells.json")
-    scrub_notebook(tmp, output_path=out.relative_to(ROOT))
-    os.replace(tmp, out)  # the executed notebook replaces the old one only when it ran through
-    return out
-
-
-def write_cell_timings(executed: Path, dest: Path, min_s: float = 0.5) -> list[dict[str, Any]]:
-    """Where a stage's time went: the seconds of each code cell that took at least `min_s`, slowest first,
-    with the cell's first line (papermill's per-cell durations, which the saved notebook does not keep)."""
-    import nbformat
-    nb = nbformat.read(str(executed), as_version=4)
-    rows = []
-    for i, cell in enumerate(nb.cells):
-        d = cell.metadata.get("papermill", {}).get("duration")
-        if cell.cell_type == "code" and d is not None and d >= min_s:
-            first = next((ln for ln in cell.source.splitlines() if ln.strip() and not ln.lstrip().startswith("#")), "")
-            rows.append({"cell": i, "seconds": round(float(d), 1), "code": first[:100]})
-    rows.sort(key=lambda r: -r["seconds"])
-    write_json(dest, {"notebook": executed.name.removeprefix(".").replace(".running", ""), "cells": rows})
-    return rows
-
-
-def run_module(stage: Stage, profile: str) -> None:
-    cmd = [sys.executable, "-m", stage.module, "--profile", profile]
-    print(">>", " ".join(cmd[1:]), flush=True)
-    subprocess.run(cmd, cwd=ROOT, env=_env(), check=True)
-
-
-@contextlib.contextmanager
-def profile_services(profile: str):
-    """What a profile's preset overlay (params/presets/overlays/<profile>.yaml) declares, for the
-    stages' duration: the overlay itself (in the environment every stage inherits), a `prepare`
-    module run first (the paper-smoke profile's checkpoints and datasets) and a loopback
-    OpenAI-compatible server on `loopback_port` (0: a free one), whose URL replaces "{loopback}" in
-    the overlay's base_urls. A profile without an overlay gets nothing."""
-    path = overlay_path(profile)
-    if not path.exists():
-        yield
-        return
-    spec = read_overlay(path)
-    if spec.get("prepare"):
-        cmd = [sys.executable, "-m", *(resolve_model_path(str(a)) for a in spec["prepare"])]
-        print(">>", " ".join(cmd[1:]), flush=True)
-        subprocess.run(cmd, cwd=ROOT, env=_env(), check=True)
-    env = {OVERLAY_ENV: str(path)}
-    srv = None
-    if "loopback_port" in spec:                      # 0: a free port (two runs on one machine never collide)
-        srv = loopback.start(int(spec["loopback_port"] or 0))
-        env[loopback.LOOPBACK_ENV] = f"http://127.0.0.1:{srv.server_address[1]}/v1"
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        if srv is not None:
-            srv.shutdown()
-            srv.server_close()
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def reproduce(profile: str, only: str | None, force: bool = False, cold: bool = False,
-              publish: bool | None = None) -> int:
-    """Run the chosen stages of a profile (all by default), in order. A stage whose inputs are
-    unchanged since it last finished (its parameters, its notebook's code, the library, the prompts
-    and every earlier stage: `stage_stamp`) is skipped as up to date, so a run killed at any point
-    resumes at the stage it stopped in (whose own caches - trained runs, model answers - make the
-    finished part cheap). `force`: run every chosen stage. `cold`: ask every model afresh (the
-    response cache is moved aside, kept, and no committed answer is loaded; implies `force`).
-    Otherwise a published profile first loads the committed answers (results/<profile>/cache/) that
-    its cache lacks, so a fresh clone replays them. `publish` (default: a published profile) copies
-    each finished stage's results to results/<profile>/ after comparing them with the committed ones."""
-    try:
-        chosen = select_stages(only)
-        sections = validate_profile(profile, only=None)
-    except ProfileError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    os.environ.update({k: v for k, v in _env().items() if k not in os.environ})
-    publish = profile in PUBLISHED_PROFILES if publish is None else publish
-    cache = default_cache_path(profile)
-    if cold:
-        force = True
-        if cache.exists():
-            aside = cache.with_name(f"responses.{time.strftime('%Y%m%dT%H%M%S')}.sqlite")
-            for suffix in ("", "-wal", "-shm"):
-                if Path(str(cache) + suffix).exists():
-                    os.replace(str(cache) + suffix, str(aside) + suffix)
-            print(f">> COLD: every model is asked afresh; the old answers are kept in {relpath(aside)}", flush=True)
-    added = 0
-    committed = results.cache_export_path(profile)
-    if not cold and committed.exists():
-        added = ResponseCache(cache).import_answers(committed)
-        if added:
-            print(f">> loaded {added} committed model answers from {relpath(committed)} (COLD=1 asks afresh)",
-                  flush=True)
-    held = len(ResponseCache(cache)) if cache.exists() else 0
-    with profile_services(profile):
-        rc = _run_stages(chosen, profile, sections, force, publish, cold_run=cold)
-    record_answers(profile, loaded=added, asked=(len(ResponseCache(cache)) if cache.exists() else 0) - held,
-                   every_stage=only is None)
-    return rc
-
-
-def record_answers(profile: str, loaded: int, asked: int, every_stage: bool = True) -> dict[str, int]:
-    """After a run: how many model answers it loaded from the committed ones and how many it asked a model for
-    (new entries in the response cache), printed and kept in artifacts/<profile>/timings.json: `answers` for
-    a run of every stage, `answers_partial` for a run of some (NB=..), which must not hide the full run's.
-    A run that replays committed answers asks none; one whose prompts or models changed asks for the rest."""
-    rec = {"loaded": int(loaded), "asked": int(max(asked, 0))}
-    timings_file = ARTIFACTS_ROOT / profile / "timings.json"
-    if timings_file.parent.exists():
-        key = "answers" if every_stage else "answers_partial"
-        write_json(timings_file, {**(read_json(timings_file) if timings_file.exists() else {}), key: rec})
-    print(f">> model answers: {rec['asked']} asked afresh in this run, {rec['loaded']} loaded from the committed "
-          f"ones ({relpath(results.cache_export_path(profile))})", flush=True)
-    return rec
-
-
-def export_answers(profile: str) -> int:
-    """`make test-answers` (after a run of that profile): write the answers its stages' last runs used to
-    results/<profile>/cache/responses.jsonl.gz, which the next run of that profile replays. A published
-    profile does this itself when it publishes; the ci and paper-smoke profiles' answers are what `make
-    test` replays."""
-    cache = default_cache_path(profile)
-    if not cache.exists():
-        print(f"error: {relpath(cache)} does not exist: run `make reproduce PROFILE={profile}` first", file=sys.stderr)
-        return 2
-    out = results.cache_export_path(profile)
-    n = ResponseCache(cache).export(out)
-    print(f">> {n} model answers the stages of profile {profile} used -> {relpath(out)} "
-          f"({out.stat().st_size / 2 ** 20:.2f} MB)")
-    return 0
-
-
-def _digest_files(paths: list[Path]) -> str:
-    h = hashlib.sha256()
-    for f in sorted(paths):
-        h.update(str(f.relative_to(ROOT)).encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()
-
-
-def code_digest() -> str:
-    """What every stage's behaviour depends on beyond its own parameters: the library and the
-    prompts, schemas and presets it reads."""
-    files = [f for f in (ROOT / "lib").rglob("*.py")]
-    files += [f for d in ("prompts", "schemas", "presets") for f in (ROOT / "params" / d).rglob("*") if f.is_file()]
-    return _digest_files(files)
-
-
-def _notebook_code(nb: Path) -> str:
-    import nbformat
-    cells = nbformat.read(str(nb), as_version=4).cells
-    return "\n".join(c.source for c in cells if c.cell_type == "code"
-                     and "injected-parameters" not in c.metadata.get("tags", []))
-
-
-def stage_stamp(stage: Stage, section: dict[str, Any], code: str, before: str) -> str:
-    """The identity of a stage's inputs: its parameters, its notebook's code cells (or module), the
-    library (`code`) and the stamps of the stages before it (`before`)."""
-    own = _notebook_code(stage.notebook) if stage.notebook is not None else stage.module
-    blob = json.dumps({"params": section, "code": own, "lib": code, "before": before}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:20]
-
-
-def _stamp_file(profile: str, stage: Stage) -> Path:
-    return ARTIFACTS_ROOT / profile / stage.name / ".stamp.json"
-
-
-def _estimates(profile: str) -> dict[str, float]:
-    """Seconds each stage took from nothing (its cold time: this machine's record, else the committed one)."""
-    out: dict[str, float] = {}
-    for f in (results.timings_path(profile), ARTIFACTS_ROOT / profile / "timings.json"):
-        if f.exists():
-            try:
-                out.update({k: float(v["wall_s"]) for k, v in read_json(f).get("stages", {}).items()})
-            except (ValueError, KeyError, TypeError, AttributeError):
-                pass
-    return out
-
-
-def record_timing(timings: dict[str, Any], stage: str, wall_s: float, cold: bool) -> dict[str, Any]:
-    """timings.json: `stages` holds each stage's time from nothing (a run that found none of the stage's
-    own outputs, trained models or cached answers: its cold cost), which a rerun on caches does not
-    replace; `last_run` holds every stage's time in the latest run, whatever it reused."""
-    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    timings.setdefault("stages", {})
-    timings.setdefault("last_run", {})
-    if cold or stage not in timings["stages"]:
-        timings["stages"][stage] = {"wall_s": round(wall_s, 1), "cold": cold, "finished": when}
-    timings["last_run"][stage] = {"wall_s": round(wall_s, 1), "cold": cold, "finished": when}
-    timings["machine"] = results.machine_description()
-    return timings
-
-
-def _minutes(s: float) -> str:
-    return f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
-
-
-def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str, Any]], force: bool = False,
-                publish: bool = False, cold_run: bool = False) -> int:
-    code = code_digest()
-    est = _estimates(profile)
-    timings_file = ARTIFACTS_ROOT / profile / "timings.json"
-    timings = read_json(timings_file) if timings_file.exists() else {}
-    before = ""
-    stamps = {}
-    for st in stages():                                   # every stage's stamp chains the ones before it
-        before = stamps[st.name] = stage_stamp(st, sections[st.name], code, before)
-    rows = []
-    t_all = time.time()
-    for k, st in enumerate(chosen, 1):
-        stamp_file = _stamp_file(profile, st)
-        if not force and stamp_file.exists() and read_json(stamp_file).get("stamp") == stamps[st.name]:
-            print(f"== [{k}/{len(chosen)}] {st.name}: up to date (inputs unchanged since it last ran; FORCE=1 reruns it)",
-                  flush=True)
-            rows.append((st.name, 0.0, "up to date"))
-            continue
-        left = sum(est.get(s.name, 0.0) for s in chosen[k - 1:]
-                   if not (_stamp_file(profile, s).exists()
-                           and read_json(_stamp_file(profile, s)).get("stamp") == stamps[s.name]) or force)
-        guess = f"; last run {_minutes(est[st.name])}, about {_minutes(left)} left in this run" if st.name in est else ""
-        print(f"== [{k}/{len(chosen)}] {st.name} ({st.label}, profile {profile}{guess})", flush=True)
-        stamp_file.unlink(missing_ok=True)               # a stage that starts is not done until it finishes again
-        # from nothing: the stage's folder (its trained runs, models, agents) does not exist yet, or every model
-        # is asked afresh (COLD=1)
-        cache = default_cache_path(profile)
-        cold = cold_run or not (ARTIFACTS_ROOT / profile / st.name).exists()
-        os.environ[STAGE_ENV] = st.name
-        if cache.exists():
-            ResponseCache(cache).clear_used(st.name)
-        t0 = time.time()
-        try:
-            if st.notebook is not None:
-                run_notebook(st, profile, sections[st.name])
-            else:
-                run_module(st, profile)
-        except (StageError, subprocess.CalledProcessError) as e:
-            print(f"\nerror: {e}", file=sys.stderr)
-            _print_timings(rows + [(st.name, time.time() - t0, "FAILED")], time.time() - t_all)
-            return 1
-        finally:
-            os.environ.pop(STAGE_ENV, None)
-        dt = time.time() - t0
-        write_json(stamp_file, {"stamp": stamps[st.name]})
-        write_json(timings_file, record_timing(timings, st.name, dt, cold))
-        rows.append((st.name, dt, "ran"))
-        print(f"== {st.name} done in {_minutes(dt)}", flush=True)
-        if publish:
-            results.publish_stage(profile, st.name)
-    if publish:
-        results.publish_run(profile)
-        if profile in README_PROFILES:      # the README's results table; a smoke run must not rewrite it
-            update_readme(ROOT / "README.md")
-    _print_timings(rows, time.time() - t_all)
-    return 0
-
-
-def _print_timings(rows: list[tuple[str, float, str]], total: float) -> None:
-    print("\n=== timings (this run)")
-    for name, dt, status in rows:
-        print(f"  {dt:8.1f} s  {name:<16} {status}")
-    print(f"  {total:8.1f} s  total")
+from lib.compendium.artifacts import ARTIFACTS_ROOT, PUBLISHED_PROFILES, relpath, write_json
+from lib.compendium.params import ProfileError, profile_path, validate_profile
+from lib.compendium.presets import SHARED_CPU
+from lib.compendium.stages import SMOKE_PROFILE, run_env, recorded_answers, export_answers, reproduce
 
 
 def _junit_counts(path: Path) -> tuple[int, int, int]:
@@ -549,7 +156,7 @@ def make_test_commands(py: list[str], skip_unit: bool = False, cold: bool = Fals
 
 def _run_test_steps(report_dir: Path, skip_unit: bool, record: Path | None = None, cold: bool = False) -> int:
     t_start = time.time()
-    env = _env()
+    env = run_env()
     py = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     try:
         for profile in ("embedded", "paper", SMOKE_PROFILE, CI_PROFILE):
@@ -598,7 +205,7 @@ def _run_test_steps(report_dir: Path, skip_unit: bool, record: Path | None = Non
     for name, dt, _ in timings:
         print(f"  {dt:7.1f}s  {name}")
     print(f"  {wall:7.1f}s  total (wall; the side-by-side steps overlap)")
-    answers = {p: a for p in (CI_PROFILE, SMOKE_PROFILE) if (a := _run_answers(p))}
+    answers = {p: a for p in (CI_PROFILE, SMOKE_PROFILE) if (a := recorded_answers(p))}
     for p, a in answers.items():
         print(f"the {p} run asked the models for {a['asked']} answers and loaded {a['loaded']} committed ones"
               + (" (`make test-answers` commits the new ones: later runs replay them)" if a["asked"] else ""))
@@ -613,15 +220,6 @@ def _run_test_steps(report_dir: Path, skip_unit: bool, record: Path | None = Non
                             "passed": totals[0], **({"answers": answers} if answers else {})})
         print(f"record: {record}")
     return rc
-
-
-def _run_answers(profile: str) -> dict[str, int] | None:
-    """What the latest run of a profile recorded about its model answers (record_answers), if any."""
-    f = ARTIFACTS_ROOT / profile / "timings.json"
-    try:
-        return dict(read_json(f)["answers"]) if f.exists() else None
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 def main(argv: list[str] | None = None) -> int:

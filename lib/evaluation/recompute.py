@@ -34,10 +34,10 @@ from lib.clip4dm.method import _norm, average_precision
 from lib.clip4dm.report import NOCAPS_DOMAIN_KEYS, pick_epsilon
 from lib.clip4dm import method as clip4dm
 from lib.sei.fewshot import Prediction
-from lib.sei import fewshot as sei
-from lib.sei import report as rep
+from lib.sei import fewshot as sei, retrieval
+from lib.sei import analysis, report as rep
 from lib.evaluation import textmetrics as tm
-from lib.arcade.court import cost_summary, evaluate
+from lib.arcade.scoring import cost_summary, evaluate
 from lib.arcade.report import claim_frame, results_from_jsonl, seed_spread, stage_metrics
 from collections import Counter
 from lib.evaluation import crosseval as ce
@@ -350,7 +350,7 @@ def _fewshot(d: Path, root: Path) -> dict[str, Any]:
     bs = tm.BertScoreSpec(model=settings["bertscore"]["model"], layers=int(settings["bertscore"]["layers"]),
                           proxy=bool(settings["bertscore"].get("proxy", False)))
     for name, preds in by.items():
-        results[name] = {**results[name], **sei.classification(preds), **rep.exemplar_label_following(preds),
+        results[name] = {**results[name], **sei.classification(preds), **analysis.exemplar_label_following(preds),
                          **sei.generation_scores(preds, refs["explanation"], refs["intervention"],
                                                  settings["semsim_model"], bertscore=bs,
                                                  stemmer=settings["rouge_stemmer"])}
@@ -368,7 +368,7 @@ def _fewshot(d: Path, root: Path) -> dict[str, Any]:
     knn = rep.knn_predictions(ranked[:, :knn_n], pool, queries)
     results["knn_vote"] = {**results.get("knn_vote", {}), **sei.classification(knn), "calls": 0}
     retrieval = pd.DataFrame([{"dataset": "fhm", "retriever": retriever,
-                               **sei.retrieval_quality(ranked[:, :n], pool, queries)}
+                               **retrieval.retrieval_quality(ranked[:, :n], pool, queries)}
                               for n in sorted(set(settings["shots"]) | {knn_n})])
     claims, cold = rep.claim_frame({**by, "knn_vote": knn}, main, retriever, spread=True)
     rows3 = rep.table3_rows(_jsonl(_file(d) / "agent_outputs.jsonl"), settings["semsim_model"], bs)

@@ -21,7 +21,7 @@ from lib import ROOT
 from lib.models.chat.messages import ChatResult
 from lib.compendium.artifacts import write_bytes
 
-#: the environment variable naming the stage that is running (set by lib.compendium.runner)
+#: the environment variable naming the stage that is running (set by lib.compendium.stages)
 STAGE_ENV = "COMPENDIUM_STAGE"
 
 

@@ -29,7 +29,7 @@ def read_dotenv(path: str | Path) -> dict[str, str]:
 
 
 #: Every env file other than the project's `.env` that keys were read from, one absolute path a line:
-#: the notebook scrubber (lib.compendium.runner) redacts their secrets too, since it runs in another process.
+#: the notebook scrubber (lib.compendium.stages) redacts their secrets too, since it runs in another process.
 ENV_FILES_LOG = ROOT / "artifacts" / ".env_files"
 
 

@@ -34,7 +34,7 @@ from PIL import Image
 
 LABELS = ("hateful", "non-hateful")
 #: the environment variable holding the running loopback server's URL; a preset whose base_url is
-#: "{loopback}" is sent there (lib.compendium.runner starts the server on a free port and sets it)
+#: "{loopback}" is sent there (lib.compendium.stages starts the server on a free port and sets it)
 LOOPBACK_ENV = "COMPENDIUM_LOOPBACK_URL"
 #: what a loopback answer's cache identity names instead of its (per-run) port
 IDENTITY = {"server": "lib.models.chat.loopback", "answers": "schema-valid by request hash", "version": 1}
@@ -46,7 +46,7 @@ def loopback_url(spec: str) -> str:
         return spec
     url = os.environ.get(LOOPBACK_ENV)
     if not url:
-        raise RuntimeError(f"base_url {spec!r} needs the loopback server: run the stage through lib.compendium.runner, "
+        raise RuntimeError(f"base_url {spec!r} needs the loopback server: run the stage through lib.compendium.stages (make reproduce), "
                            f"or start `python -m lib.models.chat.loopback` and set {LOOPBACK_ENV} to its /v1 URL")
     return spec.replace("{loopback}", url.rstrip("/"))
 

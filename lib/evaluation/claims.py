@@ -1,0 +1,217 @@
+"""Claims tables: a paired test per claim (one run, or cold runs pooled and clustered by item), its
+minimum detectable difference at 80% power (exact McNemar by enumeration), the verdict rules, the
+near-constant-arm flag, and the metrics.json keys of each row. The statistics themselves are
+`lib.evaluation.metrics`.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+from typing import Any, Sequence
+
+import numpy as np
+
+from lib.evaluation.metrics import paired_accuracy_test, pooled_paired_test, run_spread
+
+
+# ----------------------------------------------------------------------------- power of the paired test
+def mcnemar_power(n: int, discordance: float, difference: float, alpha: float = 0.05) -> float:
+    """Power of the exact McNemar test (the two-sided binomial test on the discordant pairs, as
+    `paired_accuracy_test` runs it, rejecting at p < alpha) for `n` paired items of which a share
+    `discordance` is discordant, when the accuracy difference A - B is `difference`, by enumeration:
+    the number of discordant items m ~ Binomial(n, discordance) and, given m, the items only A gets
+    right ~ Binomial(m, (discordance + difference) / (2 discordance)); summed over the rejection region."""
+    from scipy.stats import binom
+    if n < 0 or not 0 <= discordance <= 1 or abs(difference) > discordance + 1e-12:
+        raise ValueError(f"mcnemar_power: need n >= 0 and |difference| <= discordance <= 1 (n={n}, "
+                         f"discordance={discordance}, difference={difference})")
+    if n == 0 or discordance == 0:
+        return 0.0
+    q = min(1.0, max(0.0, (discordance + difference) / (2 * discordance)))
+    m, kmax = _mcnemar_rejection(n, alpha)
+    if len(m) == 0:
+        return 0.0
+    reject = binom.cdf(kmax, m, q) + binom.sf(m - kmax - 1, m, q)       # min(b, c) <= kmax, in either tail
+    return float(min(1.0, np.sum(binom.pmf(m, n, discordance) * reject)))
+
+
+@functools.lru_cache(maxsize=256)
+def _mcnemar_rejection(n: int, alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """For each number of discordant items m <= n at which the exact test can reject: the largest
+    min(b, c) whose two-sided binomial p is below alpha."""
+    from scipy.stats import binom
+    ms, ks = [], []
+    for m in range(1, n + 1):
+        k = np.arange(m // 2 + 1)
+        ok = k[np.minimum(1.0, 2 * binom.cdf(k, m, 0.5)) < alpha]
+        if len(ok):
+            ms.append(m)
+            ks.append(int(ok.max()))
+    return np.array(ms, int), np.array(ks, int)
+
+
+def mcnemar_mdd(n: int, discordance: float, power: float = 0.80, alpha: float = 0.05) -> float:
+    """The minimum detectable difference: the smallest |A - B| that the exact McNemar test detects with
+    probability `power` at `n` items and this discordance (bisection on `mcnemar_power`, which grows with
+    the difference). NaN when no difference the discordance allows (at most the discordance itself)
+    reaches that power: the test cannot see any effect of that discordance at this n."""
+    if n <= 0 or discordance <= 0 or mcnemar_power(n, discordance, discordance, alpha) < power:
+        return float("nan")
+    lo, hi = 0.0, float(discordance)
+    for _ in range(24):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mcnemar_power(n, discordance, mid, alpha) < power else (lo, mid)
+    return hi
+
+
+#: the verdicts of a claims table, and their written rules (`verdict`)
+VERDICTS = {
+    "reproduced": "the effect is in the paper's direction, p < 0.05, and the positive control was detected",
+    "not reproduced": "the positive control was detected and the difference's interval excludes the paper's effect",
+    "underpowered": "the positive control was not detected, or the minimum detectable difference exceeds the "
+                    "paper's effect",
+    "inconclusive": "none of the above: the interval holds both no effect and the paper's effect",
+    "reproduced, no control": "the effect is in the paper's direction with p < 0.05, but no positive control ran",
+    "no test": "no positive control ran for this claim and p >= 0.05 (or the effect goes the other way): a null "
+               "cannot be read either way",
+}
+
+
+def verdict(difference: float, ci_difference: tuple[float, float], p: float, paper_effect: float,
+            mdd: float, control_detected: bool | None) -> str:
+    """A claim's verdict from its paired test (the difference A - B, its interval and p), the paper's
+    effect (signed, in the same units; A is the paper's better arm, so it is positive), the test's minimum
+    detectable difference and whether the positive control at the same n was detected (None: no
+    control ran). The rules are VERDICTS', checked in that order."""
+    if control_detected is None:
+        return "reproduced, no control" if difference > 0 and p < 0.05 else "no test"
+    if control_detected and difference > 0 and p < 0.05:
+        return "reproduced"
+    if control_detected and not (ci_difference[0] <= paper_effect <= ci_difference[1]):
+        return "not reproduced"
+    if not control_detected or not (mdd <= abs(paper_effect)):
+        return "underpowered"
+    return "inconclusive"
+
+
+#: an arm giving one answer on at least this share of a claim's items is a near-constant predictor
+NEAR_CONSTANT = 0.95
+
+
+def constant_arm(name: str, answers: dict[str, Any] | None, items: Sequence[str]) -> str:
+    """"" or a flag naming `name` as a near-constant predictor on `items`: one answer (no answer counts
+    as one) on at least NEAR_CONSTANT of them. Its accuracy is then the share of that label among the
+    items: a significant difference against it says little about moderation."""
+    if not answers or not items:
+        return ""
+    vals = [answers.get(i) for i in items]
+    label, count = collections.Counter(vals).most_common(1)[0]
+    share = count / len(vals)
+    if share < NEAR_CONSTANT:
+        return ""
+    said = "no answer" if label is None else f"label {label}"
+    return f"{name} near-constant ({said} on {share:.0%})"
+
+
+def claim_row(claim: str, a: str, b: str, t: dict[str, Any], what: str, flag: str = "") -> dict[str, Any]:
+    """One row of a claims table (notebooks 04 and 05): a paired test's result `t`
+    (paired_accuracy_test, or pooled_paired_test over cold runs) for settings `a` and `b`, rounded
+    for reading, the intervals as "[lo, hi]", the test's minimum detectable difference at 80% power
+    (`mcnemar_mdd`: NaN where no difference of the observed discordance reaches it), and `flag`
+    (`constant_arm`: an arm that answers one label almost always)."""
+    ci = t.get("ci_difference", (float("nan"), float("nan")))
+    return {"claim": claim, "A": a, "B": b, "n": t["n"], "runs": t.get("runs", 1),
+            "acc A": round(t["acc_a"], 3), "95% CI A": f"[{t['ci_a'][0]:.2f}, {t['ci_a'][1]:.2f}]",
+            "acc B": round(t["acc_b"], 3), "95% CI B": f"[{t['ci_b'][0]:.2f}, {t['ci_b'][1]:.2f}]",
+            "A-B": round(t["difference"], 3), "95% CI A-B": f"[{ci[0]:.2f}, {ci[1]:.2f}]",
+            "only A right": t["only_a_right"], "only B right": t["only_b_right"],
+            "test": t.get("test", "exact McNemar"), "p": float(f"{t['p']:.3g}"),
+            "MDD (80% power)": _mdd_of(t), "majority line": round(t["majority_acc"], 3), "flag": flag or "none",
+            "what it isolates": what}
+
+
+def _mdd_of(t: dict[str, Any]) -> float:
+    """A claims row's minimum detectable difference: the exact McNemar test's at the row's n and its observed
+    discordance (the share of items one arm gets right and the other wrong; pooled rows: the items whose run
+    means differ, a conservative stand-in for the pooled test's own power). NaN: no difference reaches 80%."""
+    n = int(t["n"])
+    disc = (t["only_a_right"] + t["only_b_right"]) / n if n else 0.0
+    mdd = mcnemar_mdd(n, disc)
+    return round(mdd, 3) if mdd == mdd else float("nan")
+
+
+def cold_runs_of(name: str, names: Sequence[str]) -> list[str]:
+    """`name` and its cold runs present in `names` (`<name>_run1`, `<name>_run2`, ...), in run order."""
+    out, k = [name], 1
+    while f"{name}_run{k}" in names:
+        out.append(f"{name}_run{k}")
+        k += 1
+    return out
+
+
+def first_present(arm: str, names) -> str | None:
+    """A claim's arm: a name, or alternatives "a|b" (the first that ran: e.g. a variant run on the
+    claim's own posts, else the main one)."""
+    return next((x for x in arm.split("|") if x in names), None)
+
+
+def claim_tests(claims: Sequence[tuple[str, str, str, str]], correct: dict[str, dict[str, bool]],
+                truth: dict[str, int], confidence: float = 0.95, answers: dict[str, dict[str, Any]] | None = None
+                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Claims tables' rows (notebooks 04 and 05). `claims`: (claim, A, B, what it isolates) with A and
+    B names in `correct` (item -> right or wrong; "a|b": the first of them that ran). Each claim whose two arms ran gets its paired test
+    on one run (exact McNemar); where both arms also have cold runs (`<name>_run<k>`), a second row
+    pools the k runs both have, clustered by item (pooled_paired_test), and the second list gets one
+    row per run (run_spread) with the claim's name: the distribution one run draws from. `answers`
+    (name -> item -> the answer given, None for none): an arm answering one label almost always is
+    flagged in the row (`constant_arm`)."""
+    rows, spread = [], []
+    answers = answers or {}
+    for claim, a, b, what in claims:
+        a, b = first_present(a, correct), first_present(b, correct)
+        if a is None or b is None or a == b:
+            continue
+        items = [i for i in correct[a] if i in correct[b]]
+        flag = "; ".join(f for f in (constant_arm(a, answers.get(a), items), constant_arm(b, answers.get(b), items)) if f)
+        rows.append(claim_row(claim, a, b, paired_accuracy_test(correct[a], correct[b], truth, confidence), what, flag))
+        ra, rb = cold_runs_of(a, list(correct)), cold_runs_of(b, list(correct))
+        k = min(len(ra), len(rb))
+        if k > 1:
+            runs_a, runs_b = [correct[x] for x in ra[:k]], [correct[x] for x in rb[:k]]
+            rows.append(claim_row(f"{claim} ({k} cold runs pooled)", a, b,
+                                  pooled_paired_test(runs_a, runs_b, truth, confidence), what, flag))
+            spread += [{"claim": claim, "A": a, "B": b, **r} for r in run_spread(runs_a, runs_b, truth, confidence)]
+    return rows, spread
+
+
+def claim_metric_keys(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """metrics.json keys of each tested claim row: claim_<A>_vs_<B>_{n, acc_a, acc_b, p, majority}
+    ("/" in a setting name becomes "_"; a row pooled over k > 1 cold runs ends its stem in _pooled
+    and adds _runs); a row without a test (no p) is skipped."""
+    m: dict[str, Any] = {}
+    for row in rows:
+        p = row.get("p")
+        if p is None or p != p:
+            continue
+        runs = int(row.get("runs", 1) or 1)
+        key = "claim_" + f"{row['A']}_vs_{row['B']}".replace("/", "_") + ("_pooled" if runs > 1 else "")
+        m.update({f"{key}_n": int(row["n"]), f"{key}_acc_a": row["acc A"], f"{key}_acc_b": row["acc B"],
+                  f"{key}_p": p, f"{key}_majority": row["majority line"]})
+        if runs > 1:
+            m[f"{key}_runs"] = runs
+    return m
+
+
+def cold_run_metric_keys(spread_rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """metrics.json keys of the per-run rows of claim_tests: for each claim's A vs B, the number of cold
+    runs and their A-B difference's mean, sd (ddof 1), min and max (cold_<A>_vs_<B>_diff_...)."""
+    by: dict[str, list[float]] = {}
+    for r in spread_rows:
+        by.setdefault("cold_" + f"{r['A']}_vs_{r['B']}".replace("/", "_"), []).append(float(r["difference"]))
+    m: dict[str, Any] = {}
+    for key, d in by.items():
+        a = np.array(d, float)
+        m.update({f"{key}_runs": len(a), f"{key}_diff_mean": float(a.mean()),
+                  f"{key}_diff_sd": float(a.std(ddof=1)) if len(a) > 1 else float("nan"),
+                  f"{key}_diff_min": float(a.min()), f"{key}_diff_max": float(a.max())})
+    return m

@@ -1,0 +1,96 @@
+"""Exemplar retrieval for few-shot prompting: image embeddings cached per file list, the top n training
+memes per query, how often they share the query's label or type, and the k-nearest-neighbour vote
+(the retriever alone, as a baseline).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from PIL import Image
+from tqdm.auto import tqdm
+
+from lib.compendium.artifacts import atomic_path
+from lib.models.encoders import load_encoder
+from lib.compendium.presets import folder_identity, get_preset
+from lib.sei.fewshot import Meme
+
+
+# ----------------------------------------------------------------------------- retrieval
+def embed_images(encoder: str, memes: Sequence[Meme], cache_file: str | Path, batch_size: int = 64,
+                 progress: bool = True) -> dict[str, np.ndarray]:
+    """L2-normalised image embeddings per meme id, cached in an .npz keyed by the encoder's
+    identity and the image files (name and size); only missing ids are computed."""
+    import torch
+    try:
+        ident = get_preset("encoders", encoder).identity()
+    except Exception:                                   # a local folder
+        ident = folder_identity(encoder)
+    key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    cache_file = Path(cache_file)
+    have: dict[str, np.ndarray] = {}
+    if cache_file.exists():
+        z = np.load(cache_file, allow_pickle=False)
+        if str(z["key"]) == key:
+            have = {i: v for i, v in zip(z["ids"].tolist(), z["emb"])}
+    sig = {m.id: f"{m.id}|{Path(m.img_path).name}|{Path(m.img_path).stat().st_size}" for m in memes}
+    todo = [m for m in memes if sig[m.id] not in have]
+    if todo:
+        enc = load_encoder(encoder)
+        bar = tqdm(total=len(todo), desc=f"embed images ({encoder})", disable=not progress)
+        for k in range(0, len(todo), batch_size):
+            chunk = todo[k:k + batch_size]
+            ims = [Image.open(m.img_path).convert("RGB") for m in chunk]
+            with torch.no_grad():
+                e = enc.encode_images(ims).float().cpu().numpy()
+            for m, v in zip(chunk, e):
+                have[sig[m.id]] = v
+            bar.update(len(chunk))
+        bar.close()
+        ids = sorted(have)
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(cache_file) as tmp:
+            with open(tmp, "wb") as f:
+                np.savez(f, key=np.array(key), ids=np.array(ids), emb=np.stack([have[i] for i in ids]))
+    return {m.id: np.asarray(have[sig[m.id]], dtype=np.float32) for m in memes}
+
+
+def top_n(queries: np.ndarray, index: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-n rows of `index` by cosine for each query (rows L2-normalised), most similar
+    first; equal similarities keep index order. Returns (indices [q, n], similarities [q, n])."""
+    if n > len(index):
+        raise ValueError(f"top_n: n = {n} exemplars requested from a pool of {len(index)}")
+    S = queries @ index.T
+    idx = np.argsort(-S, axis=1, kind="stable")[:, :n]
+    return idx, np.take_along_axis(S, idx, axis=1)
+
+
+def retrieval_quality(ranked: np.ndarray, pool: Sequence[Meme], queries: Sequence[Meme]) -> dict[str, float]:
+    """How often the top-n exemplars share the query's label (and SMI type where known), beside the
+    base rate: the chance a uniformly drawn pool meme does."""
+    pl = np.array([m.label for m in pool])
+    ql = np.array([m.label for m in queries])
+    agree = (pl[ranked] == ql[:, None]).mean()
+    base = np.mean([(pl == q).mean() for q in ql])
+    out = {"label_agreement": float(agree), "label_base_rate": float(base), "n_queries": len(queries),
+           "n": int(ranked.shape[1])}
+    if all(m.type for m in pool) and all(m.type for m in queries):
+        pt = np.array([m.type for m in pool])
+        qt = np.array([m.type for m in queries])
+        out["type_agreement"] = float((pt[ranked] == qt[:, None]).mean())
+        out["type_base_rate"] = float(np.mean([(pt == q).mean() for q in qt]))
+    return out
+
+
+def knn_vote(ranked: np.ndarray, pool: Sequence[Meme]) -> list[int]:
+    """Majority gold label of the exemplars; a tie goes to the most similar exemplar's label."""
+    out = []
+    for row in ranked:
+        labs = [pool[j].label for j in row]
+        c = Counter(labs).most_common()
+        out.append(labs[0] if len(c) > 1 and c[0][1] == c[1][1] else c[0][0])
+    return out
