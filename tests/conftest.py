@@ -10,7 +10,7 @@ import pytest
 @pytest.fixture(scope="session")
 def memeworld_small(tmp_path_factory):
     """A small MemeWorld (all views, real formats) shared by the data tests."""
-    from lib.data.memeworld import write_memeworld
+    from lib.data.memeworld_files import write_memeworld
     out = tmp_path_factory.mktemp("memeworld")
     sheet = write_memeworld(out, n=600, seed=3, n_multioff=120, workers=1, progress=False)
     return out, sheet
@@ -29,7 +29,7 @@ def tiny(tiny_clip_dir, tmp_path):
     """The tiny CLIP and 24 memes (train / dev_seen / test_seen in turn; every third has no caption)."""
     import numpy as np
     from PIL import Image
-    from lib.data.datasets import MemeRecord
+    from lib.data.records import MemeRecord
     from lib.models.encoders import load_encoder
     from lib.trace.features import MemeBatchData
     rng = np.random.default_rng(0)

@@ -9,7 +9,7 @@ from PIL import Image
 
 def main(model_dir: str, out: str) -> None:
     from accelerate import Accelerator
-    from lib.data.datasets import MemeRecord
+    from lib.data.records import MemeRecord
     from lib.models.encoders import load_encoder
     from lib.trace.model import TrainConfig
     from lib.trace.training import Trainer

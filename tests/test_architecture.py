@@ -20,7 +20,8 @@ LAYERS = {
         "lib.compendium.envfiles", "lib.evaluation.metrics", "lib.evaluation.claims", "lib.evaluation.plotting", "lib.models.train_memory",
         "lib.compendium", "lib.data", "lib.evaluation", "lib.models", "lib.trace", "lib.clip4dm", "lib.sei",
         "lib.arcade"},     # the package files: a docstring each, no imports
-    1: {"lib.data.datasets", "lib.data.render", "lib.data.injection", "lib.data.memeworld", "lib.data.prep"},
+    1: {"lib.data.datasets", "lib.data.render", "lib.data.injection", "lib.data.memeworld", "lib.data.memeworld_draw", "lib.data.memeworld_align",
+        "lib.data.memeworld_files", "lib.data.records", "lib.data.readers", "lib.data.prep"},
     2: {"lib.models.chat", "lib.models.encoders", "lib.models.serve", "lib.models.llm_adapt",
         "lib.models.memeworld_vlm", "lib.models.nli", "lib.evaluation.textmetrics"},
     3: {"lib.trace.captioning", "lib.trace.model", "lib.trace.features", "lib.trace.training",

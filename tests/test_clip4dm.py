@@ -9,7 +9,7 @@ from PIL import Image
 from lib.clip4dm.method import (CLIP4DM, average_precision, evaluate_foil, evaluate_hat, f_clipscore,
                                 localization_accuracy, predicted_phrases, ref_clipscore, words_with_spans)
 from lib.clip4dm.runs import benchmark
-from lib.data.datasets import AlignmentRecord
+from lib.data.records import AlignmentRecord
 
 CAPTIONS = ["a cup of coke", "a red sun on the left, and a blue house.", "zorblin",
             "a green tree in the middle and a crossed-out spiral sigil on the right"]

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from lib.data.datasets import REGISTRY, DataError, load, load_source, memeworld_sources
+from lib.data.datasets import REGISTRY, load, load_source, memeworld_sources
+from lib.data.records import DataError
 
 NAMES = sorted(REGISTRY)
 
@@ -512,7 +513,7 @@ def test_checks_that_check(world):
 def test_memesense_analyses_may_span_lines_but_not_the_whole_file(world_text):
     """MemeSense's commonsense analyses are multi-line blocks: they load; a quote left open for
     more than MAX_FIELD_LINES lines is an error."""
-    from lib.data.datasets import MAX_FIELD_LINES
+    from lib.data.readers import MAX_FIELD_LINES
     src = memeworld_sources(world_text)["memesense"]
     _set_first(world_text, "memesense", "description_with_commonsense_parameters",
                "Meme Description: a boat\nCommonsense Analysis:\n- **Vermin**: calls a people rats")

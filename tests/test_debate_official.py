@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from lib.models.chat import Chat, ChatResult
-from lib.arcade.court import (DEFAULT_TEMPERATURES, EMPTY_RESPONSE, MISSING_IMAGE, ROLE, Court, CourtConfig, Prompts, official_label, official_parse)
+from lib.arcade.court import (DEFAULT_TEMPERATURES, EMPTY_RESPONSE, MISSING_IMAGE, ROLE, Court, CourtConfig, Prompts,
+                              official_label, official_parse)
 from lib.arcade.scoring import evaluate
 
 CUE = {"id": 1, "cue_type": "Direct", "target_group": "valley folk", "claim": "CLAIM-P1", "hate_type": 1,

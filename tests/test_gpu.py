@@ -35,7 +35,7 @@ def test_this_torch_uses_the_gpu_and_models_default_to_it(tiny_clip_dir):
 
 def _memes(tmp_path, n=24):
     from PIL import Image
-    from lib.data.datasets import MemeRecord
+    from lib.data.records import MemeRecord
     rng = np.random.default_rng(0)
     recs = []
     for i in range(n):
@@ -95,7 +95,7 @@ def test_an_agent_trains_in_mixed_precision_and_generates_on_the_gpu(tiny_palige
     from PIL import Image
     from lib.sei.agents import AgentRecipe, agent_chat, build_agent_data, run_agent, train_agent
     from lib.models.chat import ResponseCache
-    from lib.data.datasets import ExplanationRecord, MemeCapRecord, MemeRecord, MemeSenseRecord
+    from lib.data.records import ExplanationRecord, MemeCapRecord, MemeRecord, MemeSenseRecord
     memes, cap, hat, sense = [], [], [], []
     for i in range(12):
         p = tmp_path / f"{i:05d}.png"

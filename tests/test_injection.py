@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from lib.data import datasets, injection
+from lib.data.records import DataError
 
 
 def _hateful(memeworld_small, n=6):
@@ -40,7 +41,7 @@ def test_text_only_injection_keeps_the_picture_and_the_loader_names_bad_fields(m
     rows = [json.loads(x) for x in (tmp_path / "t" / "injection.jsonl").read_text().splitlines()]
     rows[1]["phrasing"] = "made_up"
     (tmp_path / "t" / "injection.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(datasets.DataError, match=r"injection.jsonl: line 2 .*'phrasing'"):
+    with pytest.raises(DataError, match=r"injection.jsonl: line 2 .*'phrasing'"):
         datasets.load("injection", tmp_path / "t", allow_outside_images=True)
 
 

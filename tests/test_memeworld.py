@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from lib.data import memeworld as mw
+from lib.data import memeworld as mw, memeworld_align as mwa, memeworld_files as mwf
 
 
 def _tree_digest(root):
@@ -21,9 +21,9 @@ def _tree_digest(root):
 
 def test_same_seed_gives_byte_identical_files(tmp_path):
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
-    mw.write_memeworld(a, n=150, seed=11, n_multioff=20, workers=1, progress=False)
-    mw.write_memeworld(b, n=150, seed=11, n_multioff=20, workers=2, progress=False)
-    mw.write_memeworld(c, n=150, seed=12, n_multioff=20, workers=1, progress=False)
+    mwf.write_memeworld(a, n=150, seed=11, n_multioff=20, workers=1, progress=False)
+    mwf.write_memeworld(b, n=150, seed=11, n_multioff=20, workers=2, progress=False)
+    mwf.write_memeworld(c, n=150, seed=12, n_multioff=20, workers=1, progress=False)
     assert _tree_digest(a) == _tree_digest(b)
     assert _tree_digest(a) != _tree_digest(c)
     assert "render_seconds" not in json.loads((a / "datasheet.json").read_text())
@@ -50,7 +50,7 @@ def test_unseen_splits_hold_combinations_never_seen_in_training():
 
 def test_unimodal_readers_fail_on_emergent_types_rule_reader_does_not():
     specs = mw.sample_specs(6000, seed=1)
-    c = mw.unimodal_bayes_readers(specs)
+    c = mwf.unimodal_bayes_readers(specs)
     for t in ("001", "110"):
         assert c["text_only"][t] < 0.35, (t, c["text_only"][t])
         assert c["image_only"][t] < 0.35, (t, c["image_only"][t])
@@ -105,7 +105,7 @@ def test_foil_captions_swap_exactly_one_word():
     rng = np.random.default_rng(0)
     for s in mw.sample_specs(300, seed=9):
         gold = mw.scene_caption(s.objects)
-        foil, target, foil_word = mw.foil_caption(s, rng)
+        foil, target, foil_word = mwa.foil_caption(s, rng)
         g, f = gold.replace(",", "").split(), foil.replace(",", "").split()
         diff = [(a, b) for a, b in zip(g, f) if a != b]
         assert len(g) == len(f) and diff == [(target, foil_word)]
@@ -116,7 +116,7 @@ def test_rendering_in_parallel_gives_the_same_world(tmp_path):
     never asserted: shared machines are noisy)."""
     import hashlib
     for w in (1, 2):
-        mw.write_memeworld(tmp_path / f"w{w}", n=300, seed=0, n_multioff=0, workers=w, progress=False)
+        mwf.write_memeworld(tmp_path / f"w{w}", n=300, seed=0, n_multioff=0, workers=w, progress=False)
 
     def digest(root):
         return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -125,18 +125,18 @@ def test_rendering_in_parallel_gives_the_same_world(tmp_path):
 
 
 def test_cli_writes_a_world(tmp_path):
-    assert mw.main(["--out", str(tmp_path / "cli"), "--n", "60", "--n-multioff", "10", "--seed", "1",
+    assert mwf.main(["--out", str(tmp_path / "cli"), "--n", "60", "--n-multioff", "10", "--seed", "1",
                     "--workers", "1"]) == 0
     sheet = json.loads((tmp_path / "cli" / "datasheet.json").read_text())
     assert sheet["n"] == 60 and sheet["seed"] == 1
 
 
 def test_misalignment_views_are_labelled_by_position_with_multiword_edits_and_aligned_captions():
-    from lib.data.datasets import caption_words, labelled_positions
+    from lib.data.records import caption_words, labelled_positions
     specs = mw.sample_specs(400, seed=3)
     for s in specs[:100]:
-        assert mw.caption_text(mw.flagged_caption(s.objects)) == mw.scene_caption(s.objects)
-    v = mw.misalignment_views(specs, np.random.default_rng(0), {s.id: f"{s.id}.png" for s in specs})
+        assert mwa.caption_text(mwa.flagged_caption(s.objects)) == mw.scene_caption(s.objects)
+    v = mwa.misalignment_views(specs, np.random.default_rng(0), {s.id: f"{s.id}.png" for s in specs})
     edits = Counter(h["edit"] for h in v["hat"])
     assert edits[""] == len(specs) and {"colour", "kind", "colour+kind", "symbol", "relation"} <= set(edits)
     for h in v["hat"]:

@@ -85,7 +85,7 @@ def test_batched_generation_equals_one_at_a_time_and_is_cached(tiny_vlm, tmp_pat
 
 def test_zero_shot_tagger_and_caption_columns(tiny_vlm, tmp_path):
     from lib.trace.captioning import ZeroShotTagger, caption_many, grounded_prompt, tag_caption, trace_records
-    from lib.data.datasets import MemeRecord
+    from lib.data.records import MemeRecord
     from lib.models.encoders import load_encoder
     out, path, _ = tiny_vlm
     enc = load_encoder(path.parent / "clip", device="cpu")

@@ -159,7 +159,7 @@ def test_mean_ci_and_average_precision():
 
 def test_one_strict_json_reader_for_answers_and_files():
     from lib.compendium.artifacts import loads_strict
-    from lib.data.datasets import DataError
+    from lib.data.records import DataError
     for bad, why in (('{"a": 1, "a": 2}', "duplicate key 'a'"), ('{"a": NaN}', "field 'a' is NaN, not a finite JSON number"),
                      ('{"a": 1e999}', "field 'a' is 1e999, not a finite"), ("[" * 100_000 + "]" * 100_000, "nested")):
         with pytest.raises(ValueError, match=why):

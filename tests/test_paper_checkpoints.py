@@ -116,7 +116,7 @@ def test_grounding_dino_grounds_tags_through_the_profiles_grounder(ckpts):
 
 
 def _trace_data(tmp_path, n=24):
-    from lib.data.datasets import MemeRecord
+    from lib.data.records import MemeRecord
     from lib.trace.features import MemeBatchData
     recs = []
     for i in range(n):

@@ -286,7 +286,7 @@ def tiny_agent_base(tiny_clip_dir, tmp_path_factory):
 
 def _records(tmp_path):
     from PIL import Image
-    from lib.data.datasets import ExplanationRecord, MemeCapRecord, MemeRecord, MemeSenseRecord
+    from lib.data.records import ExplanationRecord, MemeCapRecord, MemeRecord, MemeSenseRecord
     img = tmp_path / "img"
     img.mkdir(exist_ok=True)
     memes, cap, hat, sense = [], [], [], []

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from lib.data.datasets import MemeRecord
+from lib.data.records import MemeRecord
 from lib.models.encoders import load_encoder
 from lib.evaluation.metrics import best_threshold, mcnemar, metrics_at
 from lib.trace.model import CLIPClassifier, TrainConfig, focal_bce, gumbel_tau, trace_loss

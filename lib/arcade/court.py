@@ -52,7 +52,7 @@ from tqdm.auto import tqdm
 from lib import ROOT
 from lib.models.chat import Chat, ChatResult, GenParams, check_json_bounds, image, system, text
 from lib.models.chat.structured import ambiguity, cap_string_lengths  # noqa: F401 - cap_string_lengths also importable from here
-from lib.data.datasets import HVLI_DIFFICULTY, HVLI_LABELS, HVLI_TYPES
+from lib.data.records import HVLI_DIFFICULTY, HVLI_LABELS, HVLI_TYPES
 
 # H-VLI's label codes, interaction types and difficulty by type: the dataset module's, one definition
 LABELS, TYPES, DIFFICULTY = HVLI_LABELS, HVLI_TYPES, HVLI_DIFFICULTY

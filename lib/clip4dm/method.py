@@ -34,7 +34,7 @@ import numpy as np
 from PIL import Image
 from tqdm.auto import tqdm
 
-from lib.data.datasets import CAPTION_WORD_RE, caption_words, normalize_word as _norm
+from lib.data.records import CAPTION_WORD_RE, caption_words, normalize_word as _norm
 from lib.models.encoders import AttentionUnavailable, Encoder, load_encoder
 from lib.evaluation.metrics import average_precision
 from lib.models.nli import nli_entailment  # noqa: F401  (SeeTRUE's scorer; public here too)

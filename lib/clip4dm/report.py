@@ -23,7 +23,7 @@ import pandas as pd
 
 from lib.clip4dm import method as clip4dm
 from lib.clip4dm import runs
-from lib.data import datasets as dsets
+from lib.data.records import AlignmentRecord, caption_words, normalize_word
 from lib.compendium.artifacts import write_text
 from lib.compendium.presets import resolve_model_path
 
@@ -113,8 +113,8 @@ def _foil_frame(recs, res) -> pd.DataFrame:
                          "sum_negative_attribution": [x["sum_negative_attribution"] for x in res],
                          "n_words": [len([w for w in ws if w not in clip4dm.PUNCT]) for ws in words],
                          "n_content_words": [len(clip4dm.content_words(ws)) for ws in words],
-                         "foil_word_repeated": [r.is_foil and sum(dsets.normalize_word(w) == dsets.normalize_word(r.misaligned_words[0])
-                                                                  for w in dsets.caption_words(r.caption)) > 1
+                         "foil_word_repeated": [r.is_foil and sum(normalize_word(w) == normalize_word(r.misaligned_words[0])
+                                                                  for w in caption_words(r.caption)) > 1
                                                 for r in recs]})
 
 
@@ -183,7 +183,7 @@ def choose_epsilon(run: EncoderRun, val_recs: Sequence[Any], grid: Sequence[floa
         run.epsilon_chosen = run.epsilon
         run.metrics["epsilon_chosen"] = run.epsilon
         return run.epsilon
-    as_richhf = [dsets.AlignmentRecord(r.id, r.img_path, r.caption, r.misaligned_words,
+    as_richhf = [AlignmentRecord(r.id, r.img_path, r.caption, r.misaligned_words,
                                        misaligned_positions=r.misaligned_positions, score=float(r.is_foil))
                  for r in val_recs]
     misaligned = [k for k, r in enumerate(val_recs) if r.misaligned_words]

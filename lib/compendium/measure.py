@@ -35,7 +35,7 @@ from lib.compendium.artifacts import write_json
 from lib.clip4dm.method import CLIP4DM
 from lib.clip4dm.runs import loader_ratio
 from lib.models.encoders.loading import default_loader_workers
-from lib.data.datasets import ExplanationRecord, MemeRecord
+from lib.data.records import ExplanationRecord, MemeRecord
 from lib.models.encoders import load_encoder
 from lib.compendium.params import load_profile
 from lib.trace.model import TrainConfig

@@ -32,193 +32,20 @@ exercised end to end in the embedded profile.
 """
 from __future__ import annotations
 
-import contextvars
 import csv
 import inspect
-import io
-import json
-import math
-import os
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
-
-from PIL import Image
-
-from lib.compendium.artifacts import loads_strict
-
-FHM_SPLITS = ("train", "dev_seen", "dev_unseen", "test_seen", "test_unseen")
-HVLI_TYPES = ("000", "001", "010", "011", "100", "101", "110", "111")
-HVLI_DIFFICULTY = {"000": "Easy", "011": "Easy", "101": "Easy", "111": "Easy", "100": "Normal", "010": "Normal",
-                   "001": "Hard", "110": "Hard"}
-HVLI_LABELS = {0: "NotHate", 1: "Racist", 2: "Sexist", 3: "Homophobe", 4: "Religion", 5: "OtherHate"}
+from typing import Any, Callable
 
 
-class DataError(ValueError):
-    """Bad input: the message names the file, the record and the field."""
+from lib.data.records import (AlignmentRecord, DataError, Dataset, ExplanationRecord, FHM_SPLITS, HVLI_DIFFICULTY,
+                              HVLI_LABELS, HVLI_TYPES, MemeCapRecord, MemeRecord, MemeSenseRecord, labelled_positions,
+                              swap_positions)
+from lib.data.readers import (FILES_READ, ReadContext, as_bool, as_label, as_number, check_unique, field_of,
+                              json_objects, read_csv_file, read_json_file, read_jsonl_file, record_id, select_splits,
+                              str_list)
 
-
-# ----------------------------------------------------------------------------- record schemas
-@dataclass
-class MemeRecord:
-    """A meme for classification. `label` is binary (1 = hateful/offensive/misogynous)."""
-    id: str
-    img_path: Path
-    text: str
-    label: int | None
-    split: str
-    captions: dict[str, str] = field(default_factory=dict)  # caption column -> caption (TRACE)
-    meta: dict[str, Any] = field(default_factory=dict)      # dataset-specific fields (type, difficulty, ...)
-
-    def image(self):
-        return Image.open(self.img_path).convert("RGB")
-
-
-@dataclass
-class ExplanationRecord:
-    id: str
-    img_path: Path
-    targets: list[str]
-    reasonings: list[str]
-    split: str
-
-    def image(self):
-        return Image.open(self.img_path).convert("RGB")
-
-
-@dataclass
-class MemeCapRecord:
-    id: str
-    img_path: Path
-    title: str
-    img_captions: list[str]
-    meme_captions: list[str]
-    metaphors: list[dict]
-    split: str
-
-    def image(self):
-        return Image.open(self.img_path).convert("RGB")
-
-
-@dataclass
-class MemeSenseRecord:
-    id: str
-    img_path: Path
-    commonsense: str
-    intervention: str
-    split: str = "all"
-
-    def image(self):
-        return Image.open(self.img_path).convert("RGB")
-
-
-#: CLIP4DM's word split: spaces separate words, "." and "," are words of their own
-CAPTION_WORD_RE = re.compile(r"[^\s.,]+|[.,]")
-
-
-def caption_words(text: str) -> list[str]:
-    """A caption's words as CLIP4DM splits them ("." and "," are words of their own)."""
-    return CAPTION_WORD_RE.findall(text)
-
-
-def normalize_word(w: str) -> str:
-    """A word compared across tokenisations: lower case, punctuation stripped."""
-    return re.sub(r"[^\w\-']", "", w.lower())
-
-
-def swap_positions(foil: str, originals: Sequence[str], foil_word: str) -> tuple[list[int], bool]:
-    """Where a one-word-swap foil differs from its original: the positions (among `caption_words`)
-    of the swapped word, found by comparing with an original of the same length that differs in
-    one place, holding the foil word. Without such an original the first occurrence of the foil
-    word's string is used (second value False: located by string, not by position)."""
-    fw = caption_words(foil)
-    target = normalize_word(foil_word)
-    for o in originals:
-        ow = caption_words(o)
-        if len(ow) != len(fw):
-            continue
-        diff = [k for k, (a, b) in enumerate(zip(fw, ow)) if normalize_word(a) != normalize_word(b)]
-        if len(diff) == 1 and normalize_word(fw[diff[0]]) == target:
-            return diff, True
-    hits = [k for k, w in enumerate(fw) if normalize_word(w) == target]
-    return hits[:1], False
-
-
-def labelled_positions(caption: str, labels: Sequence[tuple[str, int]]) -> list[int]:
-    """Positions among `caption_words(caption)` of the words a benchmark flags, aligning its own
-    tokens (which may carry punctuation, or leave it out) to the caption's words in order."""
-    words = caption_words(caption)
-    flat = []
-    for tok, m in labels:
-        for w in caption_words(tok):
-            if w not in (".", ","):
-                flat.append((normalize_word(w), m))
-    out, j = [], 0
-    for k, w in enumerate(words):
-        if w in (".", ","):
-            continue
-        if j < len(flat) and flat[j][0] == normalize_word(w):
-            if flat[j][1]:
-                out.append(k)
-            j += 1
-    return out
-
-
-@dataclass
-class AlignmentRecord:
-    """An (image, caption) pair with its misalignment annotation.
-
-    `misaligned_words`: the ground-truth misaligned words (empty for an aligned caption);
-    `token_labels`: per-word (word, is_misaligned) where the benchmark gives them;
-    `score`: a graded misalignment score (RichHF) or None.
-    """
-    id: str
-    img_path: Path
-    caption: str
-    misaligned_words: list[str]
-    references: list[str] = field(default_factory=list)
-    token_labels: list[tuple[str, int]] = field(default_factory=list)
-    group: str | None = None
-    score: float | None = None
-    split: str = "test"
-    #: positions of the misaligned words among `caption_words(caption)` ("." and "," count as words);
-    #: empty where the benchmark does not locate them
-    misaligned_positions: list[int] = field(default_factory=list)
-
-    @property
-    def is_foil(self) -> bool:
-        return bool(self.misaligned_words)
-
-    def image(self):
-        return Image.open(self.img_path).convert("RGB")
-
-
-@dataclass
-class Dataset:
-    name: str
-    root: Path
-    records: list[Any]
-    report: list[str] = field(default_factory=list)   # skipped records and why (strict=False)
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.records)
-
-    def split(self, *names: str) -> list[Any]:
-        return [r for r in self.records if r.split in names]
-
-    def to_frame(self):
-        import pandas as pd
-        rows = []
-        for r in self.records:
-            d = {k: v for k, v in r.__dict__.items() if k not in ("meta", "captions")}
-            d.update(getattr(r, "meta", {}))
-            d.update({f"caption:{k}": v for k, v in getattr(r, "captions", {}).items()})
-            rows.append(d)
-        return pd.DataFrame(rows)
 
 
 # ----------------------------------------------------------------------------- registry
@@ -266,14 +93,14 @@ def load(name: str, root: Path | str, strict: bool = True, check_images: str = "
     if missing:
         raise FileNotFoundError(f"dataset '{name}' at {root}: missing {', '.join(missing)} "
                                 f"(get it from: {REGISTRY[name].source})")
-    ctx = _Ctx(strict=strict, check_images=check_images, allow_outside=allow_outside_images)
-    token = _FILES_READ.set([])
+    ctx = ReadContext(strict=strict, check_images=check_images, allow_outside=allow_outside_images)
+    token = FILES_READ.set([])
     try:
         records = REGISTRY[name].loader(root, ctx, **kw)
-        files = list(dict.fromkeys(_FILES_READ.get() or []))
+        files = list(dict.fromkeys(FILES_READ.get() or []))
     finally:
-        _FILES_READ.reset(token)
-    _check_unique(records, name, root)
+        FILES_READ.reset(token)
+    check_unique(records, name, root)
     loaded = {getattr(r, "split", None) for r in records}
     for split, where in ctx.splits_read:
         if split not in loaded:
@@ -294,263 +121,28 @@ def missing_files(name: str, root: Path | str) -> list[str]:
     return [f for f in REGISTRY[name].files if not (Path(root) / f).exists()]
 
 
-@dataclass
-class _Ctx:
-    strict: bool
-    check_images: str
-    allow_outside: bool = False
-    report: list[str] = field(default_factory=list)
-    splits_read: list[tuple[str, str]] = field(default_factory=list)   # (split, file) each loader read
-
-    def read_split(self, split: str, path: Path) -> None:
-        self.splits_read.append((split, str(path)))
-
-    def image(self, base: Path | str, rel: Any, where: str, key: str = "img") -> Path:
-        """The image path `rel` under `base`, refused when it leaves base (`..`, an absolute path)."""
-        if not isinstance(rel, str) or not rel.strip():
-            raise DataError(f"{where}: field '{key}' is {rel!r}, expected a relative image path")
-        base = Path(base)
-        p = base / rel
-        if self.allow_outside:
-            return p
-        # lexical check: `..` and absolute paths are refused; a symlink placed inside the dataset
-        # (a shared image store) is the user's own choice and is followed
-        b = os.path.normpath(os.path.abspath(base))
-        r = os.path.normpath(os.path.abspath(p))
-        if Path(rel).is_absolute() or not (r == b or r.startswith(b + os.sep)):
-            raise DataError(f"{where}: field '{key}' {rel!r} points outside the image folder {base} "
-                            f"(load with allow_outside_images=True to permit it)")
-        return p
-
-    def image_ok(self, path: Path, where: str) -> bool:
-        """Whether the record's image is usable; raise (strict) or report (lenient) if not."""
-        if self.check_images == "none":
-            return True
-        problem = None
-        if not path.is_file():
-            problem = f"image {path} does not exist"
-        elif self.check_images == "decode":
-            try:
-                with Image.open(path) as im:
-                    im.load()                      # every pixel: a truncated file fails here
-            except Exception as e:  # PIL raises many types for broken files
-                problem = f"image {path} cannot be decoded ({type(e).__name__}: {e})"
-        if problem is None:
-            return True
-        if self.strict:
-            raise DataError(f"{where}: field 'img': {problem}")
-        self.report.append(f"{where}: skipped: {problem}")
-        return False
-
-
-def _check_unique(records: list, name: str, root: Path) -> None:
-    seen: dict[tuple[str, str], int] = {}
-    for i, r in enumerate(records):
-        key = (getattr(r, "split", ""), r.id)
-        if key in seen:
-            raise DataError(f"{name} at {root}: duplicate id '{r.id}' in split '{key[0]}' "
-                            f"(records {seen[key]} and {i})")
-        seen[key] = i
-
-
-#: the files the running loader has read (load() names them when a dataset has no records)
-_FILES_READ: contextvars.ContextVar[list[Path] | None] = contextvars.ContextVar("files_read", default=None)
-
-
-def _read_text(path: Path) -> str:
-    """UTF-8 (a leading BOM accepted); anything else is an error naming the file and byte offset."""
-    read = _FILES_READ.get()
-    if read is not None:
-        read.append(Path(path))
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise DataError(f"{path}: file does not exist") from None
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} "
-                        f"(re-save the file as UTF-8)") from None
-
-
-def _loads(text: str, where: str) -> Any:
-    return loads_strict(text, where, DataError)
-
-
-def _read_json(path: Path, expect: type | None = None) -> Any:
-    try:
-        data = _loads(_read_text(path), str(path))
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}: malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}") from e
-    if expect is not None and not isinstance(data, expect):
-        raise DataError(f"{path}: the top level is a JSON {type(data).__name__}, expected a JSON "
-                        f"{'list' if expect is list else 'object'}")
-    return data
-
-
-def _objects(data: list, path: Path) -> Iterator[tuple[int, dict]]:
-    """(index, record) for a JSON list whose every item must be an object."""
-    for i, obj in enumerate(data):
-        if not isinstance(obj, dict):
-            raise DataError(f"{path}: record {i} is a JSON {type(obj).__name__}, expected an object")
-        yield i, obj
-
-
-def _read_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
-    for ln, line in enumerate(_read_text(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = _loads(line, f"{path}: line {ln}")
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}: line {ln}: malformed JSON: {e.msg}") from e
-        if not isinstance(obj, dict):
-            raise DataError(f"{path}: line {ln}: expected a JSON object, got {type(obj).__name__}")
-        yield ln, obj
-
-
 csv.field_size_limit(1 << 28)          # long fields (a whole commonsense analysis) load
-
-
-MAX_FIELD_LINES = 200
-
-
-def _read_csv(path: Path, need: set[str] | tuple[str, ...], delimiter: str = ",", multiline: bool = False
-              ) -> Iterator[tuple[int, dict]]:
-    """(line, row) for a CSV read strictly: header must hold `need`; each row exactly as many
-    fields as the header; a row on one line unless the format has multi-line fields (MemeSense's
-    analyses), and then on at most MAX_FIELD_LINES lines (an unbalanced quote swallows the rows
-    after it into one field)."""
-    text = _read_text(path)
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
-    try:
-        header = next(reader)
-    except StopIteration:
-        raise DataError(f"{path}: empty file (no header)") from None
-    except csv.Error as e:
-        raise DataError(f"{path}: line 1: malformed CSV header: {e}") from None
-    header = [h.strip() for h in header]
-    lacking = sorted(set(need) - set(header))
-    if lacking:
-        raise DataError(f"{path}: header lacks {lacking} (has {header})")
-    prev = reader.line_num
-    while True:
-        try:
-            row = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as e:
-            raise DataError(f"{path}: line {reader.line_num}: malformed CSV: {e}") from None
-        start, prev = prev + 1, reader.line_num
-        if not row or row == [""]:
-            continue
-        span = reader.line_num - start + 1
-        if span > 1 and not multiline or span > MAX_FIELD_LINES:
-            raise DataError(f"{path}: lines {start}-{reader.line_num}: one field spans {span} lines "
-                            f"(an unbalanced quote?)")
-        if len(row) != len(header):
-            raise DataError(f"{path}: line {start}: {len(row)} fields, the header has {len(header)}")
-        yield start, dict(zip(header, row))
-
-
-def _field(obj: dict, key: str, where: str, types: type | tuple = (str,), optional: bool = False) -> Any:
-    if key not in obj or obj[key] is None:
-        if optional:
-            return None
-        raise DataError(f"{where}: missing field '{key}'")
-    v = obj[key]
-    tt = types if isinstance(types, tuple) else (types,)
-    if isinstance(v, bool) and bool not in tt:     # True is an int to Python, not an id or a count
-        raise DataError(f"{where}: field '{key}' is a boolean ({v!r}), expected "
-                        f"{' or '.join(t.__name__ for t in tt)}")
-    if types and not isinstance(v, types):
-        raise DataError(f"{where}: field '{key}' is {type(v).__name__} ({v!r}), expected "
-                        f"{' or '.join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))}")
-    return v
-
-
-def _id(obj: dict, key: str, where: str) -> str:
-    """An id: an integer or a non-empty string (never null, a boolean or a float)."""
-    v = _field(obj, key, where, (int, str))
-    if isinstance(v, str) and not v.strip():
-        raise DataError(f"{where}: field '{key}' is an empty string")
-    return str(v)
-
-
-def _str_list(obj: dict, key: str, where: str, optional: bool = False) -> list[str]:
-    v = _field(obj, key, where, list, optional=optional)
-    if v is None:
-        return []
-    bad = [i for i, x in enumerate(v) if not isinstance(x, str)]
-    if bad:
-        raise DataError(f"{where}: field '{key}[{bad[0]}]' is {type(v[bad[0]]).__name__}, expected str")
-    return v
-
-
-def _bool(obj: dict, key: str, where: str) -> bool:
-    v = obj[key]
-    if not isinstance(v, bool):
-        raise DataError(f"{where}: field '{key}' is {v!r}, expected true or false")
-    return v
-
-
-def _number(obj: dict, key: str, where: str) -> float:
-    v = _field(obj, key, where, (int, float))
-    if not math.isfinite(float(v)):
-        raise DataError(f"{where}: field '{key}' is {v!r}, expected a finite number")
-    return float(v)
-
-
-def _label(v: Any, allowed: set, where: str, key: str = "label") -> int:
-    if isinstance(v, bool):
-        raise DataError(f"{where}: field '{key}' is {v!r}, not one of {sorted(allowed)}")
-    try:
-        iv = int(v)
-    except (TypeError, ValueError):
-        raise DataError(f"{where}: field '{key}' is {v!r}, not one of {sorted(allowed)}") from None
-    if iv != v and not (isinstance(v, str) and v.strip() == str(iv)) or iv not in allowed:
-        raise DataError(f"{where}: field '{key}' is {v!r}, not one of {sorted(allowed)}")
-    return iv
-
-
-def _splits(requested: tuple[str, ...] | list[str] | str | None, available: tuple[str, ...], name: str
-            ) -> tuple[str, ...]:
-    """The splits to read: None for all; otherwise a list (or tuple) of split names. A plain string
-    is refused (a loop over it would read its letters, and "train,dev" is not a split either), as are
-    an empty list, a non-string entry and an unknown split; each message says what is valid."""
-    if requested is None:
-        return available
-    if isinstance(requested, str):
-        raise DataError(f"dataset '{name}': splits must be a list of split names, e.g. [{requested.split(',')[0]!r}]; "
-                        f"got the string {requested!r}. Its splits: {', '.join(available)}")
-    if not isinstance(requested, (list, tuple)) or not requested:
-        raise DataError(f"dataset '{name}': splits must be a non-empty list of split names, got {requested!r}; "
-                        f"its splits: {', '.join(available)}")
-    bad = [s for s in requested if not isinstance(s, str) or s not in available]
-    if bad:
-        raise DataError(f"dataset '{name}' has no split {', '.join(map(repr, bad))}; its splits: {', '.join(available)}")
-    return tuple(dict.fromkeys(requested))
 
 
 @register("fhm", "meme", files=("img",), source="Facebook Hateful Memes (licence required): "
           "https://ai.meta.com/tools/hatefulmemes/ -> put train.jsonl, dev_seen.jsonl, dev_unseen.jsonl, "
           "test_seen.jsonl, test_unseen.jsonl and img/ in the dataset root")
-def load_fhm(root: Path, ctx: _Ctx, splits=None, require_labels: bool = True) -> list[MemeRecord]:
+def load_fhm(root: Path, ctx: ReadContext, splits=None, require_labels: bool = True) -> list[MemeRecord]:
     out = []
-    for split in _splits(splits, FHM_SPLITS, "fhm"):
+    for split in select_splits(splits, FHM_SPLITS, "fhm"):
         path = root / f"{split}.jsonl"
         if not path.exists():
             raise DataError(f"{path}: missing file for split '{split}'")
         ctx.read_split(split, path)
-        for ln, obj in _read_jsonl(path):
+        for ln, obj in read_jsonl_file(path):
             where = f"{path}: line {ln} (id {obj.get('id')!r})"
-            rid = _id(obj, "id", where)
-            img = ctx.image(root, _field(obj, "img", where), where)
-            text = _field(obj, "text", where)
+            rid = record_id(obj, "id", where)
+            img = ctx.image(root, field_of(obj, "img", where), where)
+            text = field_of(obj, "text", where)
             lab = obj.get("label")
             if lab is None and require_labels:
                 raise DataError(f"{where}: missing field 'label'")
-            label = None if lab is None else _label(lab, {0, 1}, where)
+            label = None if lab is None else as_label(lab, {0, 1}, where)
             if ctx.image_ok(img, where):
                 out.append(MemeRecord(rid, img, text, label, split))
     return out
@@ -576,22 +168,22 @@ WHERE = ("both", "image", "text")
 
 @register("injection", "meme", files=("injection.jsonl",), source="written by `python -m lib.data.injection` "
           "(prompt-injection copies of a meme dataset's hateful memes; notebook 06 writes MemeWorld's)")
-def load_injection(root: Path, ctx: _Ctx) -> list[MemeRecord]:
+def load_injection(root: Path, ctx: ReadContext) -> list[MemeRecord]:
     path = root / "injection.jsonl"
     ctx.read_split("injected", path)
     out = []
-    for ln, obj in _read_jsonl(path):
+    for ln, obj in read_jsonl_file(path):
         where = f"{path}: line {ln} (id {obj.get('id')!r})"
-        rid = _id(obj, "id", where)
-        phrasing = _field(obj, "phrasing", where)
+        rid = record_id(obj, "id", where)
+        phrasing = field_of(obj, "phrasing", where)
         if phrasing not in PHRASINGS:
             raise DataError(f"{where}: field 'phrasing' is {phrasing!r}; known: {', '.join(PHRASINGS)}")
-        place = _field(obj, "where", where)
+        place = field_of(obj, "where", where)
         if place not in WHERE:
             raise DataError(f"{where}: field 'where' is {place!r}; expected one of {', '.join(WHERE)}")
-        img = ctx.image(root, _field(obj, "img", where), where)
-        rec = MemeRecord(rid, img, _field(obj, "text", where), _label(obj.get("label"), {0, 1}, where), "injected",
-                         meta={"source_id": str(_id(obj, "source_id", where)), "phrasing": phrasing, "where": place})
+        img = ctx.image(root, field_of(obj, "img", where), where)
+        rec = MemeRecord(rid, img, field_of(obj, "text", where), as_label(obj.get("label"), {0, 1}, where), "injected",
+                         meta={"source_id": str(record_id(obj, "source_id", where)), "phrasing": phrasing, "where": place})
         if ctx.image_ok(img, where):
             out.append(rec)
     return out
@@ -599,18 +191,18 @@ def load_injection(root: Path, ctx: _Ctx) -> list[MemeRecord]:
 
 @register("trace", "meme", files=(), source="a TRACE JSON list {img, text, label, <caption columns>, split}, "
           "written by notebook 01 from FHM/MultiOFF")
-def load_trace(root: Path, ctx: _Ctx, file: str = "trace.json", caption_columns: list[str] | None = None,
+def load_trace(root: Path, ctx: ReadContext, file: str = "trace.json", caption_columns: list[str] | None = None,
                image_root: str | None = None, splits=None) -> list[MemeRecord]:
     path = root / file
-    data = _read_json(path, list)
+    data = read_json_file(path, list)
     base = Path(image_root) if image_root else root
     known = {"id", "img", "text", "label", "split"}
     out = []
-    wanted = set(_splits(splits, FHM_SPLITS + ("train", "val", "test"), "trace")) if splits is not None else None
-    for i, obj in _objects(data, path):
+    wanted = set(select_splits(splits, FHM_SPLITS + ("train", "val", "test"), "trace")) if splits is not None else None
+    for i, obj in json_objects(data, path):
         where = f"{path}: record {i} (img {obj.get('img')!r})"
-        img = _field(obj, "img", where)
-        split = _field(obj, "split", where)
+        img = field_of(obj, "img", where)
+        split = field_of(obj, "split", where)
         if split not in FHM_SPLITS + ("train", "val", "test"):
             raise DataError(f"{where}: field 'split' is {split!r}, not a known split")
         if wanted and split not in wanted:
@@ -626,8 +218,8 @@ def load_trace(root: Path, ctx: _Ctx, file: str = "trace.json", caption_columns:
                                 f"expected a string")
             if isinstance(v, str) and v.strip():
                 caps[c] = v
-        rid = _id(obj, "id", where) if "id" in obj else Path(img).stem
-        rec = MemeRecord(rid, ctx.image(base, img, where), _field(obj, "text", where), _label(obj.get("label"), {0, 1}, where),
+        rid = record_id(obj, "id", where) if "id" in obj else Path(img).stem
+        rec = MemeRecord(rid, ctx.image(base, img, where), field_of(obj, "text", where), as_label(obj.get("label"), {0, 1}, where),
                          split, captions=caps)
         if ctx.image_ok(rec.img_path, where):
             out.append(rec)
@@ -636,19 +228,19 @@ def load_trace(root: Path, ctx: _Ctx, file: str = "trace.json", caption_columns:
 
 @register("mami", "meme", files=("training.csv",), source="MAMI (SemEval-2022 Task 5, the MIND-Lab "
           "release on GitHub) -> training.csv, test.csv (with labels) and the images beside them")
-def load_mami(root: Path, ctx: _Ctx, splits=None, image_dir: str = ".") -> list[MemeRecord]:
+def load_mami(root: Path, ctx: ReadContext, splits=None, image_dir: str = ".") -> list[MemeRecord]:
     sub = ("shaming", "stereotype", "objectification", "violence")
     out = []
-    for split in _splits(splits, ("train", "test"), "mami"):
+    for split in select_splits(splits, ("train", "test"), "mami"):
         path = root / ("training.csv" if split == "train" else "test.csv")
         if not path.exists():
             raise DataError(f"{path}: missing file for split '{split}'")
         ctx.read_split(split, path)
-        for ln, row in _read_csv(path, ("file_name", "misogynous", "Text Transcription"), delimiter="\t"):
+        for ln, row in read_csv_file(path, ("file_name", "misogynous", "Text Transcription"), delimiter="\t"):
             where = f"{path}: line {ln} (file_name {row.get('file_name')!r})"
-            meta = {k: _label(row[k], {0, 1}, where, k) for k in sub if row.get(k) not in (None, "")}
+            meta = {k: as_label(row[k], {0, 1}, where, k) for k in sub if row.get(k) not in (None, "")}
             rec = MemeRecord(row["file_name"], ctx.image(root / image_dir, row["file_name"], where, "file_name"),
-                             row["Text Transcription"], _label(row["misogynous"], {0, 1}, where, "misogynous"), split,
+                             row["Text Transcription"], as_label(row["misogynous"], {0, 1}, where, "misogynous"), split,
                              meta=meta)
             if ctx.image_ok(rec.img_path, where):
                 out.append(rec)
@@ -663,14 +255,14 @@ MULTIOFF_LABELS = {"offensive": 1, "non-offensiv": 0, "non-offensive": 0}
 @register("multioff", "meme", files=("Split Dataset", "Labelled Images"), source="MultiOFF "
           "(https://github.com/bharathichezhiyan/Multimodal-Meme-Classification-Identifying-Offensive-Content-in-Image-and-Text) "
           "-> 'Split Dataset/*_meme_dataset.csv' and 'Labelled Images/'")
-def load_multioff(root: Path, ctx: _Ctx, splits=None) -> list[MemeRecord]:
+def load_multioff(root: Path, ctx: ReadContext, splits=None) -> list[MemeRecord]:
     out = []
-    for split in _splits(splits, tuple(MULTIOFF_FILES), "multioff"):
+    for split in select_splits(splits, tuple(MULTIOFF_FILES), "multioff"):
         path = root / "Split Dataset" / MULTIOFF_FILES[split]
         if not path.exists():
             raise DataError(f"{path}: missing file for split '{split}'")
         ctx.read_split(split, path)
-        for ln, row in _read_csv(path, ("image_name", "sentence", "label")):
+        for ln, row in read_csv_file(path, ("image_name", "sentence", "label")):
             where = f"{path}: line {ln} (image_name {row.get('image_name')!r})"
             for k in ("image_name", "sentence", "label"):
                 if row.get(k) in (None, ""):
@@ -687,13 +279,13 @@ def load_multioff(root: Path, ctx: _Ctx, splits=None) -> list[MemeRecord]:
 
 @register("hvli", "meme", files=("train_set.json", "test_set.json"), source="H-VLI (ARCADE release): "
           "data/train_set.json, data/test_set.json, images under imgs/ (FHM, MMHS150K, H-VLI_images)")
-def load_hvli(root: Path, ctx: _Ctx, splits=None, image_root: str | None = None) -> list[MemeRecord]:
+def load_hvli(root: Path, ctx: ReadContext, splits=None, image_root: str | None = None) -> list[MemeRecord]:
     base = Path(image_root) if image_root else root
     out = []
     first_seen: dict[str, Path] = {}      # the released splits are disjoint: an id in two is a leak
-    for split in _splits(splits, ("train", "test"), "hvli"):
+    for split in select_splits(splits, ("train", "test"), "hvli"):
         path = root / f"{split}_set.json"
-        data = _read_json(path, dict)
+        data = read_json_file(path, dict)
         ctx.read_split(split, path)
         for sid, obj in data.items():
             where = f"{path}: sample {sid!r}"
@@ -709,7 +301,7 @@ def load_hvli(root: Path, ctx: _Ctx, splits=None, image_root: str | None = None)
             # the first release has null text or image labels on a few posts: kept (the official code reads
             # them), with the type the labels cannot give shown as 'unknown', never silently dropped
             labels = {k: None if k != "final_label" and obj.get(k, 0) is None and k in obj else
-                      _label(_field(obj, k, where, (int, str)), set(HVLI_LABELS), where, k)
+                      as_label(field_of(obj, k, where, (int, str)), set(HVLI_LABELS), where, k)
                       for k in ("text_label", "image_label", "final_label")}
             # the official files' first release has no type / difficulty, and later ones store difficulty
             # in lower case: derive both from the labels; a stored value must agree with the labels it has
@@ -727,8 +319,8 @@ def load_hvli(root: Path, ctx: _Ctx, splits=None, image_root: str | None = None)
             # sample_type: what the official sampler groups by (the stored type, 'unknown' when absent)
             meta = {**labels, "type": typ, "difficulty": diff, "final_label_multiclass": labels["final_label"],
                     "sample_type": str(stored_type) if stored_type is not None else "unknown"}
-            rec = MemeRecord(str(sid), ctx.image(base, _field(obj, "image_path", where), where, "image_path"),
-                             _field(obj, "tweet_text", where),
+            rec = MemeRecord(str(sid), ctx.image(base, field_of(obj, "image_path", where), where, "image_path"),
+                             field_of(obj, "tweet_text", where),
                              int(labels["final_label"] > 0), split, meta=meta)
             if ctx.image_ok(rec.img_path, where):
                 out.append(rec)
@@ -738,21 +330,21 @@ def load_hvli(root: Path, ctx: _Ctx, splits=None, image_root: str | None = None)
 # ----------------------------------------------------------------------------- explanations
 @register("hatred", "explanation", files=(), source="HatReD (https://github.com/Social-AI-Studio/HatReD): "
           "fhm_train_reasonings.jsonl, fhm_test_reasonings.jsonl; images are FHM's img/")
-def load_hatred(root: Path, ctx: _Ctx, image_dir: str = "img", splits=None) -> list[ExplanationRecord]:
+def load_hatred(root: Path, ctx: ReadContext, image_dir: str = "img", splits=None) -> list[ExplanationRecord]:
     out = []
-    for split in _splits(splits, ("train", "test"), "hatred"):
+    for split in select_splits(splits, ("train", "test"), "hatred"):
         path = root / f"fhm_{split}_reasonings.jsonl"
         if not path.exists():
             raise DataError(f"{path}: missing file for split '{split}'")
         ctx.read_split(split, path)
-        for ln, obj in _read_jsonl(path):
+        for ln, obj in read_jsonl_file(path):
             where = f"{path}: line {ln} (id {obj.get('id')!r})"
-            targets = _str_list(obj, "target", where)
-            reas = _field(obj, "reasonings", where, list)
+            targets = str_list(obj, "target", where)
+            reas = field_of(obj, "reasonings", where, list)
             if not reas or not all(isinstance(r, str) for r in reas):
                 raise DataError(f"{where}: field 'reasonings' must be a non-empty list of strings")
-            rec = ExplanationRecord(_id(obj, "id", where),
-                                    ctx.image(root / image_dir, Path(_field(obj, "img", where)).name, where), targets,
+            rec = ExplanationRecord(record_id(obj, "id", where),
+                                    ctx.image(root / image_dir, Path(field_of(obj, "img", where)).name, where), targets,
                                     reas, split)
             if ctx.image_ok(rec.img_path, where):
                 out.append(rec)
@@ -761,21 +353,21 @@ def load_hatred(root: Path, ctx: _Ctx, image_dir: str = "img", splits=None) -> l
 
 @register("memecap", "explanation", files=(), source="MemeCap (https://github.com/eujhwang/meme-cap): "
           "memes-trainval.json, memes-test.json and the images")
-def load_memecap(root: Path, ctx: _Ctx, image_dir: str = "img", splits=None) -> list[MemeCapRecord]:
+def load_memecap(root: Path, ctx: ReadContext, image_dir: str = "img", splits=None) -> list[MemeCapRecord]:
     out = []
-    for split in _splits(splits, ("trainval", "test"), "memecap"):
+    for split in select_splits(splits, ("trainval", "test"), "memecap"):
         path = root / f"memes-{split}.json"
-        data = _read_json(path, list)
+        data = read_json_file(path, list)
         ctx.read_split(split, path)
-        for i, obj in _objects(data, path):
+        for i, obj in json_objects(data, path):
             where = f"{path}: record {i} (img_fname {obj.get('img_fname')!r})"
-            fname = _field(obj, "img_fname", where)
-            metaphors = _field(obj, "metaphors", where, list, optional=True) or []
+            fname = field_of(obj, "img_fname", where)
+            metaphors = field_of(obj, "metaphors", where, list, optional=True) or []
             if not all(isinstance(m, dict) for m in metaphors):
                 raise DataError(f"{where}: field 'metaphors' must be a list of objects")
             rec = MemeCapRecord(Path(fname).stem, ctx.image(root / image_dir, fname, where, "img_fname"),
-                                _field(obj, "title", where), _str_list(obj, "img_captions", where),
-                                _str_list(obj, "meme_captions", where), metaphors, split)
+                                field_of(obj, "title", where), str_list(obj, "img_captions", where),
+                                str_list(obj, "meme_captions", where), metaphors, split)
             if ctx.image_ok(rec.img_path, where):
                 out.append(rec)
     return out
@@ -783,13 +375,13 @@ def load_memecap(root: Path, ctx: _Ctx, image_dir: str = "img", splits=None) -> 
 
 @register("memesense", "explanation", files=(), source="MemeSense: a CSV {image_id, image_link, "
           "description_with_commonsense_parameters, intervention} and its images")
-def load_memesense(root: Path, ctx: _Ctx, file: str = "memesense.csv", image_root: str | None = None
+def load_memesense(root: Path, ctx: ReadContext, file: str = "memesense.csv", image_root: str | None = None
                    ) -> list[MemeSenseRecord]:
     path = root / file
     base = Path(image_root) if image_root else root
     out = []
     need = ("image_id", "image_link", "description_with_commonsense_parameters", "intervention")
-    for ln, row in _read_csv(path, need, multiline=True):      # its analyses hold line breaks
+    for ln, row in read_csv_file(path, need, multiline=True):      # its analyses hold line breaks
         where = f"{path}: line {ln} (image_id {row.get('image_id')!r})"
         for k in need:
             if row.get(k) in (None, ""):
@@ -804,34 +396,34 @@ def load_memesense(root: Path, ctx: _Ctx, file: str = "memesense.csv", image_roo
 # ----------------------------------------------------------------------------- misalignment
 @register("foil", "alignment", files=(), source="FOIL-COCO test (https://foilunitn.github.io/): the annotation "
           "JSON and COCO val2014 images")
-def load_foil(root: Path, ctx: _Ctx, file: str = "foil_test.json", img_dir: str = "img") -> list[AlignmentRecord]:
+def load_foil(root: Path, ctx: ReadContext, file: str = "foil_test.json", img_dir: str = "img") -> list[AlignmentRecord]:
     path = root / file
-    data = _read_json(path, dict)
+    data = read_json_file(path, dict)
     for k in ("images", "annotations"):
         if not isinstance(data.get(k), list):
             raise DataError(f"{path}: top-level field '{k}' is missing or not a list")
     files = {}
-    for i, im in _objects(data["images"], path):
+    for i, im in json_objects(data["images"], path):
         where = f"{path}: images[{i}]"
-        iid = _field(im, "id", where, (int, str))
+        iid = field_of(im, "id", where, (int, str))
         if iid in files:
             raise DataError(f"{where}: duplicate image id {iid!r} (its captions would pair with another image)")
-        files[iid] = _field(im, "file_name", where)
+        files[iid] = field_of(im, "file_name", where)
     by_image: dict[Any, list[str]] = {}
-    for _, a in _objects(data["annotations"], path):
+    for _, a in json_objects(data["annotations"], path):
         if not a.get("foil") and str(a.get("foil_word", "ORIG")).upper() == "ORIG":
             by_image.setdefault(a.get("image_id"), []).append(a.get("caption", ""))
     out = []
     for i, a in enumerate(data["annotations"]):
         where = f"{path}: annotations[{i}] (id {a.get('id')!r})"
-        iid = _field(a, "image_id", where, (int, str))
+        iid = field_of(a, "image_id", where, (int, str))
         if iid not in files:
             raise DataError(f"{where}: field 'image_id' {iid!r} is not in 'images'")
-        fw = str(_field(a, "foil_word", where)).strip()
-        is_foil = _bool(a, "foil", where) if "foil" in a else fw.upper() != "ORIG"
-        cap = _field(a, "caption", where).strip()
+        fw = str(field_of(a, "foil_word", where)).strip()
+        is_foil = as_bool(a, "foil", where) if "foil" in a else fw.upper() != "ORIG"
+        cap = field_of(a, "caption", where).strip()
         refs = [c for c in by_image.get(iid, []) if c != cap]
-        rec = AlignmentRecord(_id(a, "id", where), ctx.image(root / img_dir, files[iid], where, "file_name"), cap,
+        rec = AlignmentRecord(record_id(a, "id", where), ctx.image(root / img_dir, files[iid], where, "file_name"), cap,
                               [fw] if is_foil else [], references=refs,
                               misaligned_positions=swap_positions(cap, refs, fw)[0] if is_foil else [])
         if ctx.image_ok(rec.img_path, where):
@@ -840,47 +432,47 @@ def load_foil(root: Path, ctx: _Ctx, file: str = "foil_test.json", img_dir: str 
 
 
 @register("nocaps_foil", "alignment", files=(), source="nocaps-FOIL (CLIP4DM release) JSON and nocaps val images")
-def load_nocaps_foil(root: Path, ctx: _Ctx, file: str = "nocaps_foil.json", img_dir: str = "img"
+def load_nocaps_foil(root: Path, ctx: ReadContext, file: str = "nocaps_foil.json", img_dir: str = "img"
                      ) -> list[AlignmentRecord]:
     """Every item is scored twice: as its foil caption and as the original caption."""
     path = root / file
-    data = _read_json(path, list)
+    data = read_json_file(path, list)
     out = []
-    for i, obj in _objects(data, path):
+    for i, obj in json_objects(data, path):
         where = f"{path}: record {i} (scored as foil and as original)"
-        rep = _str_list(obj, "replacement", where)
+        rep = str_list(obj, "replacement", where)
         if len(rep) != 2:
             raise DataError(f"{where}: field 'replacement' must be [original, new]")
-        img = ctx.image(root / img_dir, _field(obj, "image_path", where), where, "image_path")
+        img = ctx.image(root / img_dir, field_of(obj, "image_path", where), where, "image_path")
         if not ctx.image_ok(img, where):
             continue
-        refs = _str_list(obj, "references", where, optional=True)
-        dom = _field(obj, "domain", where)
+        refs = str_list(obj, "references", where, optional=True)
+        dom = field_of(obj, "domain", where)
         foil_is_orig = rep[0] == rep[1]
-        foil_cap, base = _field(obj, "foil", where).strip(), _field(obj, "baseline", where).strip()
+        foil_cap, base = field_of(obj, "foil", where).strip(), field_of(obj, "baseline", where).strip()
         out.append(AlignmentRecord(f"{i}_foil", img, foil_cap, [] if foil_is_orig else [rep[1]], refs, group=dom,
                                    misaligned_positions=[] if foil_is_orig else swap_positions(foil_cap, [base], rep[1])[0]))
-        out.append(AlignmentRecord(f"{i}_orig", img, _field(obj, "baseline", where).strip(), [], refs, group=dom))
+        out.append(AlignmentRecord(f"{i}_orig", img, field_of(obj, "baseline", where).strip(), [], refs, group=dom))
     return out
 
 
 @register("hat", "alignment", files=(), source="HAT (CLIP4DM release) JSON and its images")
-def load_hat(root: Path, ctx: _Ctx, file: str = "hat.json", img_dir: str = "img") -> list[AlignmentRecord]:
+def load_hat(root: Path, ctx: ReadContext, file: str = "hat.json", img_dir: str = "img") -> list[AlignmentRecord]:
     path = root / file
     out = []
-    for i, obj in _objects(_read_json(path, list), path):
+    for i, obj in json_objects(read_json_file(path, list), path):
         where = f"{path}: record {i} (sample_id {obj.get('sample_id')!r})"
-        grounding = _field(obj, "grounding", where, list)
+        grounding = field_of(obj, "grounding", where, list)
         tl = []
         for j, g in enumerate(grounding):
             if not (isinstance(g, list) and len(g) == 2 and isinstance(g[0], str)):
                 raise DataError(f"{where}: field 'grounding[{j}]' must be [token, is_misaligned]")
-            tl.append((str(g[0]), _label(g[1], {0, 1}, where, f"grounding[{j}][1]")))
+            tl.append((str(g[0]), as_label(g[1], {0, 1}, where, f"grounding[{j}][1]")))
         mis = [t.replace(".", "").replace(",", "") for t, m in tl if m]
-        cap = _field(obj, "caption", where)
-        rec = AlignmentRecord(_id(obj, "sample_id", where),
-                              ctx.image(root / img_dir, _field(obj, "image_path", where), where, "image_path"),
-                              cap, mis, _str_list(obj, "references", where, optional=True),
+        cap = field_of(obj, "caption", where)
+        rec = AlignmentRecord(record_id(obj, "sample_id", where),
+                              ctx.image(root / img_dir, field_of(obj, "image_path", where), where, "image_path"),
+                              cap, mis, str_list(obj, "references", where, optional=True),
                               token_labels=tl, misaligned_positions=labelled_positions(cap, tl))
         if ctx.image_ok(rec.img_path, where):
             out.append(rec)
@@ -889,21 +481,21 @@ def load_hat(root: Path, ctx: _Ctx, file: str = "hat.json", img_dir: str = "img"
 
 @register("richhf", "alignment", files=(), source="RichHF-18K test: export its TFRecord to JSONL "
           "{filename, prompt, prompt_misalignment_label, misalignment_score} (label '0' = misaligned word)")
-def load_richhf(root: Path, ctx: _Ctx, file: str = "richhf.jsonl", img_dir: str = "img") -> list[AlignmentRecord]:
+def load_richhf(root: Path, ctx: ReadContext, file: str = "richhf.jsonl", img_dir: str = "img") -> list[AlignmentRecord]:
     path = root / file
     out = []
-    for ln, obj in _read_jsonl(path):
+    for ln, obj in read_jsonl_file(path):
         where = f"{path}: line {ln} (filename {obj.get('filename')!r})"
-        prompt = _field(obj, "prompt", where)
-        labels = _field(obj, "prompt_misalignment_label", where).split()
+        prompt = field_of(obj, "prompt", where)
+        labels = field_of(obj, "prompt_misalignment_label", where).split()
         toks = [t for t in prompt.replace(",", " ").replace(".", " ").split() if t]
         if len(labels) != len(toks):
             raise DataError(f"{where}: field 'prompt_misalignment_label' has {len(labels)} labels for "
                             f"{len(toks)} words")
-        tl = [(t, 1 - _label(lab, {0, 1}, where, "prompt_misalignment_label")) for t, lab in zip(toks, labels)]
-        rec = AlignmentRecord(Path(_field(obj, "filename", where)).stem,
+        tl = [(t, 1 - as_label(lab, {0, 1}, where, "prompt_misalignment_label")) for t, lab in zip(toks, labels)]
+        rec = AlignmentRecord(Path(field_of(obj, "filename", where)).stem,
                               ctx.image(root / img_dir, obj["filename"], where, "filename"), prompt,
-                              [t for t, m in tl if m], token_labels=tl, score=_number(obj, "misalignment_score", where),
+                              [t for t, m in tl if m], token_labels=tl, score=as_number(obj, "misalignment_score", where),
                               misaligned_positions=labelled_positions(prompt, tl))
         if ctx.image_ok(rec.img_path, where):
             out.append(rec)
@@ -913,16 +505,16 @@ def load_richhf(root: Path, ctx: _Ctx, file: str = "richhf.jsonl", img_dir: str 
 @register("seetrue", "alignment", files=(), source="SeeTRUE-Feedback test split (hub dataset "
           "mismatch-quest/SeeTRUE-Feedback) exported to JSON {image_path, image_caption, caption_misalignment, "
           "id_in_source_dataset, dataset_source}")
-def load_seetrue(root: Path, ctx: _Ctx, file: str = "seetrue_feedback.json", img_dir: str = "img"
+def load_seetrue(root: Path, ctx: ReadContext, file: str = "seetrue_feedback.json", img_dir: str = "img"
                  ) -> list[AlignmentRecord]:
     path = root / file
     out = []
-    for i, obj in _objects(_read_json(path, list), path):
+    for i, obj in json_objects(read_json_file(path, list), path):
         where = f"{path}: record {i}"
-        rec = AlignmentRecord(f"{i}_{_id(obj, 'id_in_source_dataset', where)}",
-                              ctx.image(root / img_dir, _field(obj, "image_path", where), where, "image_path"),
-                              _field(obj, "image_caption", where),
-                              [_field(obj, "caption_misalignment", where)], group=obj.get("dataset_source"))
+        rec = AlignmentRecord(f"{i}_{record_id(obj, 'id_in_source_dataset', where)}",
+                              ctx.image(root / img_dir, field_of(obj, "image_path", where), where, "image_path"),
+                              field_of(obj, "image_caption", where),
+                              [field_of(obj, "caption_misalignment", where)], group=obj.get("dataset_source"))
         if ctx.image_ok(rec.img_path, where):
             out.append(rec)
     return out

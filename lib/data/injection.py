@@ -33,6 +33,7 @@ from typing import Any, Callable, Sequence
 from PIL import Image, ImageDraw
 
 from lib.data import datasets, render
+from lib.data.records import DataError
 from lib.compendium.artifacts import write_text, write_with
 from lib.data.datasets import CONTROL_PHRASINGS, PHRASINGS, WHERE  # noqa: F401  (the format's vocabulary, public here too)
 
@@ -220,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not chosen:
             raise InjectionError(f"{a.dataset} at {root}: no hateful meme in the chosen split(s)")
         written = build_injection_set(chosen, out, a.phrasing, a.per_meme, a.where, a.control, overwrite=a.force)
-    except (InjectionError, datasets.DataError, OSError) as e:
+    except (InjectionError, DataError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{len(written)} injected copies of {len(chosen)} hateful memes -> {out / 'injection.jsonl'}")

@@ -11,12 +11,18 @@ from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
-from lib.data import memeworld
-from lib.compendium.artifacts import code_digest, file_digest, project_path, read_json, relpath, require, stage_dir, write_json, write_manifest
-from lib.data.datasets import REGISTRY, DataError, Dataset, load_source, memeworld_sources, missing_files
-from lib.data.memeworld import load_specs, write_memeworld
+from lib.data import memeworld, memeworld_align, memeworld_draw, memeworld_files
+from lib.compendium.artifacts import (code_digest, project_path, read_json, relpath, require, stage_dir, write_json,
+                                      write_manifest)
+from lib.data.datasets import REGISTRY, load_source, memeworld_sources, missing_files
+from lib.data.records import DataError, Dataset
+from lib.data.memeworld import load_specs
+from lib.data.memeworld_files import write_memeworld
 
 STAGE = "00_data_prep"
+
+#: the modules whose code generates MemeWorld (their digest is part of the world's cache key)
+GENERATOR = (memeworld, memeworld_draw, memeworld_align, memeworld_files)
 
 
 def _rel_sources(sources: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -32,7 +38,7 @@ def build_memeworld(profile: str, params: dict[str, Any], force: bool = False) -
     keys = ("memeworld_n", "memeworld_seed", "memeworld_n_multioff", "image_size", "label_noise", "confounder_rate")
     # the generator's code is part of the cache key: a change to its rules rebuilds the world (moving
     # code, comments or imports does not: artifacts.code_digest)
-    wanted = {**{k: params[k] for k in keys}, "generator_sha256": code_digest(memeworld)[:16]}
+    wanted = {**{k: params[k] for k in keys}, "generator_sha256": code_digest(*GENERATOR)[:16]}
     stamp = out / "params.json"
     if not force and stamp.exists() and read_json(stamp) == wanted and (out / "datasheet.json").exists():
         print(f"MemeWorld unchanged: reusing {relpath(out)}")

@@ -37,7 +37,8 @@ import numpy as np
 from PIL import Image
 from tqdm.auto import tqdm
 
-from lib.compendium.artifacts import code_digest, file_digest, require, stage_dir, write_json, write_manifest, write_metrics, write_with
+from lib.compendium.artifacts import (code_digest, file_digest, require, stage_dir, write_json, write_manifest,
+                                      write_metrics, write_with)
 from lib.models.memeworld_vlm import VlmConfig, save_weights, train_memeworld_vlm
 from lib.models.nli import NliConfig, train_memeworld_nli
 from lib.compendium.params import validate_profile

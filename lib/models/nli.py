@@ -28,8 +28,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from lib.compendium.artifacts import write_json, write_with
-from lib.data.memeworld import (BENIGN_OBJECTS, COLOURS, POSITION_PHRASE, POSITIONS, SYMBOLS, SceneObject, _phrase_words,
-                           load_specs)
+from lib.data.memeworld import BENIGN_OBJECTS, COLOURS, POSITION_PHRASE, POSITIONS, SYMBOLS, SceneObject, load_specs
+from lib.data.memeworld_align import _phrase_words
 from lib.models.memeworld_vlm import save_weights
 from lib.compendium.presets import resolve_model_path
 from lib.evaluation.textmetrics import resolve_text_model

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from lib.models.embedded import build_clip_tokenizer
-from lib.data.memeworld import tag_vocabulary, write_memeworld
+from lib.data.memeworld import tag_vocabulary
+from lib.data.memeworld_files import write_memeworld
 
 CORPUS = ["a meme with a cat and a dog", "the text says hello to everyone", "hateful non-hateful racist sexist",
           "explain why this picture is offensive", "a red sun over a green field", "two people holding a sign",

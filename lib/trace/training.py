@@ -21,7 +21,8 @@ from tqdm.auto import tqdm
 from lib.compendium.artifacts import write_with
 from lib.evaluation.metrics import best_threshold, metrics_at, pr_best_f1_threshold
 from lib.trace.features import FeatureCache, MemeBatchData, batch_features
-from lib.trace.model import LOSS_CONFIGS, TrainConfig, _embed_dims, allowed_columns, build_classifier, gumbel_tau, head_final_dropout, head_inputs, set_trainable, trace_loss
+from lib.trace.model import (LOSS_CONFIGS, TrainConfig, _embed_dims, allowed_columns, build_classifier, gumbel_tau,
+                             head_final_dropout, head_inputs, set_trainable, trace_loss)
 
 
 class CheckpointMismatch(ValueError):
