@@ -9,7 +9,7 @@ import pytest
 
 from lib.compendium.artifacts import atomic_path, write_text, write_with
 from lib.models.embedded import _cached, _stamp
-from lib.models.memeworld_vlm import save_folder_atomically
+from lib.compendium.artifacts import save_folder_atomically
 
 
 def dead_pid() -> int:

@@ -274,7 +274,8 @@ def test_vader_bootstrap_and_lexical_measures():
 @pytest.fixture(scope="module")
 def tiny_agent_base(tiny_clip_dir, tmp_path_factory):
     """A randomly initialised memeworld-vlm-architecture model (LLaVA) saved like the real one."""
-    from lib.models.memeworld_vlm import VlmConfig, build_vlm, save_model, train_tokenizer
+    from lib.models.memeworld_vlm import VlmConfig, build_vlm, train_tokenizer
+    from lib.compendium.artifacts import save_model
     texts = ["What does this meme mean? Its text:", "The meme is hateful. Explain why.", "non-hateful hateful",
              "they are rats", "a sunny day", "nothing attacks anyone", "it calls them vermin"] * 20
     cfg = VlmConfig(vocab_size=300, hidden=32, layers=1, heads=2, intermediate=64)
@@ -448,7 +449,7 @@ def test_an_answer_cut_away_entirely_is_an_error_or_dropped_and_counted(tiny_pal
 def test_a_non_finite_loss_stops_training_naming_the_step_and_memes(tiny_agent_base, tmp_path):
     import torch
     from lib.sei.agents import AgentRecipe, _load_base, build_agent_data, train_agent
-    from lib.models.memeworld_vlm import save_model
+    from lib.compendium.artifacts import save_model
     model, proc, _ = _load_base(str(tiny_agent_base), "float32")
     with torch.no_grad():
         next(model.parameters()).fill_(float("nan"))

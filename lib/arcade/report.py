@@ -6,7 +6,6 @@ saves a run (per-sample results + report.txt) plus both evaluator views and the 
 """
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections import Counter
@@ -16,7 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from lib.compendium.artifacts import write_json, write_text
+from lib.compendium.artifacts import read_jsonl, write_json, write_jsonl, write_text
 from lib.arcade.court import DIFFICULTY, LABELS, TYPES, CallTrace, Court, CourtConfig, SampleResult
 from lib.arcade.scoring import balanced_sample, cost_summary, evaluate, report_text
 from lib.evaluation.metrics import interval_keys, paired_accuracy_test
@@ -36,8 +35,7 @@ def run_variant(chat, samples: Sequence[Any], cfg: CourtConfig, out_dir: Path, n
            "corrected": evaluate(results, cfg.class_mode, "corrected"),
            "cost": cost_summary(results, cfg.rounds)}
     out_dir = Path(out_dir)
-    write_text(out_dir / f"results_{name}.jsonl",
-               "".join(json.dumps(r.to_json(), ensure_ascii=False, default=str) + "\n" for r in results))
+    write_jsonl(out_dir / f"results_{name}.jsonl", [r.to_json() for r in results], default=str)
     write_text(out_dir / f"report_{name}.txt",
                report_text(results, cfg.class_mode, "ARCADE" if cfg.run_mode == "arcade" else "none", model))
     write_json(out_dir / f"eval_{name}.json", {k: run[k] for k in ("name", "config", "official", "corrected", "cost",
@@ -157,12 +155,7 @@ def plot_cost(runs: dict[str, dict[str, Any]]):
 
 def results_from_jsonl(path: Path) -> list[SampleResult]:
     """Read a results_<name>.jsonl back (notebook 07 redraws figures from artifacts alone)."""
-    out = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        d = json.loads(line)
-        d["calls"] = [CallTrace(**c) for c in d["calls"]]
-        out.append(SampleResult(**d))
-    return out
+    return [SampleResult(**{**d, "calls": [CallTrace(**c) for c in d["calls"]]}) for d in read_jsonl(path)]
 
 
 def court_config(section: dict[str, Any], variant: str) -> CourtConfig:

@@ -14,6 +14,7 @@ import glob
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -183,6 +184,17 @@ def write_text(target: Path | str, text: str) -> Path:
     return write_bytes(target, text.encode("utf-8"))
 
 
+def read_jsonl(path: Path | str) -> list[dict[str, Any]]:
+    """The rows of a JSON-lines file (blank lines skipped): the one reader of the compendium's own
+    JSONL artifacts (dataset files go through lib.data.readers, which name the line of a bad record)."""
+    return [json.loads(x) for x in Path(path).read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
+def write_jsonl(target: Path | str, rows: Any, default: Callable[[Any], Any] | None = None) -> Path:
+    """Rows as JSON lines (UTF-8 kept as is, one object a line), written atomically; `default` as json.dumps's."""
+    return write_text(target, "".join(json.dumps(r, ensure_ascii=False, default=default) + "\n" for r in rows))
+
+
 def write_json(target: Path | str, obj: Any, indent: int | None = 1) -> Path:
     return write_text(target, json.dumps(obj, indent=indent, sort_keys=False, ensure_ascii=False) + "\n")
 
@@ -335,6 +347,7 @@ def file_digest(path: Path | str, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+# ----------------------------------------------------------------------------- code digests
 def _is_main_guard(node: ast.stmt) -> bool:
     return isinstance(node, ast.If) and ast.unparse(node.test).replace("'", '"') == '__name__ == "__main__"'
 
@@ -365,3 +378,44 @@ def code_digest(*modules: Any) -> str:
                 _strip_docstring(sub)
             parts.append(ast.dump(node, annotate_fields=False))
     return hashlib.sha256("\n".join(sorted(parts)).encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------- model folders
+def save_folder_atomically(out_dir: Path, write: Any) -> None:
+    """Write a whole folder through `write(tmp_dir)` into a hidden sibling, then swap the folders by
+    two renames: a reader sees the old folder, no folder, or the new one, never a mix (a kill
+    between the renames leaves no folder, so the model is trained again). Leftovers of a killed
+    swap (hidden siblings) are removed first."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out_dir.parent.glob(f".{out_dir.name}.*.swap"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.new.swap")
+    old = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.old.swap")
+    tmp.mkdir()
+    try:
+        write(tmp)
+        if out_dir.exists():
+            os.replace(out_dir, old)
+        os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def save_model(model, proc, out_dir: Path, record: dict[str, Any] | None = None) -> None:
+    """The model, its processor and (when given) its training record as training.json, swapped in
+    as one folder (memeworld-vlm here, the agents of notebook 04 through lib.sei.agents)."""
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        proc.save_pretrained(tmp)
+        if record is not None:
+            write_json(tmp / "training.json", record)
+    save_folder_atomically(out_dir, write)
+
+
+def save_weights(model, path: Path) -> None:
+    """A torch module's weights as one safetensors file (the format every embedded model ships in)."""
+    from safetensors.torch import save_file
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(path), metadata={"format": "pt"})

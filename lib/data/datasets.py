@@ -219,10 +219,8 @@ def load_trace(root: Path, ctx: ReadContext, file: str = "trace.json", caption_c
             if isinstance(v, str) and v.strip():
                 caps[c] = v
         rid = record_id(obj, "id", where) if "id" in obj else Path(img).stem
-        rec = MemeRecord(rid, ctx.image(base, img, where), field_of(obj, "text", where), as_label(obj.get("label"), {0, 1}, where),
-                         split, captions=caps)
-        if ctx.image_ok(rec.img_path, where):
-            out.append(rec)
+        ctx.keep(out, MemeRecord(rid, ctx.image(base, img, where), field_of(obj, "text", where), as_label(obj.get("label"), {0, 1}, where),
+                                 split, captions=caps), where)
     return out
 
 
@@ -239,11 +237,9 @@ def load_mami(root: Path, ctx: ReadContext, splits=None, image_dir: str = ".") -
         for ln, row in read_csv_file(path, ("file_name", "misogynous", "Text Transcription"), delimiter="\t"):
             where = f"{path}: line {ln} (file_name {row.get('file_name')!r})"
             meta = {k: as_label(row[k], {0, 1}, where, k) for k in sub if row.get(k) not in (None, "")}
-            rec = MemeRecord(row["file_name"], ctx.image(root / image_dir, row["file_name"], where, "file_name"),
-                             row["Text Transcription"], as_label(row["misogynous"], {0, 1}, where, "misogynous"), split,
-                             meta=meta)
-            if ctx.image_ok(rec.img_path, where):
-                out.append(rec)
+            ctx.keep(out, MemeRecord(row["file_name"], ctx.image(root / image_dir, row["file_name"], where, "file_name"),
+                                     row["Text Transcription"], as_label(row["misogynous"], {0, 1}, where, "misogynous"), split,
+                                     meta=meta), where)
     return out
 
 
@@ -270,10 +266,8 @@ def load_multioff(root: Path, ctx: ReadContext, splits=None) -> list[MemeRecord]
             lab = MULTIOFF_LABELS.get(row["label"].strip().lower())
             if lab is None:
                 raise DataError(f"{where}: field 'label' is {row['label']!r}, not 'offensive' or 'Non-offensiv'")
-            rec = MemeRecord(row["image_name"], ctx.image(root / "Labelled Images", row["image_name"], where,
-                                                          "image_name"), row["sentence"], lab, split)
-            if ctx.image_ok(rec.img_path, where):
-                out.append(rec)
+            ctx.keep(out, MemeRecord(row["image_name"], ctx.image(root / "Labelled Images", row["image_name"], where,
+                                                                  "image_name"), row["sentence"], lab, split), where)
     return out
 
 
@@ -319,11 +313,9 @@ def load_hvli(root: Path, ctx: ReadContext, splits=None, image_root: str | None 
             # sample_type: what the official sampler groups by (the stored type, 'unknown' when absent)
             meta = {**labels, "type": typ, "difficulty": diff, "final_label_multiclass": labels["final_label"],
                     "sample_type": str(stored_type) if stored_type is not None else "unknown"}
-            rec = MemeRecord(str(sid), ctx.image(base, field_of(obj, "image_path", where), where, "image_path"),
-                             field_of(obj, "tweet_text", where),
-                             int(labels["final_label"] > 0), split, meta=meta)
-            if ctx.image_ok(rec.img_path, where):
-                out.append(rec)
+            ctx.keep(out, MemeRecord(str(sid), ctx.image(base, field_of(obj, "image_path", where), where, "image_path"),
+                                     field_of(obj, "tweet_text", where),
+                                     int(labels["final_label"] > 0), split, meta=meta), where)
     return out
 
 
@@ -365,11 +357,9 @@ def load_memecap(root: Path, ctx: ReadContext, image_dir: str = "img", splits=No
             metaphors = field_of(obj, "metaphors", where, list, optional=True) or []
             if not all(isinstance(m, dict) for m in metaphors):
                 raise DataError(f"{where}: field 'metaphors' must be a list of objects")
-            rec = MemeCapRecord(Path(fname).stem, ctx.image(root / image_dir, fname, where, "img_fname"),
-                                field_of(obj, "title", where), str_list(obj, "img_captions", where),
-                                str_list(obj, "meme_captions", where), metaphors, split)
-            if ctx.image_ok(rec.img_path, where):
-                out.append(rec)
+            ctx.keep(out, MemeCapRecord(Path(fname).stem, ctx.image(root / image_dir, fname, where, "img_fname"),
+                                        field_of(obj, "title", where), str_list(obj, "img_captions", where),
+                                        str_list(obj, "meme_captions", where), metaphors, split), where)
     return out
 
 
@@ -386,10 +376,8 @@ def load_memesense(root: Path, ctx: ReadContext, file: str = "memesense.csv", im
         for k in need:
             if row.get(k) in (None, ""):
                 raise DataError(f"{where}: missing field '{k}'")
-        rec = MemeSenseRecord(row["image_id"], ctx.image(base, row["image_link"], where, "image_link"),
-                              row["description_with_commonsense_parameters"], row["intervention"])
-        if ctx.image_ok(rec.img_path, where):
-            out.append(rec)
+        ctx.keep(out, MemeSenseRecord(row["image_id"], ctx.image(base, row["image_link"], where, "image_link"),
+                                      row["description_with_commonsense_parameters"], row["intervention"]), where)
     return out
 
 
@@ -423,11 +411,9 @@ def load_foil(root: Path, ctx: ReadContext, file: str = "foil_test.json", img_di
         is_foil = as_bool(a, "foil", where) if "foil" in a else fw.upper() != "ORIG"
         cap = field_of(a, "caption", where).strip()
         refs = [c for c in by_image.get(iid, []) if c != cap]
-        rec = AlignmentRecord(record_id(a, "id", where), ctx.image(root / img_dir, files[iid], where, "file_name"), cap,
-                              [fw] if is_foil else [], references=refs,
-                              misaligned_positions=swap_positions(cap, refs, fw)[0] if is_foil else [])
-        if ctx.image_ok(rec.img_path, where):
-            out.append(rec)
+        ctx.keep(out, AlignmentRecord(record_id(a, "id", where), ctx.image(root / img_dir, files[iid], where, "file_name"), cap,
+                                      [fw] if is_foil else [], references=refs,
+                                      misaligned_positions=swap_positions(cap, refs, fw)[0] if is_foil else []), where)
     return out
 
 
@@ -470,12 +456,10 @@ def load_hat(root: Path, ctx: ReadContext, file: str = "hat.json", img_dir: str 
             tl.append((str(g[0]), as_label(g[1], {0, 1}, where, f"grounding[{j}][1]")))
         mis = [t.replace(".", "").replace(",", "") for t, m in tl if m]
         cap = field_of(obj, "caption", where)
-        rec = AlignmentRecord(record_id(obj, "sample_id", where),
-                              ctx.image(root / img_dir, field_of(obj, "image_path", where), where, "image_path"),
-                              cap, mis, str_list(obj, "references", where, optional=True),
-                              token_labels=tl, misaligned_positions=labelled_positions(cap, tl))
-        if ctx.image_ok(rec.img_path, where):
-            out.append(rec)
+        ctx.keep(out, AlignmentRecord(record_id(obj, "sample_id", where),
+                                      ctx.image(root / img_dir, field_of(obj, "image_path", where), where, "image_path"),
+                                      cap, mis, str_list(obj, "references", where, optional=True),
+                                      token_labels=tl, misaligned_positions=labelled_positions(cap, tl)), where)
     return out
 
 
@@ -493,12 +477,10 @@ def load_richhf(root: Path, ctx: ReadContext, file: str = "richhf.jsonl", img_di
             raise DataError(f"{where}: field 'prompt_misalignment_label' has {len(labels)} labels for "
                             f"{len(toks)} words")
         tl = [(t, 1 - as_label(lab, {0, 1}, where, "prompt_misalignment_label")) for t, lab in zip(toks, labels)]
-        rec = AlignmentRecord(Path(field_of(obj, "filename", where)).stem,
-                              ctx.image(root / img_dir, obj["filename"], where, "filename"), prompt,
-                              [t for t, m in tl if m], token_labels=tl, score=as_number(obj, "misalignment_score", where),
-                              misaligned_positions=labelled_positions(prompt, tl))
-        if ctx.image_ok(rec.img_path, where):
-            out.append(rec)
+        ctx.keep(out, AlignmentRecord(Path(field_of(obj, "filename", where)).stem,
+                                      ctx.image(root / img_dir, obj["filename"], where, "filename"), prompt,
+                                      [t for t, m in tl if m], token_labels=tl, score=as_number(obj, "misalignment_score", where),
+                                      misaligned_positions=labelled_positions(prompt, tl)), where)
     return out
 
 
@@ -511,12 +493,10 @@ def load_seetrue(root: Path, ctx: ReadContext, file: str = "seetrue_feedback.jso
     out = []
     for i, obj in json_objects(read_json_file(path, list), path):
         where = f"{path}: record {i}"
-        rec = AlignmentRecord(f"{i}_{record_id(obj, 'id_in_source_dataset', where)}",
-                              ctx.image(root / img_dir, field_of(obj, "image_path", where), where, "image_path"),
-                              field_of(obj, "image_caption", where),
-                              [field_of(obj, "caption_misalignment", where)], group=obj.get("dataset_source"))
-        if ctx.image_ok(rec.img_path, where):
-            out.append(rec)
+        ctx.keep(out, AlignmentRecord(f"{i}_{record_id(obj, 'id_in_source_dataset', where)}",
+                                      ctx.image(root / img_dir, field_of(obj, "image_path", where), where, "image_path"),
+                                      field_of(obj, "image_caption", where),
+                                      [field_of(obj, "caption_misalignment", where)], group=obj.get("dataset_source")), where)
     return out
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import random
 import sys
 from dataclasses import replace
@@ -34,7 +33,7 @@ from PIL import Image, ImageDraw
 
 from lib.data import datasets, render
 from lib.data.records import DataError
-from lib.compendium.artifacts import write_text, write_with
+from lib.compendium.artifacts import write_jsonl, write_with
 from lib.data.datasets import CONTROL_PHRASINGS, PHRASINGS, WHERE  # noqa: F401  (the format's vocabulary, public here too)
 
 
@@ -183,7 +182,7 @@ def build_injection_set(records: Sequence[Any], out_dir: Path | str, phrasings: 
         rel = img.relative_to(out_dir).as_posix() if img.is_relative_to(out_dir) else str(img.resolve())
         rows.append({"id": r.id, "img": rel, "label": r.label, "text": r.text, "source_id": r.meta["source_id"],
                      "phrasing": r.meta["phrasing"], "where": r.meta["where"]})
-    write_text(out_dir / "injection.jsonl", "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in rows))
+    write_jsonl(out_dir / "injection.jsonl", rows)
     return injected
 
 

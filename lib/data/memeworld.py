@@ -40,12 +40,13 @@ Command: `python -m lib.data.memeworld_files --out DIR --seed S --n N`.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from lib.compendium.artifacts import read_jsonl
 
 
 # ----------------------------------------------------------------------------- the world
@@ -379,8 +380,7 @@ def commonsense(spec: MemeSpec) -> str:
 
 def load_specs(out: Path | str) -> list[dict]:
     """Rows of `memeworld.jsonl` (the generator's truth for every meme)."""
-    with open(Path(out) / "memeworld.jsonl", encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
+    return read_jsonl(Path(out) / "memeworld.jsonl")
 
 
 def tag_vocabulary() -> list[str]:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from lib.compendium.artifacts import write_json, write_text
+from lib.compendium.artifacts import write_json, write_jsonl, write_text
 from lib.data.records import MemeRecord
 from lib.data.injection import build_injection_set
 from lib.data.memeworld_draw import render_to_file
@@ -33,10 +33,6 @@ from lib.data.memeworld import (CATEGORY_NAMES, DIFFICULTY, GROUPS, HVLI_LABEL_S
 # ----------------------------------------------------------------------------- writing
 def _write_json(path: Path, obj: Any) -> None:
     write_json(path, obj, indent=None)
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 def _write_csv(path: Path, header: list[str], rows: list[list], delimiter: str = ",") -> None:
@@ -141,11 +137,11 @@ def write_memeworld(out: Path | str, n: int = 10000, seed: int = 0, image_size: 
              "scene_id": s.scene_id, "confounder_of": s.confounder_of, "confounder_kind": s.confounder_kind,
              "gold_caption": scene_caption(s.objects), "objects": [asdict(o) for o in s.objects], **reasons(s)}
         master.append(d)
-    _write_jsonl(out / "memeworld.jsonl", master)
+    write_jsonl(out / "memeworld.jsonl", master)
 
     # Facebook Hateful Memes: one jsonl per split, {id, img, label, text}
     for split in SPLIT_SHARES:
-        _write_jsonl(out / f"{split}.jsonl", [{"id": s.id, "img": img_rel[s.id], "label": s.final_label,
+        write_jsonl(out / f"{split}.jsonl", [{"id": s.id, "img": img_rel[s.id], "label": s.final_label,
                                                "text": s.text} for s in specs if s.split == split])
     # TRACE JSON: one list with caption columns (gold caption; notebook 01 adds model captions)
     _write_json(out / "trace" / "fhm_gold_captions.json",
@@ -167,7 +163,7 @@ def write_memeworld(out: Path | str, n: int = 10000, seed: int = 0, image_size: 
     _write_json(out / "hvli" / "test_set.json", hvli([s for s in specs if s.split in ("test_seen", "test_unseen")]))
     # HatReD (+ HatReDAug for benign memes): {id, img, target[], reasonings[]}
     for part, splits in (("train", ("train", "dev_seen", "dev_unseen")), ("test", ("test_seen", "test_unseen"))):
-        _write_jsonl(out / "hatred" / f"fhm_{part}_reasonings.jsonl",
+        write_jsonl(out / "hatred" / f"fhm_{part}_reasonings.jsonl",
                      [{"id": s.id, "img": f"{s.id:05d}.png",
                        "target": [CATEGORY_NAMES[category(s, 'final')]] if s.final_label_clean else [],
                        "reasonings": [explanation(s)]} for s in specs if s.split in splits])
@@ -230,7 +226,7 @@ def write_memeworld(out: Path | str, n: int = 10000, seed: int = 0, image_size: 
     _write_json(out / "nocaps_foil" / "nocaps_foil.json", nocaps)
     _write_json(out / "hat" / "hat.json", views["hat"])
     _write_json(out / "hat" / "hat_val.json", val["hat"])
-    _write_jsonl(out / "richhf" / "richhf.jsonl", views["richhf"])
+    write_jsonl(out / "richhf" / "richhf.jsonl", views["richhf"])
     _write_json(out / "seetrue" / "seetrue_feedback.json", views["seetrue"])
     # prompt injection: every hateful test meme once with an instruction to the moderator drawn under
     # the picture and appended to its text (phrasings cycled), once with the neutral control sentence
@@ -243,7 +239,7 @@ def write_memeworld(out: Path | str, n: int = 10000, seed: int = 0, image_size: 
             foil, target, foil_word = foil_caption(s, rng)
             pairs.append({"id": s.id, "img": img_rel[s.id], "caption": scene_caption(s.objects), "foil": foil,
                           "split": s.split})
-    _write_jsonl(out / "captions" / "scene_captions.jsonl", pairs)
+    write_jsonl(out / "captions" / "scene_captions.jsonl", pairs)
 
     readers = unimodal_bayes_readers(specs)
     counts = {split: dict(sorted(Counter(s.type for s in specs if s.split == split).items())) for split in SPLIT_SHARES}

@@ -48,6 +48,11 @@ class ReadContext:
                             f"(load with allow_outside_images=True to permit it)")
         return p
 
+    def keep(self, out: list, rec: Any, where: str) -> None:
+        """Append record `rec` to `out` when its image is usable (`image_ok`: else raised or reported)."""
+        if self.image_ok(rec.img_path, where):
+            out.append(rec)
+
     def image_ok(self, path: Path, where: str) -> bool:
         """Whether the record's image is usable; raise (strict) or report (lenient) if not."""
         if self.check_images == "none":

@@ -21,10 +21,9 @@ import numpy as np
 import pandas as pd
 from PIL import Image
 
-from lib.compendium.artifacts import declared
+from lib.compendium.artifacts import declared, read_jsonl
 from lib.data import prep as data_prep
 from lib.data.prep import load_prepared
-from lib.arcade.court import DIFFICULTY
 from lib.arcade.report import court_config, run_variant as run_court
 from lib.data.injection import mitigate
 from lib.evaluation.metrics import flip_rate, metric_rows
@@ -106,8 +105,7 @@ def fewshot_methods(profile: str, dataset: str = "fhm") -> dict[str, dict[str, A
     if not f.exists():
         return {}
     by: dict[str, list[dict[str, Any]]] = {}
-    for line in f.read_text(encoding="utf-8").splitlines():
-        r = json.loads(line)
+    for r in read_jsonl(f):
         by.setdefault(r["setting"], []).append(r)
     return {f"few-shot {s}": {"system": SYSTEMS["fewshot"], "family": "fewshot", "setting": s,
                               "frame": fewshot_frame(rows)} for s, rows in by.items()}
@@ -132,7 +130,7 @@ def debate_methods(profile: str, variants: Sequence[str] | None = None) -> dict[
         v = f.stem[len("results_"):]
         if v == "rerun_check" or (variants is not None and v not in variants):
             continue
-        res = [json.loads(x) for x in f.read_text(encoding="utf-8").splitlines()]
+        res = read_jsonl(f)
         out[f"debate {v}"] = {"system": SYSTEMS["debate"], "family": "debate", "variant": v, "frame": debate_frame(res),
                               "results": res}
     return out

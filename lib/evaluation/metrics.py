@@ -420,30 +420,31 @@ def run_spread(runs_a: Sequence[dict[str, bool]], runs_b: Sequence[dict[str, boo
 
 
 def pairwise_mcnemar(correct: dict[str, Sequence[bool]], correction: str = "holm", alpha: float = 0.05,
-                     exact: bool | None = None):
-    """McNemar for every pair of methods scored on the same memes, p-values corrected for the
-    number of pairs (statsmodels `multipletests`: holm by default). exact None: the exact binomial
-    test where the discordant pairs are fewer than 25, else the chi-square with continuity
-    correction. Returns a DataFrame: a, b, acc_a, acc_b, b_only (a right, b wrong), c_only,
-    statistic, pvalue, p_adjusted, significant."""
+                     exact: bool | None = None, reference: str | None = None):
+    """McNemar (`mcnemar`) for every pair of methods scored on the same memes, or for `reference`
+    against each other method, p-values corrected for the number of pairs (statsmodels
+    `multipletests`: holm by default, bonferroni, ...). exact None: the exact binomial test where the
+    discordant pairs are fewer than 25, else the chi-square with continuity correction. Returns a
+    DataFrame: a, b, acc_a, acc_b, b_only (a right, b wrong), c_only, test, statistic, pvalue,
+    p_adjusted, significant."""
     import pandas as pd
-    from statsmodels.stats.contingency_tables import mcnemar as _mc
     from statsmodels.stats.multitest import multipletests
-    names = list(correct)
     arr = {k: np.asarray(v, bool) for k, v in correct.items()}
     sizes = {len(v) for v in arr.values()}
     if len(sizes) > 1:
         raise ValueError(f"pairwise_mcnemar: methods were scored on different numbers of memes {sorted(sizes)}")
+    if reference is not None and reference not in arr:
+        raise KeyError(f"pairwise_mcnemar: reference {reference!r} is not among {', '.join(arr)}")
+    pairs = (itertools.combinations(list(arr), 2) if reference is None
+             else [(reference, k) for k in arr if k != reference])
     rows = []
-    for a, b in itertools.combinations(names, 2):
+    for a, b in pairs:
         x, z = arr[a], arr[b]
-        table = [[int((x & z).sum()), int((x & ~z).sum())], [int((~x & z).sum()), int((~x & ~z).sum())]]
-        disc = table[0][1] + table[1][0]
-        ex = disc < 25 if exact is None else exact
-        r = _mc(table, exact=ex, correction=True)
-        rows.append({"a": a, "b": b, "acc_a": float(x.mean()), "acc_b": float(z.mean()), "b_only": table[0][1],
-                     "c_only": table[1][0], "test": "exact" if ex else "chi2", "statistic": float(r.statistic),
-                     "pvalue": float(r.pvalue)})
+        ex = int((x != z).sum()) < 25 if exact is None else exact
+        r = mcnemar(x, z, exact=ex)
+        rows.append({"a": a, "b": b, "acc_a": float(x.mean()), "acc_b": float(z.mean()), "b_only": r["b"],
+                     "c_only": r["c"], "test": "exact" if ex else "chi2", "statistic": r["statistic"],
+                     "pvalue": r["pvalue"]})
     df = pd.DataFrame(rows)
     if len(df):
         rej, padj, _, _ = multipletests(df["pvalue"].to_numpy(), alpha=alpha, method=correction)

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from lib.compendium.artifacts import read_json
+from lib.compendium.artifacts import read_json, read_jsonl
 from lib.compendium.results import TIMING
 from lib.trace.captioning import caption_quality_from_scores
 from lib.evaluation.metrics import metrics_at, per_type_accuracy, pr_best_f1_threshold
@@ -101,10 +101,6 @@ def stage(name: str):
         RECOMPUTE[name] = fn
         return fn
     return deco
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
 
 
 # ----------------------------------------------------------------------------- 00 data
@@ -332,7 +328,7 @@ def _threshold_metrics(d: Path, eps: float) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- 04 few-shot
 def _fewshot_predictions(d: Path) -> dict[str, list]:
     by: dict[str, list] = {}
-    for r in _jsonl(_file(d) / "predictions_fhm.jsonl"):
+    for r in read_jsonl(_file(d) / "predictions_fhm.jsonl"):
         by.setdefault(r["setting"], []).append(Prediction(**{k: v for k, v in r.items() if k != "model"}))
     return by
 
@@ -371,7 +367,7 @@ def _fewshot(d: Path, root: Path) -> dict[str, Any]:
                                **retrieval.retrieval_quality(ranked[:, :n], pool, queries)}
                               for n in sorted(set(settings["shots"]) | {knn_n})])
     claims, cold = rep.claim_frame({**by, "knn_vote": knn}, main, retriever, spread=True)
-    rows3 = rep.table3_rows(_jsonl(_file(d) / "agent_outputs.jsonl"), settings["semsim_model"], bs)
+    rows3 = rep.table3_rows(read_jsonl(_file(d) / "agent_outputs.jsonl"), settings["semsim_model"], bs)
     committed = read_json(_file(d) / "metrics.json")
     maj = max(np.mean([q.label for q in queries]), 1 - np.mean([q.label for q in queries]))
 

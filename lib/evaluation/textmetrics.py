@@ -44,10 +44,16 @@ def _refs(refs: Sequence[str | Sequence[str]]) -> list[list[str]]:
 
 
 # ----------------------------------------------------------------------------- scores
-def rouge_l(preds: Sequence[str], refs: Sequence[str | Sequence[str]], stemmer: bool = False) -> np.ndarray:
-    """Per-item ROUGE-L F-measure, max over references (rouge-score's score_multi)."""
+@lru_cache(maxsize=2)
+def _rouge_scorer(stemmer: bool):
     from rouge_score import rouge_scorer
-    sc = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=stemmer)
+    return rouge_scorer.RougeScorer(["rougeL"], use_stemmer=stemmer)
+
+
+def rouge_l(preds: Sequence[str], refs: Sequence[str | Sequence[str]], stemmer: bool = False) -> np.ndarray:
+    """Per-item ROUGE-L F-measure, max over references (rouge-score's score_multi); the one ROUGE-L of
+    the compendium (captions, explanations, the embedded captioner's held-out score)."""
+    sc = _rouge_scorer(stemmer)
     return np.array([sc.score_multi(r, p or "")["rougeL"].fmeasure for p, r in zip(preds, _refs(refs))], dtype=float)
 
 

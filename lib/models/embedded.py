@@ -27,7 +27,6 @@ import hashlib
 import importlib
 import json
 import multiprocessing as mp
-import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,9 +36,10 @@ import numpy as np
 from PIL import Image
 from tqdm.auto import tqdm
 
-from lib.compendium.artifacts import (code_digest, file_digest, require, stage_dir, write_json, write_manifest,
+from lib.compendium.artifacts import (read_jsonl, code_digest, file_digest, require, stage_dir, write_json, write_manifest,
                                       write_metrics, write_with)
-from lib.models.memeworld_vlm import VlmConfig, save_weights, train_memeworld_vlm
+from lib.models.memeworld_vlm import VlmConfig, fit, train_memeworld_vlm
+from lib.compendium.artifacts import save_weights
 from lib.models.nli import NliConfig, train_memeworld_nli
 from lib.compendium.params import validate_profile
 from lib.evaluation.plotting import save_figure, setup
@@ -137,7 +137,7 @@ def train_memeworld_clip(memeworld: Path | str, out_dir: Path | str, cfg: ClipCo
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     tok = build_clip_tokenizer()
-    rows = [json.loads(l) for l in (memeworld / "captions" / "scene_captions.jsonl").read_text().splitlines()]
+    rows = read_jsonl(memeworld / "captions" / "scene_captions.jsonl")
     rows = [r for r in rows if r["split"] == "train"]
     test = test_captions(memeworld)
     n_all = len(rows)
@@ -153,12 +153,10 @@ def train_memeworld_clip(memeworld: Path | str, out_dir: Path | str, cfg: ClipCo
     steps_per_epoch = len(rows) // cfg.batch_size
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=cfg.epochs * steps_per_epoch,
                                                 pct_start=0.1)
-    curve, t0 = [], time.time()
-    bar = tqdm(total=cfg.epochs * steps_per_epoch, desc="train memeworld-clip", disable=not progress)
     model.train()
-    for epoch in range(cfg.epochs):
+
+    def losses(epoch: int):
         perm = torch.randperm(len(rows))
-        losses = []
         for s in range(steps_per_epoch):
             idx = perm[s * cfg.batch_size:(s + 1) * cfg.batch_size].tolist()
             seqs = [cap_ids[j] for j in idx] + ([foil_ids[j] for j in idx] if cfg.hard_negatives else [])
@@ -166,18 +164,10 @@ def train_memeworld_clip(memeworld: Path | str, out_dir: Path | str, cfg: ClipCo
             out = model(input_ids=input_ids, attention_mask=attention_mask, pixel_values=_normalise(X[idx]))
             target = torch.arange(len(idx))
             # image -> text over true captions and foils; text -> image over true captions only
-            loss = 0.5 * (F.cross_entropy(out.logits_per_image, target)
-                          + F.cross_entropy(out.logits_per_text[:len(idx)], target))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            losses.append(loss.item())
-            bar.update(1)
-        curve.append({"epoch": epoch + 1, "loss": float(np.mean(losses)), "seconds": time.time() - t0})
-    bar.close()
-    train_s = time.time() - t0
+            yield 0.5 * (F.cross_entropy(out.logits_per_image, target)
+                         + F.cross_entropy(out.logits_per_text[:len(idx)], target))
+    curve, train_s = fit(model, opt, sched, cfg.epochs, cfg.epochs * steps_per_epoch, losses, "train memeworld-clip",
+                         progress)
     model.eval()
     metrics = evaluate_clip(model, tok, memeworld, cfg)
     metrics.update({"clip_train_s": train_s, "clip_train_pairs": len(rows), "clip_train_pairs_dropped": n_all - len(rows),
@@ -213,7 +203,7 @@ def test_captions(memeworld: Path | str) -> set[str]:
     for it in json.loads((memeworld / "nocaps_foil" / "nocaps_foil.json").read_text()):
         caps |= {it["foil"], it["baseline"]}
     caps |= {r["caption"] for r in json.loads((memeworld / "hat" / "hat.json").read_text())}
-    caps |= {json.loads(l)["prompt"] for l in (memeworld / "richhf" / "richhf.jsonl").read_text().splitlines() if l}
+    caps |= {r["prompt"] for r in read_jsonl(memeworld / "richhf" / "richhf.jsonl")}
     caps |= {r["image_caption"] for r in json.loads((memeworld / "seetrue" / "seetrue_feedback.json").read_text())}
     return caps
 

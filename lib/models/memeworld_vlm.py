@@ -13,21 +13,19 @@ as InternVL or PaliGemma checkpoints are.
 """
 from __future__ import annotations
 
-import json
-import os
-import shutil
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import numpy as np
 from PIL import Image
 from tqdm.auto import tqdm
 
-from lib.compendium.artifacts import write_json
 from lib.compendium.prompts import prompt_line
+from lib.evaluation.textmetrics import rouge_l
+from lib.compendium.artifacts import read_jsonl, save_model
 
 CAPTION_PROMPT = prompt_line("caption/describe.txt")   # the question memeworld-vlm is trained on
 SPECIAL = ["<pad>", "<s>", "</s>", "<unk>", "<image>"]
@@ -72,12 +70,10 @@ def memeworld_texts(memeworld: Path) -> list[str]:
     must never change the model): every meme's text, gold caption and reasons (memeworld.jsonl),
     the training pairs' FOIL captions (captions/scene_captions.jsonl), and the captioning prompt."""
     out = [CAPTION_PROMPT]
-    for line in (memeworld / "memeworld.jsonl").read_text(encoding="utf-8").splitlines():
-        r = json.loads(line)
+    for r in read_jsonl(memeworld / "memeworld.jsonl"):
         out += [r["text"], r["gold_caption"], r.get("text_reason") or "", r.get("image_reason") or "",
                 r.get("final_reason") or ""]
-    for line in (memeworld / "captions" / "scene_captions.jsonl").read_text(encoding="utf-8").splitlines():
-        out.append(json.loads(line)["foil"])
+    out += [r["foil"] for r in read_jsonl(memeworld / "captions" / "scene_captions.jsonl")]
     return [t for t in out if t]
 
 
@@ -132,7 +128,7 @@ def caption_messages(img, prompt: str = CAPTION_PROMPT) -> list[dict[str, Any]]:
 
 
 def _rows(memeworld: Path, splits: tuple[str, ...]) -> list[dict[str, Any]]:
-    rows = [json.loads(l) for l in (memeworld / "memeworld.jsonl").read_text(encoding="utf-8").splitlines()]
+    rows = read_jsonl(memeworld / "memeworld.jsonl")
     return [r for r in rows if r["split"] in splits]
 
 
@@ -152,11 +148,34 @@ def prompt_ids(proc) -> list[int]:
     return enc["input_ids"][0].tolist()
 
 
-def rouge_l(preds: list[str], golds: list[str]) -> float:
-    from rouge_score import rouge_scorer
-    sc = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
-    return float(np.mean([sc.score(g, p)["rougeL"].fmeasure for p, g in zip(preds, golds)]))
 
+def optimizer_step(model, opt, sched, loss) -> float:
+    """One step of every embedded model's training (memeworld-clip, -vlm, -nli): backward, gradients
+    clipped to norm 1, the optimiser and its schedule stepped; the loss as a number."""
+    import torch
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    return loss.item()
+
+
+def fit(model, opt, sched, epochs: int, total_steps: int, losses: Callable[[int], Iterable[Any]], desc: str,
+        progress: bool = True) -> tuple[list[dict[str, float]], float]:
+    """The loop every embedded model trains in: each loss that `losses(epoch)` yields (one batch's,
+    computed when asked for) takes one `optimizer_step`. Returns the per-epoch curve (mean loss, seconds
+    so far) and the seconds it took."""
+    curve, t0 = [], time.time()
+    bar = tqdm(total=total_steps, desc=desc, disable=not progress)
+    for epoch in range(epochs):
+        seen = []
+        for loss in losses(epoch):
+            seen.append(optimizer_step(model, opt, sched, loss))
+            bar.update(1)
+        curve.append({"epoch": epoch + 1, "loss": float(np.mean(seen)), "seconds": time.time() - t0})
+    bar.close()
+    return curve, time.time() - t0
 
 def generate_captions(model, proc, pixel_values, max_new_tokens: int = 40, batch: int = 64) -> list[str]:
     """Greedy captions for a batch of images (the prompt is the same length for every image)."""
@@ -205,64 +224,20 @@ def train_memeworld_vlm(memeworld: Path | str, clip_dir: Path | str, out_dir: Pa
     steps_per_epoch = len(train) // cfg.batch_size
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[cfg.lr, cfg.lr * cfg.vision_lr_scale],
                                                 total_steps=cfg.epochs * steps_per_epoch, pct_start=0.1)
-    curve, t0 = [], time.time()
-    bar = tqdm(total=cfg.epochs * steps_per_epoch, desc="train memeworld-vlm", disable=not progress)
-    for epoch in range(cfg.epochs):
+    def losses(epoch: int):
         model.train()
         perm = torch.randperm(len(train))
-        losses = []
         for s in range(steps_per_epoch):
             idx = perm[s * cfg.batch_size:(s + 1) * cfg.batch_size]
             n = int(att[idx].sum(1).max())
-            out = model(input_ids=ids[idx, :n], attention_mask=att[idx, :n], pixel_values=X[idx],
-                        labels=labels[idx, :n])
-            opt.zero_grad(set_to_none=True)
-            out.loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            losses.append(out.loss.item())
-            bar.update(1)
-        curve.append({"epoch": epoch + 1, "loss": float(np.mean(losses)), "seconds": time.time() - t0})
-    bar.close()
-    train_s = time.time() - t0
+            yield model(input_ids=ids[idx, :n], attention_mask=att[idx, :n], pixel_values=X[idx],
+                        labels=labels[idx, :n]).loss
+    curve, train_s = fit(model, opt, sched, cfg.epochs, cfg.epochs * steps_per_epoch, losses, "train memeworld-vlm",
+                         progress)
     metrics = evaluate_vlm(model, proc, memeworld, cfg, train)
     metrics["vlm_train_s"] = train_s
     save_model(model, proc, out_dir, {"config": asdict(cfg), "curve": curve, "metrics": metrics})
     return {"metrics": metrics, "curve": curve}
-
-
-def save_folder_atomically(out_dir: Path, write: Any) -> None:
-    """Write a whole folder through `write(tmp_dir)` into a hidden sibling, then swap the folders by
-    two renames: a reader sees the old folder, no folder, or the new one, never a mix (a kill
-    between the renames leaves no folder, so the model is trained again). Leftovers of a killed
-    swap (hidden siblings) are removed first."""
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    for stale in out_dir.parent.glob(f".{out_dir.name}.*.swap"):
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.new.swap")
-    old = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.old.swap")
-    tmp.mkdir()
-    try:
-        write(tmp)
-        if out_dir.exists():
-            os.replace(out_dir, old)
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def save_model(model, proc, out_dir: Path, record: dict[str, Any] | None = None) -> None:
-    """The model, its processor and (when given) its training record as training.json, swapped in
-    as one folder (memeworld-vlm here, the agents of notebook 04 through lib.sei.agents)."""
-    def write(tmp: Path) -> None:
-        model.save_pretrained(tmp)
-        proc.save_pretrained(tmp)
-        if record is not None:
-            write_json(tmp / "training.json", record)
-    save_folder_atomically(out_dir, write)
 
 
 def evaluate_vlm(model, proc, memeworld: Path, cfg: VlmConfig, train_rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -274,13 +249,8 @@ def evaluate_vlm(model, proc, memeworld: Path, cfg: VlmConfig, train_rows: list[
     golds = [r["gold_caption"] for r in test]
     preds = generate_captions(model, proc, X, cfg.max_new_tokens)
     common = Counter(r["gold_caption"] for r in train_rows).most_common(1)[0][0]
-    return {"vlm_rouge_l": rouge_l(preds, golds), "vlm_rouge_l_baseline": rouge_l([common] * len(golds), golds),
+    return {"vlm_rouge_l": float(np.mean(rouge_l(preds, golds))),
+            "vlm_rouge_l_baseline": float(np.mean(rouge_l([common] * len(golds), golds))),
             "vlm_exact_match": float(np.mean([p == g for p, g in zip(preds, golds)])), "vlm_eval_n": len(test),
             "vlm_examples": [{"id": r["id"], "gold": g, "pred": p} for r, g, p in list(zip(test, golds, preds))[:8]]}
 
-
-def save_weights(model, path: Path) -> None:
-    """A torch module's weights as one safetensors file (the format every embedded model ships in)."""
-    from safetensors.torch import save_file
-    state = {k: v.contiguous() for k, v in model.state_dict().items()}
-    save_file(state, str(path), metadata={"format": "pt"})

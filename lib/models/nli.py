@@ -19,18 +19,17 @@ the predicted phrase names the annotated fact, not general inference.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from lib.compendium.artifacts import write_json, write_with
 from lib.data.memeworld import BENIGN_OBJECTS, COLOURS, POSITION_PHRASE, POSITIONS, SYMBOLS, SceneObject, load_specs
 from lib.data.memeworld_align import _phrase_words
-from lib.models.memeworld_vlm import save_weights
+from lib.compendium.artifacts import save_weights
+from lib.models.memeworld_vlm import fit
 from lib.compendium.presets import resolve_model_path
 from lib.evaluation.textmetrics import resolve_text_model
 
@@ -140,26 +139,15 @@ def train_memeworld_nli(memeworld: Path | str, out_dir: Path | str, cfg: NliConf
     steps = cfg.epochs * int(np.ceil(len(train) / cfg.batch_size))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, steps // 10))
                                               * max(0.0, 1 - s / steps))
-    curve, t0 = [], time.time()
-    bar = tqdm(total=steps, desc="train memeworld-nli", disable=not progress)
     model.train()
-    for epoch in range(cfg.epochs):
+
+    def losses(epoch: int):
         order = torch.randperm(len(train)).tolist()
-        losses = []
         for s in range(0, len(order), cfg.batch_size):
             b = [train[i] for i in order[s:s + cfg.batch_size]]
             enc = tok([p for p, _, _ in b], [h for _, h, _ in b], padding=True, truncation=True, return_tensors="pt")
-            loss = model(**enc, labels=torch.tensor([y for _, _, y in b])).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            losses.append(loss.item())
-            bar.update(1)
-        curve.append({"epoch": epoch + 1, "loss": float(np.mean(losses)), "seconds": time.time() - t0})
-    bar.close()
-    train_s = time.time() - t0
+            yield model(**enc, labels=torch.tensor([y for _, _, y in b])).loss
+    curve, train_s = fit(model, opt, sched, cfg.epochs, steps, losses, "train memeworld-nli", progress)
     model.eval()
     metrics = {"nli_heldout_acc": heldout_accuracy((model, tok), held), "nli_heldout_pairs": len(held),
                "nli_heldout_majority": float(max(np.mean([y for *_, y in held]), 1 - np.mean([y for *_, y in held]))),

@@ -29,7 +29,7 @@ from typing import Any
 
 from lib import ROOT
 from lib.evaluation import plotting
-from lib.compendium.artifacts import read_json, stage_dir, write_json, write_manifest, write_metrics
+from lib.compendium.artifacts import read_json, read_jsonl, stage_dir, write_json, write_manifest, write_metrics
 from lib.models.chat import (Chat, GenParams, OpenAICompatibleBackend, assistant, load_backend, parse_structured,
                       prompt_template, served_identity, system, user, with_schema_instruction)
 from lib.compendium.params import validate_profile
@@ -70,7 +70,7 @@ def meme_texts(profile: str, n: int) -> list[str]:
     """Meme texts for prompts: MemeWorld's (or the profile's FHM) test memes, in file order."""
     mw = stage_dir(profile, "00_data_prep", create=False) / "memeworld" / "memeworld.jsonl"
     if mw.exists():
-        rows = [json.loads(line) for line in mw.read_text(encoding="utf-8").splitlines() if line.strip()]
+        rows = read_jsonl(mw)
         texts = [str(r["text"]) for r in rows if r.get("split", "").startswith("test") and r.get("text")]
         if len(texts) >= n:
             return texts[:n]

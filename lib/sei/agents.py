@@ -53,7 +53,8 @@ from lib import ROOT
 from lib.compendium.artifacts import MissingInputError
 from lib.models.chat import Chat, GenParams, image, text, user
 from lib.models.chat.hf import HFChatBackend
-from lib.models.memeworld_vlm import save_model
+from lib.compendium.artifacts import save_model
+from lib.sei.retrieval import rank
 from lib.compendium.presets import default_device, folder_identity, get_preset, new_accelerator, torch_dtype
 from lib.models.train_memory import check_fits, shape_of
 
@@ -482,11 +483,5 @@ def nearest_train_baseline(test: Sequence[AgentExample], train: Sequence[AgentEx
                            ) -> list[str]:
     """The retrieval baseline: each test meme gets the target of the training meme whose image
     embedding is nearest (exact cosine; ties to the earlier training example)."""
-    ids = [e.id for e in train]
-    missing = [i for i in ids + [e.id for e in test] if i not in emb]
-    if missing:
-        raise KeyError(f"no image embedding for memes {missing[:5]} (embed every agent meme first)")
-    T = np.stack([emb[i] for i in ids])
-    Q = np.stack([emb[e.id] for e in test])
-    nn = np.argmax(Q @ T.T, axis=1)          # argmax returns the first maximum: stable ties
+    nn = rank(emb, [e.id for e in test], [e.id for e in train], 1)[0][:, 0]
     return [train[j].target for j in nn]

@@ -8,7 +8,7 @@ import json
 import numpy as np
 
 from lib.evaluation import textmetrics as tm
-from lib.compendium.artifacts import read_json
+from lib.compendium.artifacts import read_json, read_jsonl
 from lib.evaluation.metrics import mean_ci
 from lib.compendium.params import load_profile
 from lib.sei import analysis
@@ -20,7 +20,7 @@ from lib.evaluation.figure_kit import art_path, claims_figure, cold_runs_figure,
 # ----------------------------------------------------------------------------- 04 few-shot
 def _fewshot_preds(profile: str, dataset: str = "fhm"):
     """Notebook 04's predictions of its first model (the rows its figures pool)."""
-    rows = [json.loads(x) for x in art_path(profile, f"04_few_shot/predictions_{dataset}.jsonl").read_text().splitlines()]
+    rows = read_jsonl(art_path(profile, f"04_few_shot/predictions_{dataset}.jsonl"))
     first = rows[0].get("model") if rows else None
     fields = Prediction.__dataclass_fields__
     return [Prediction(**{k: v for k, v in r.items() if k in fields}) for r in rows if r.get("model") == first]

@@ -23,7 +23,7 @@ import numpy as np
 from lib.sei import fewshot as sei, retrieval
 from lib.sei.agents import (AGENTS, LABEL_WORDS, AgentExample, AgentRecipe, agent_chat, build_agent_data,
                         nearest_train_baseline, norm_id, prompt_templates, run_agent, train_agent)
-from lib.compendium.artifacts import require, stage_dir, write_bytes, write_json, write_text
+from lib.compendium.artifacts import read_jsonl, require, stage_dir, write_bytes, write_json
 from lib.models.chat import ResponseCache, default_cache_path
 from lib.data.prep import load_prepared
 from lib.evaluation.metrics import interval_keys
@@ -42,11 +42,7 @@ def memeworld_types(root: str | Path) -> dict[str, str]:
     p = Path(root) / "memeworld.jsonl"
     if not p.exists():
         return {}
-    out = {}
-    for line in p.read_text(encoding="utf-8").splitlines():
-        r = json.loads(line)
-        out[norm_id(r["id"])] = r["type"]
-    return out
+    return {norm_id(r["id"]): r["type"] for r in read_jsonl(p)}
 
 
 def to_memes(records: Sequence[Any], types: dict[str, str] | None = None) -> list[Meme]:
@@ -237,10 +233,6 @@ def silver_records(pool: Sequence[Meme], silver: dict[str, Any]) -> list[dict[st
     return out
 
 
-def write_jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> Path:
-    return write_text(path, "".join(json.dumps(r, ensure_ascii=False, default=str) + "\n" for r in rows))
-
-
 # ----------------------------------------------------------------------------- notebook 06
 #: the parameters of notebook 04 that rebuild its moderator (written to its settings.json)
 def evaluated(result: dict[str, Any]) -> int | None:
@@ -304,14 +296,11 @@ class FewShotModerator:
         s = self.settings[setting]
         ranked = {}
         if s.n and s.retriever:
-            fname = f"embeddings_{s.retriever.replace('/', '_')}.npz"
-            mine, theirs = self.out_dir / fname, self.stage04 / fname
+            mine, theirs = (retrieval.embeddings_file(d, s.retriever) for d in (self.out_dir, self.stage04))
             if not mine.exists() and theirs.exists():       # start from 04's embeddings: only new memes are embedded
                 write_bytes(mine, theirs.read_bytes())
             emb = retrieval.embed_images(s.retriever, list(self.pool) + list(memes), mine, progress=self.progress)
-            P = np.stack([emb[m.id] for m in self.pool])
-            Q = np.stack([emb[m.id] for m in memes])
-            ranked[s.retriever] = retrieval.top_n(Q, P, s.n)[0]
+            ranked[s.retriever] = retrieval.rank(emb, [m.id for m in memes], [m.id for m in self.pool], s.n)[0]
         plan = sei.plan_exemplars(s, memes, self.pool, ranked, self.p["order"], self.p["seed"])
         silver = make_silver(self.pool, sei.silver_needs([plan]), self.agents, self.agent_tpl, self.cache,
                              self.p["agent_max_new_tokens"], progress=self.progress)
@@ -341,8 +330,8 @@ def retrieve_exemplars(dataset: str, memes: Sequence[Meme], train_split: str, te
     ranked, rows = {}, []
     for r in retrievers:
         e = emb[r] if all(m.id in emb[r] for m in pool + queries) else \
-            retrieval.embed_images(r, pool + queries, out_dir / f"embeddings_{r.replace('/', '_')}.npz")
-        idx, sims = retrieval.top_n(np.stack([e[m.id] for m in queries]), np.stack([e[m.id] for m in pool]), max(ns))
+            retrieval.embed_images(r, pool + queries, retrieval.embeddings_file(out_dir, r))
+        idx, sims = retrieval.rank(e, [m.id for m in queries], [m.id for m in pool], max(ns))
         ranked[r] = idx
         write_json(out_dir / f"exemplars_{dataset}_{r.replace('/', '_')}.json",
                    {q.id: [[pool[j].id, round(float(s), 6)] for j, s in zip(row, srow)]

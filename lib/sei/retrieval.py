@@ -59,6 +59,23 @@ def embed_images(encoder: str, memes: Sequence[Meme], cache_file: str | Path, ba
     return {m.id: np.asarray(have[sig[m.id]], dtype=np.float32) for m in memes}
 
 
+def embeddings_file(folder: str | Path, encoder: str) -> Path:
+    """Where a stage keeps one encoder's image embeddings (`embed_images`' cache)."""
+    return Path(folder) / f"embeddings_{encoder.replace('/', '_')}.npz"
+
+
+def rank(emb: dict[str, np.ndarray], queries: Sequence[str], pool: Sequence[str], n: int
+         ) -> tuple[np.ndarray, np.ndarray]:
+    """The `n` pool memes nearest each query by cosine of their embeddings (`emb`: id -> L2-normalised
+    vector), most similar first, ties in pool order: (indices into `pool` [q, n], similarities [q, n]).
+    The one embed-and-rank of the compendium: exemplar retrieval, the few-shot moderator of notebook 06
+    and the agents' nearest-training-meme baseline."""
+    missing = [i for i in list(pool) + list(queries) if i not in emb]
+    if missing:
+        raise KeyError(f"no image embedding for memes {missing[:5]} (embed every meme first)")
+    return top_n(np.stack([emb[i] for i in queries]), np.stack([emb[i] for i in pool]), n)
+
+
 def top_n(queries: np.ndarray, index: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-n rows of `index` by cosine for each query (rows L2-normalised), most similar
     first; equal similarities keep index order. Returns (indices [q, n], similarities [q, n])."""

@@ -28,6 +28,7 @@ from lib.models.chat import GenParams, user
 from lib.models.encoders import load_encoder
 from lib.compendium.presets import default_device, resolve_model_path
 from lib.compendium.prompts import prompt_line
+from lib.evaluation.textmetrics import rouge_l
 
 #: the captioner's question without grounding, and with it ({tags}: the detected objects)
 DEFAULT_PROMPT = prompt_line("caption/describe.txt")
@@ -343,8 +344,6 @@ def caption_scores(run: dict[str, Any], gold: dict[str, dict[str, Any]], object_
     its tags' true / false positives and misses against the gold objects), and one row per box whose
     tag names a gold object (its best IoU with that object's box, whether it lies in the right third)."""
     import pandas as pd
-    from rouge_score import rouge_scorer
-    sc = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=False)
     rows, boxes = [], []
     for k, r in enumerate(run["records"]):
         if r.id not in gold:
@@ -353,7 +352,7 @@ def caption_scores(run: dict[str, Any], gold: dict[str, dict[str, Any]], object_
         row: dict[str, Any] = {"id": r.id, "split": r.split}
         for col, caps in run["columns"].items():
             c = caps[k]
-            row[f"rouge_l_{col}"] = sc.score(g["gold_caption"], c)["rougeL"].fmeasure if c else float("nan")
+            row[f"rouge_l_{col}"] = float(rouge_l([c], [g["gold_caption"]])[0]) if c else float("nan")
         im = run["images"][k]
         if im is not None:
             objs = g["objects"]

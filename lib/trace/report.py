@@ -7,11 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
 import pandas as pd
 
 from lib.models.encoders import load_encoder
-from lib.evaluation.metrics import bootstrap_ci, mcnemar, per_type_accuracy
+from lib.evaluation.metrics import paired_accuracy_test, per_type_accuracy
 from lib.trace.model import TrainConfig, config_diff
 from lib.trace.features import FeatureCache, MemeBatchData
 from lib.trace.runs import run_config, run_variant, run_variants, shared_cache, split_rows, variant_name
@@ -212,20 +211,20 @@ def caption_benefit(runs: dict[str, dict[str, Any]], default: str, seed_tab: pd.
     """TRACE's claim, that captions help, as one test: the default model against the same model
     without captions (image and meme text only). Per seed: the accuracy difference (mean, sd, the
     number of seeds where captions help, seeds paired by number); on the first seed's predictions:
-    McNemar over the same memes and a paired bootstrap CI of the difference (memes resampled).
+    the paired test every claims table uses (`metrics.paired_accuracy_test`: exact McNemar over the
+    same memes, a paired bootstrap interval of the difference with memes resampled).
     Empty when the no-caption run is missing."""
     if without not in runs or default not in runs:
         return {}
     pa = {p["id"]: p for p in runs[default]["eval"]["predictions"] if p["split"] == split}
     pb = {p["id"]: p for p in runs[without]["eval"]["predictions"] if p["split"] == split}
     ids = sorted(set(pa) & set(pb))
-    ca = np.array([pa[i]["prediction"] == pa[i]["label"] for i in ids], float)
-    cb = np.array([pb[i]["prediction"] == pb[i]["label"] for i in ids], float)
-    mc = mcnemar(ca.astype(bool), cb.astype(bool))
-    diff, lo, hi = bootstrap_ci(lambda a, b, axis=-1: a.mean(axis=axis) - b.mean(axis=axis), ca, cb)
-    out = {"caption_benefit_acc": diff, "caption_benefit_ci_low": lo, "caption_benefit_ci_high": hi,
-           "caption_benefit_mcnemar_p": mc["pvalue"], "caption_benefit_n": len(ids),
-           "caption_benefit_only_default_right": mc["b"], "caption_benefit_only_without_right": mc["c"]}
+    t = paired_accuracy_test({i: pa[i]["prediction"] == pa[i]["label"] for i in ids},
+                             {i: pb[i]["prediction"] == pb[i]["label"] for i in ids}, {i: pa[i]["label"] for i in ids})
+    out = {"caption_benefit_acc": t["difference"], "caption_benefit_ci_low": t["ci_difference"][0],
+           "caption_benefit_ci_high": t["ci_difference"][1], "caption_benefit_mcnemar_p": t["p"],
+           "caption_benefit_n": t["n"], "caption_benefit_only_default_right": t["only_a_right"],
+           "caption_benefit_only_without_right": t["only_b_right"]}
     a = seed_tab[seed_tab.variant == default].set_index("seed")["accuracy"]
     b = seed_tab[seed_tab.variant == without].set_index("seed")["accuracy"]
     both = a.index.intersection(b.index)
