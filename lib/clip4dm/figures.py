@@ -9,19 +9,17 @@ from PIL import Image
 from lib.compendium.artifacts import project_path, read_json
 from lib.evaluation.metrics import average_precision, precision_recall_points
 from lib.compendium.params import load_profile
-from lib.evaluation.figure_kit import art_path, figure, tab10
+from lib.evaluation.figure_kit import art_frame, art_path, figure, group_x, legend_outside, subplots, tab10
 
 
 # ----------------------------------------------------------------------------- 03 CLIP4DM
 @figure("clip4dm_epsilon_sweep", "notebooks/03_clip4dm.ipynb", ("03_clip4dm/epsilon_sweep.csv",),
         "Choosing CLIP4DM's epsilon on the validation copy of HAT")
 def draw_clip4dm_epsilon_sweep(profile: str):
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    sweep = pd.read_csv(art_path(profile, "03_clip4dm/epsilon_sweep.csv"))
+    sweep = art_frame(profile, "03_clip4dm/epsilon_sweep.csv")
     chosen = float(sweep.loc[sweep["chosen"].astype(bool), "epsilon"].iloc[0])
     encoder = (load_profile(profile).get("03_clip4dm", {}).get("encoders") or ["encoder"])[0]
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    fig, ax = subplots(figsize=(7, 3.2))
     for col in ("word_f1", "word_precision", "word_recall", "hat_la", "share_of_words_kept", "share_abstaining"):
         if col in sweep:
             ax.plot(-sweep["epsilon"], sweep[col], marker="o", ms=3, label=col,
@@ -33,45 +31,41 @@ def draw_clip4dm_epsilon_sweep(profile: str):
     ax.axvline(5e-5, color="grey", ls=":", lw=0.8, label="paper -5e-5")
     ax.set(xscale="log", xlabel="-epsilon (words scoring below epsilon are flagged)", ylabel="on hat_val (dev memes)",
            ylim=(0, 1.02), title=f"Choosing epsilon on validation ({encoder})")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    legend_outside(ax)
     return fig
 
 
 @figure("clip4dm_backbones", "notebooks/03_clip4dm.ipynb", ("03_clip4dm/by_encoder.csv",),
         "CLIP4DM per encoder: FOIL and nocaps-FOIL localisation and detection, the paper's values marked")
 def draw_clip4dm_backbones(profile: str):
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    t = pd.read_csv(art_path(profile, "03_clip4dm/by_encoder.csv"))
+    t = art_frame(profile, "03_clip4dm/by_encoder.csv")
     cols = [c for c in ("FOIL LA", "FOIL AP (F-CLIPScore)", "nocaps LA", "nocaps AP (F-CLIPScore)") if c in t.columns]
     ours, paper = t[t.source == "this run"], t[t.source == "paper"].set_index("encoder")
-    fig, ax = plt.subplots(figsize=(2.2 + 1.6 * len(cols), 3.2))
+    fig, ax = subplots(figsize=(2.2 + 1.6 * len(cols), 3.2))
     w = 0.8 / max(1, len(ours))
     for k, (_, r) in enumerate(ours.iterrows()):
-        xs = np.arange(len(cols)) + (k - (len(ours) - 1) / 2) * w
+        xs = group_x(len(cols), k, len(ours), w)
         ax.bar(xs, [r[c] for c in cols], width=w, color=tab10(k), label=r["encoder"])
         if r["encoder"] in paper.index:
             ax.scatter(xs, [paper.loc[r["encoder"], c] for c in cols], marker="D", color="k", s=18, zorder=3,
                        label="paper" if k == 0 or "paper" not in ax.get_legend_handles_labels()[1] else None)
     ax.set_xticks(range(len(cols)), cols, fontsize=8)
     ax.set(ylim=(0, 1.02), ylabel="share / AP", title=f"CLIP4DM by encoder (profile {profile})")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    legend_outside(ax)
     return fig
 
 
 @figure("clip4dm_nocaps_domains", "notebooks/03_clip4dm.ipynb", ("03_clip4dm/foil_table.csv",),
         "FOIL and nocaps-FOIL by domain: localisation (chance marked) and detection AP by two scores")
 def draw_clip4dm_nocaps_domains(profile: str):
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    t = pd.read_csv(art_path(profile, "03_clip4dm/foil_table.csv"))
+    t = art_frame(profile, "03_clip4dm/foil_table.csv")
     t = t[(t.benchmark == "foil") | t.benchmark.str.startswith("nocaps_foil/")]
     labels = ["FOIL" if b == "foil" else b.replace("nocaps_foil/", "nocaps-FOIL\n") for b in t.benchmark]
     cols = {"la": "LA", "ap_clipscore": "AP (CLIPScore)", "ap_fclipscore": "AP (F-CLIPScore)"}
-    fig, ax = plt.subplots(figsize=(7.5, 3.3))
+    fig, ax = subplots(figsize=(7.5, 3.3))
     w = 0.8 / len(cols)
     for k, (c, name) in enumerate(cols.items()):
-        xs = np.arange(len(t)) + (k - (len(cols) - 1) / 2) * w
+        xs = group_x(len(t), k, len(cols), w)
         ax.bar(xs, t[c], width=w, color=tab10(k), label=name)
         if c == "la":
             ax.scatter(xs, t["la_chance"], marker="_", s=120, color="k", zorder=3, label="LA chance (any word)")
@@ -82,7 +76,7 @@ def draw_clip4dm_nocaps_domains(profile: str):
     ax.set_xticks(range(len(t)), labels, fontsize=8)
     ax.set(ylim=(0, 1.02), ylabel="share / AP",
            title="nocaps-FOIL: in-domain (known objects), near (some novel), out (all novel)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    legend_outside(ax)
     return fig
 
 
@@ -90,18 +84,16 @@ def draw_clip4dm_nocaps_domains(profile: str):
         "The F-CLIPScore ablation for the main model and two leak-free models, with and without hard negatives",
         optional=True)
 def draw_clip4dm_hard_negatives(profile: str):
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    t = pd.read_csv(art_path(profile, "03_clip4dm/hard_negatives.csv"))
+    t = art_frame(profile, "03_clip4dm/hard_negatives.csv")
     t = t[t.metric != "LA"]
     benches = list(dict.fromkeys(t.benchmark))
     models, scores = list(dict.fromkeys(t.model)), list(dict.fromkeys(t.metric))
-    fig, axes = plt.subplots(1, len(benches), figsize=(5.2 * len(benches), 3.4), sharey=True, squeeze=False)
+    fig, axes = subplots(1, len(benches), figsize=(5.2 * len(benches), 3.4), sharey=True, squeeze=False)
     w = 0.8 / len(scores)
     for ax, b in zip(axes[0], benches):
         sub = t[t.benchmark == b].set_index(["model", "metric"])["value"]
         for k, sc in enumerate(scores):
-            xs = np.arange(len(models)) + (k - (len(scores) - 1) / 2) * w
+            xs = group_x(len(models), k, len(scores), w)
             ax.bar(xs, [sub.get((m, sc), np.nan) for m in models], width=w, color=tab10(k),
                    label=sc if ax is axes[0][0] else None)
         ax.axhline(0.5, color="grey", ls=":", lw=0.8)
@@ -117,10 +109,9 @@ def draw_clip4dm_hard_negatives(profile: str):
 @figure("clip4dm_word_attributions", "notebooks/03_clip4dm.ipynb", ("03_clip4dm/examples.json",),
         "CLIP4DM word attributions of original and foil captions, the swapped word outlined", images=True)
 def draw_clip4dm_word_attributions(profile: str):
-    import matplotlib.pyplot as plt
     ex = read_json(art_path(profile, "03_clip4dm/examples.json"))
     items = ex["items"]
-    fig, axes = plt.subplots(len(items), 3, figsize=(12, 2.3 * len(items)),
+    fig, axes = subplots(len(items), 3, figsize=(12, 2.3 * len(items)),
                              gridspec_kw={"width_ratios": [0.6, 2, 2]}, squeeze=False)
     for row, pair in zip(axes, items):
         row[0].imshow(Image.open(project_path(pair["img"])).convert("RGB"))
@@ -151,13 +142,11 @@ def draw_clip4dm_word_attributions(profile: str):
 @figure("clip4dm_score_distributions", "notebooks/03_clip4dm.ipynb", ("03_clip4dm/results_foil.csv",),
         "FOIL: precision-recall of three caption scores, and F-CLIPScore by caption kind")
 def draw_clip4dm_score_distributions(profile: str):
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    res = pd.read_csv(art_path(profile, "03_clip4dm/results_foil.csv"))
+    res = art_frame(profile, "03_clip4dm/results_foil.csv")
     orig = ~res["is_foil"].astype(bool).to_numpy()
     scores = {"CLIPScore": res["clip_score"].to_numpy(), "sum of negative attributions": res["sum_negative_attribution"].to_numpy(),
               "F-CLIPScore": res["f_clipscore"].to_numpy()}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
+    fig, axes = subplots(1, 2, figsize=(11, 3.4))
     for k, (name, sc) in enumerate(scores.items()):
         pr, rc = precision_recall_points(sc, orig)
         axes[0].plot(rc, pr, color=tab10(k), label=f"{name} (AP {average_precision(sc, orig):.3f})")

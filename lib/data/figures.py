@@ -5,18 +5,17 @@ from __future__ import annotations
 from PIL import Image
 
 from lib.compendium.artifacts import project_path, read_json
-from lib.evaluation.figure_kit import art_path, figure
+from lib.evaluation.figure_kit import art_path, figure, legend_outside, subplots
 
 
 # ----------------------------------------------------------------------------- 00 data
 @figure("memeworld_unimodal_readers", "notebooks/00_data_prep.ipynb", ("00_data_prep/memeworld/datasheet.json",),
         "MemeWorld: accuracy of the Bayes reader of one modality per interaction type", optional=True)
 def draw_memeworld_unimodal_readers(profile: str):
-    import matplotlib.pyplot as plt
     import pandas as pd
     sheet = read_json(art_path(profile, "00_data_prep/memeworld/datasheet.json"))
     per_type = pd.DataFrame(sheet["bayes_readers"]).round(3).drop(index="overall")
-    fig, ax = plt.subplots(figsize=(9, 3.4))
+    fig, ax = subplots(figsize=(9, 3.4))
     colors = {"text_only": "tab:blue", "image_only": "tab:orange", "rule_reader": "tab:green"}
     w = 0.27
     for k, col in enumerate(per_type.columns):
@@ -24,15 +23,14 @@ def draw_memeworld_unimodal_readers(profile: str):
     ax.set_xticks(range(len(per_type)), per_type.index)
     ax.set(xlabel="interaction type (text, image, final)", ylabel="accuracy on test", ylim=(0, 1.02))
     ax.set_title("MemeWorld: the Bayes reader of one modality, per type (not a per-type bound)", pad=8)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    legend_outside(ax)
     return fig
 
 
 def _image_grid(items: list[dict[str, str]], cols: int = 4, title: str = ""):
     """A grid of images (items: {img, title})."""
-    import matplotlib.pyplot as plt
     rows = max(1, (len(items) + cols - 1) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(cols * 2.6, rows * 2.9), squeeze=False)
+    fig, axes = subplots(rows, cols, figsize=(cols * 2.6, rows * 2.9), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
     for ax, it in zip(axes.flat, items):

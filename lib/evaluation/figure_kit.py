@@ -80,15 +80,36 @@ def tab10(k: int):
     return plt.get_cmap("tab10").colors[k % 10]
 
 
+def subplots(*args, **kwargs):
+    """matplotlib's `plt.subplots`, pyplot imported on first use (importing a figure module draws nothing)."""
+    import matplotlib.pyplot as plt
+    return plt.subplots(*args, **kwargs)
+
+
+def art_frame(profile: str, rel: str, **read_csv):
+    """A CSV artifact of the profile (or of the committed results, under `reading_from`) as a DataFrame."""
+    import pandas as pd
+    return pd.read_csv(art_path(profile, rel), **read_csv)
+
+
+def group_x(n: int, k: int, groups: int, width: float) -> np.ndarray:
+    """The x positions of the k-th of `groups` bars drawn side by side (each `width` wide) at ticks 0..n-1."""
+    return np.arange(n) + (k - (groups - 1) / 2) * width
+
+
+def legend_outside(ax, **kw):
+    """The legend to the right of the axes, clear of the bars."""
+    return ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, **kw)
+
+
 def claims_figure(csv_path: Path, xlabel: str, items: str):
     """Each claim of a claims.csv (claim, A, B, n, runs, acc and interval of each, the test and its p,
     majority line) as two points with their intervals on one row (a row pooled over cold runs shows
     the pooled accuracies with intervals over items)."""
-    import matplotlib.pyplot as plt
     import pandas as pd
     c = pd.read_csv(csv_path)
     c = c[c["p"].notna()].reset_index(drop=True)
-    fig, ax = plt.subplots(figsize=(9, 0.75 * len(c) + 1.4))
+    fig, ax = subplots(figsize=(9, 0.75 * len(c) + 1.4))
     for k, r in c.iterrows():
         y = len(c) - 1 - k
         for off, side, color in ((0.15, "A", "tab:blue"), (-0.15, "B", "tab:orange")):
@@ -110,11 +131,10 @@ def claims_figure(csv_path: Path, xlabel: str, items: str):
 def cold_runs_figure(cold_csv: Path, claims_csv: Path, items: str):
     """Each claim tested over cold runs: every run's A-B difference (dots) and the pooled difference
     with its bootstrap interval over items (bar), zero marked."""
-    import matplotlib.pyplot as plt
     import pandas as pd
     cold, claims = pd.read_csv(cold_csv), pd.read_csv(claims_csv)
     pooled = claims[claims["runs"] > 1].reset_index(drop=True)
-    fig, ax = plt.subplots(figsize=(8, 0.8 * max(1, len(pooled)) + 1.3))
+    fig, ax = subplots(figsize=(8, 0.8 * max(1, len(pooled)) + 1.3))
     for k, r in pooled.iterrows():
         y = len(pooled) - 1 - k
         lo, hi = (float(x) for x in r["95% CI A-B"].strip("[]").split(","))

@@ -28,16 +28,15 @@ from lib.arcade import figures as _arcade_figures  # noqa: F401
 from lib.compendium.artifacts import PUBLISHED_PROFILES, figures_dir, figures_index, project_path, read_json, write_text
 from lib.evaluation import plotting
 from lib.evaluation.crosseval import plot_flips, plot_forest, plot_mcnemar, plot_type_heatmap
-from lib.evaluation.figure_kit import (REGISTRY, Figure, art_path, available, figure, reading_from,  # noqa: F401
-                                       show)
+from lib.evaluation.figure_kit import (REGISTRY, Figure, art_frame, art_path, available, figure,  # noqa: F401
+                                       reading_from, show, subplots)
 
 __all__ = ["REGISTRY", "Figure", "art_path", "available", "figure", "reading_from", "show", "redraw_all", "write_index"]
 
 
 # ----------------------------------------------------------------------------- 06 evaluation
 def _comparison(profile: str):
-    import pandas as pd
-    return pd.read_csv(art_path(profile, "06_evaluation/comparison.csv"), dtype={"subset": str})
+    return art_frame(profile, "06_evaluation/comparison.csv", dtype={"subset": str})
 
 
 @figure("evaluation_accuracy_forest", "notebooks/06_evaluation.ipynb", ("06_evaluation/comparison.csv", "06_evaluation/common.json"),
@@ -60,25 +59,22 @@ def draw_evaluation_per_type(profile: str):
 @figure("evaluation_mcnemar", "notebooks/06_evaluation.ipynb", ("06_evaluation/mcnemar.csv",),
         "McNemar for every pair of methods on the common memes, multiple-comparison corrected")
 def draw_evaluation_mcnemar(profile: str):
-    import pandas as pd
-    return plot_mcnemar(pd.read_csv(art_path(profile, "06_evaluation/mcnemar.csv")),
+    return plot_mcnemar(art_frame(profile, "06_evaluation/mcnemar.csv"),
                         "McNemar on the common memes (adjusted; * significant)")
 
 
 @figure("evaluation_injection", "notebooks/06_evaluation.ipynb", ("06_evaluation/injection.csv",),
         "Prompt injection: flip rates with the neutral control and the mitigation")
 def draw_evaluation_injection(profile: str):
-    import pandas as pd
-    return plot_flips(pd.read_csv(art_path(profile, "06_evaluation/injection.csv")),
+    return plot_flips(art_frame(profile, "06_evaluation/injection.csv"),
                       "Prompt injection: flip rates (red: instruction, grey: neutral control, green: mitigated)")
 
 
 @figure("evaluation_error_gallery", "notebooks/06_evaluation.ipynb", ("06_evaluation/gallery.json",),
         "The common memes most methods get wrong", images=True)
 def draw_evaluation_error_gallery(profile: str):
-    import matplotlib.pyplot as plt
     gallery = read_json(art_path(profile, "06_evaluation/gallery.json"))
-    fig, axes = plt.subplots(1, max(1, len(gallery)), figsize=(2.6 * max(1, len(gallery)), 3.4), squeeze=False)
+    fig, axes = subplots(1, max(1, len(gallery)), figsize=(2.6 * max(1, len(gallery)), 3.4), squeeze=False)
     for ax, g in zip(axes[0], gallery):
         ax.imshow(Image.open(project_path(g["img"])).convert("RGB"))
         ax.set_axis_off()

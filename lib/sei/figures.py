@@ -14,7 +14,7 @@ from lib.compendium.params import load_profile
 from lib.sei import analysis
 from lib.sei.analysis import plot_controls
 from lib.sei.fewshot import Prediction, main_setting_name
-from lib.evaluation.figure_kit import art_path, claims_figure, cold_runs_figure, figure
+from lib.evaluation.figure_kit import art_frame, art_path, claims_figure, cold_runs_figure, figure, subplots
 
 
 # ----------------------------------------------------------------------------- 04 few-shot
@@ -36,9 +36,8 @@ def _fewshot_main_answers(profile: str, dataset: str = "fhm"):
 @figure("few_shot_agents", "notebooks/04_few_shot.ipynb", ("04_few_shot/table3.json",),
         "Table 3: each fine-tuned agent beside the nearest-training-meme baseline")
 def draw_few_shot_agents(profile: str):
-    import matplotlib.pyplot as plt
     rows3 = read_json(art_path(profile, "04_few_shot/table3.json"))["rows"]
-    fig, axes = plt.subplots(1, 2, figsize=(9, 3))
+    fig, axes = subplots(1, 2, figsize=(9, 3))
     for ax, m in zip(axes, ["rouge_l", "semsim"]):
         x = np.arange(len(rows3))
         ax.bar(x - 0.2, [r[m] for r in rows3], 0.4, label="agent")
@@ -79,10 +78,8 @@ def draw_few_shot_lexical(profile: str):
 @figure("few_shot_coherence", "notebooks/04_few_shot.ipynb", ("04_few_shot/coherence.csv",),
         "Figure 4 analogue: explanation-intervention coherence for correct and wrong hateful calls")
 def draw_few_shot_coherence(profile: str):
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    coh = pd.read_csv(art_path(profile, "04_few_shot/coherence.csv"))
-    fig, ax = plt.subplots(figsize=(4, 3))
+    coh = art_frame(profile, "04_few_shot/coherence.csv")
+    fig, ax = subplots(figsize=(4, 3))
     for k, g in enumerate(["cp", "wp"]):
         v = coh[coh.subgroup == g]["coherence"].tolist()
         m, lo, hi, _ = mean_ci(v, 1000, "BCa", 0)
@@ -105,13 +102,12 @@ def draw_few_shot_sentiment(profile: str):
 @figure("few_shot_wordshift", "notebooks/04_few_shot.ipynb", ("04_few_shot/predictions_fhm.jsonl", "04_few_shot/settings.json"),
         "Figure 6 analogue: Shannon-entropy word shift of explanations, predicted hateful vs not")
 def draw_few_shot_wordshift(profile: str):
-    import matplotlib.pyplot as plt
 
     ana = analysis.analysis_frame(_fewshot_main_answers(profile)[0])
     expl = ana[ana.kind == "explanation"]
     f_h = tm.word_freqs(expl[expl.subgroup.isin(["cp", "wp"])]["text"])
     f_n = tm.word_freqs(expl[expl.subgroup.isin(["cn", "wn"])]["text"])
-    fig, ax = plt.subplots(figsize=(5.5, 6))
+    fig, ax = subplots(figsize=(5.5, 6))
     if f_h and f_n:
         tm.plot_word_shift(tm.entropy_shift(f_n, f_h), 30, "Figure 6 analogue: Shannon-entropy word shift of explanations",
                            ("predicted non-hateful", "predicted hateful"), ax)

@@ -9,7 +9,7 @@ import numpy as np
 from PIL import Image
 
 from lib.compendium.artifacts import project_path, read_json
-from lib.evaluation.figure_kit import art_path, figure, tab10
+from lib.evaluation.figure_kit import art_frame, art_path, figure, legend_outside, subplots, tab10
 
 
 # ----------------------------------------------------------------------------- 01 captioning
@@ -17,9 +17,8 @@ from lib.evaluation.figure_kit import art_path, figure, tab10
         "Caption sources and grounding boxes on six memes", images=True)
 def draw_captioning_examples(profile: str):
     import matplotlib.patches as mpatches
-    import matplotlib.pyplot as plt
     ex = read_json(art_path(profile, "01_captioning/examples.json"))
-    fig, axes = plt.subplots(2, 3, figsize=(12, 7.5))
+    fig, axes = subplots(2, 3, figsize=(12, 7.5))
     for ax in axes.ravel():
         ax.axis("off")
     for ax, e in zip(axes.ravel(), ex["items"]):
@@ -51,12 +50,10 @@ def _trace_runs(profile: str, dataset: str = "fhm") -> dict[str, dict[str, Any]]
 @figure("trace_selected_caption_share", "notebooks/02_finetuning.ipynb", ("02_finetuning/selected_share.csv",),
         "Which candidate each TRACE variant selects: training picks, inference weights, argmax")
 def draw_trace_selected_caption_share(profile: str):
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    share = pd.read_csv(art_path(profile, "02_finetuning/selected_share.csv"), index_col=[0, 1])
+    share = art_frame(profile, "02_finetuning/selected_share.csv", index_col=[0, 1])
     views = list(dict.fromkeys(share.index.get_level_values(0)))
     n = len(share.loc[views[0]])
-    fig, axes = plt.subplots(1, len(views), figsize=(14, 0.42 * n + 1.4), sharey=True, squeeze=False)
+    fig, axes = subplots(1, len(views), figsize=(14, 0.42 * n + 1.4), sharey=True, squeeze=False)
     axes = axes[0]
     for ax, view in zip(axes, views):
         sub = share.loc[view]
@@ -74,28 +71,25 @@ def draw_trace_selected_caption_share(profile: str):
 @figure("trace_per_type_accuracy", "notebooks/02_finetuning.ipynb", ("02_finetuning/per_type.csv",),
         "TRACE variants: accuracy per interaction type on test_seen", optional=True)
 def draw_trace_per_type_accuracy(profile: str):
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    pt = pd.read_csv(art_path(profile, "02_finetuning/per_type.csv"), dtype={"type": str}).set_index("type")
+    pt = art_frame(profile, "02_finetuning/per_type.csv", dtype={"type": str}).set_index("type")
     n_type = pt.pop("n")
-    fig, ax = plt.subplots(figsize=(11, 3.8))
+    fig, ax = subplots(figsize=(11, 3.8))
     w = 0.85 / pt.shape[1]
     for k, name in enumerate(pt.columns):
         ax.bar(np.arange(len(pt)) + (k - (pt.shape[1] - 1) / 2) * w, pt[name], w, color=tab10(k), label=name)
     ax.set_xticks(np.arange(len(pt)), [f"{t}\nn={n_type[t]}" for t in pt.index])
     ax.set(xlabel="interaction type (text, image, final)", ylabel="accuracy (test_seen)", ylim=(0, 1.02))
     ax.set_title("TRACE: accuracy per interaction type", pad=8)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
+    legend_outside(ax)
     return fig
 
 
 @figure("trace_training_curves", "notebooks/02_finetuning.ipynb", ("02_finetuning/variants.json",),
         "TRACE training curves: validation AUROC (restored epoch starred) and training loss")
 def draw_trace_training_curves(profile: str):
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
     runs = _trace_runs(profile)
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.6))
+    fig, axes = subplots(1, 2, figsize=(12, 3.6))
     for k, (name, r) in enumerate(runs.items()):
         ep = [c["epoch"] for c in r["curve"]]
         axes[0].plot(ep, [c["val_auroc"] for c in r["curve"]], marker="o", ms=3, color=tab10(k), label=name)
@@ -112,11 +106,9 @@ def draw_trace_training_curves(profile: str):
 @figure("trace_seeds", "notebooks/02_finetuning.ipynb", ("02_finetuning/seeds.csv",),
         "TRACE's default and its loss ablations over seeds: each seed's test_seen accuracy, mean and sd")
 def draw_trace_seeds(profile: str):
-    import matplotlib.pyplot as plt
-    import pandas as pd
-    t = pd.read_csv(art_path(profile, "02_finetuning/seeds.csv"))
+    t = art_frame(profile, "02_finetuning/seeds.csv")
     variants = list(dict.fromkeys(t.variant))
-    fig, axes = plt.subplots(2, 1, figsize=(max(8.0, 1.0 * len(variants) + 2), 6.4), sharex=True)
+    fig, axes = subplots(2, 1, figsize=(max(8.0, 1.0 * len(variants) + 2), 6.4), sharex=True)
     for ax, col, label in ((axes[0], "accuracy", "accuracy (test_seen)"), (axes[1], "acc_type_001", "accuracy on type 001")):
         for k, v in enumerate(variants):
             g = t[t.variant == v][col]
