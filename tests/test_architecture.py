@@ -193,3 +193,24 @@ def test_each_paper_has_its_folder():
                          "sei": ("agents", "fewshot", "report"), "arcade": ("court", "report")}.items():
         for f in files:
             assert f"lib.{paper}.{f}" in MODULES, f"lib/{paper}/{f}.py is missing"
+
+
+def test_figures_read_declared_artifacts_only():
+    # a figure names the declared artifacts it reads (lib/compendium/artifacts.py: ARTIFACTS), never a path
+    # of its own and never the parameter profile: a figure redrawn from results/ sees what the stage wrote
+    figure_files = [p for p in LIB.rglob("*.py") if p.name in ("figures.py", "figure_kit.py")]
+    assert len(figure_files) >= 8
+    path_literal = re.compile(r"""["'](0[0-9]_[a-z0-9_]+|models|serving)/""")
+    bad = [f"{p.relative_to(LIB.parent)}:{i}" for p in figure_files
+           for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+           if path_literal.search(line) or "load_profile" in line or "compendium.params" in line]
+    assert not bad, "figures reading a path or the profile: " + ", ".join(bad)
+
+
+def test_every_figure_input_is_declared():
+    from lib.compendium.artifacts import ARTIFACTS
+    from lib.evaluation import figures
+    for f in figures.REGISTRY.values():
+        assert f.artifacts, f.name
+        for name, _ in f.artifacts:
+            assert name in ARTIFACTS, f"figure {f.name} reads {name!r}, which ARTIFACTS does not declare"

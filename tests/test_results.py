@@ -103,13 +103,13 @@ with figures.reading_from(Path(sys.argv[2])):
     for f in figures.REGISTRY.values():
         if f.images and sys.argv[3] != "1":
             continue
-        if all(figures.art_path("embedded", a).exists() for a in f.artifacts):
+        if not f.missing("embedded"):
             fig = f.draw("embedded")
             from lib.evaluation import plotting
             plotting.save_figure(fig, f.name, "embedded", sys.argv[1])
             print("DRAWN", f.name)
 '''
-    r = subprocess.run([sys.executable, "-c", "from lib import plotting; plotting.setup()\n" + script, str(tmp_path),
+    r = subprocess.run([sys.executable, "-c", "from lib.evaluation import plotting; plotting.setup()\n" + script, str(tmp_path),
                         str(RESULTS_ROOT), "1" if with_images else "0"], capture_output=True, text=True, timeout=600,
                        cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -8,25 +8,19 @@ from typing import Any
 
 from lib.compendium.artifacts import read_json
 from lib.arcade.report import plot_accuracy, plot_cost, results_from_jsonl
-from lib.compendium.params import load_profile
-from lib.evaluation.figure_kit import art_path, claims_figure, cold_runs_figure, figure
+from lib.evaluation.figure_kit import art_glob, art_path, claims_figure, cold_runs_figure, figure, needs
 
 
 # ----------------------------------------------------------------------------- 05 debate
 def _debate_runs(profile: str) -> dict[str, dict[str, Any]]:
-    d = art_path(profile, "05_debate")
-    runs = {}
-    for f in sorted(d.glob("eval_*.json")):
-        name = f.stem[len("eval_"):]
-        if name == "rerun_check":
-            continue
-        ev = read_json(f)
-        runs[name] = {**ev, "results": results_from_jsonl(d / f"results_{name}.jsonl")}
-    order = list(load_profile(profile).get("05_debate", {}).get("variants", {}))     # notebook 05's order
+    runs = {name: {**read_json(f), "results": results_from_jsonl(art_path(profile, "debate_results", variant=name))}
+            for name, f in art_glob(profile, "debate_eval").items() if name != "rerun_check"}
+    order = list(read_json(art_path(profile, "debate_settings"))["variants"]) \
+        if art_path(profile, "debate_settings").exists() else []                   # notebook 05's order
     return dict(sorted(runs.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0])))
 
 
-@figure("debate_accuracy", "notebooks/05_debate.ipynb", ("05_debate/eval_arcade.json",),
+@figure("debate_accuracy", "notebooks/05_debate.ipynb", (needs("debate_eval", variant="arcade"),),
         "ARCADE and its variants against the direct baseline, per difficulty and interaction type")
 def draw_debate_accuracy(profile: str):
     runs = _debate_runs(profile)
@@ -38,21 +32,21 @@ def draw_debate_accuracy(profile: str):
     return fig
 
 
-@figure("debate_claims", "notebooks/05_debate.ipynb", ("05_debate/claims.csv",),
+@figure("debate_claims", "notebooks/05_debate.ipynb", ("debate_claims",),
         "Each ARCADE claim as a paired comparison: both variants' accuracy with 95% intervals on the same posts "
         "(Wilson; a row pooled over cold runs: bootstrap over posts)")
 def draw_debate_claims(profile: str):
-    return claims_figure(art_path(profile, "05_debate/claims.csv"), "accuracy (corrected view), 95% interval", "posts")
+    return claims_figure(art_path(profile, "debate_claims"), "accuracy (corrected view), 95% interval", "posts")
 
 
-@figure("debate_cold_runs", "notebooks/05_debate.ipynb", ("05_debate/cold_runs.csv", "05_debate/claims.csv"),
+@figure("debate_cold_runs", "notebooks/05_debate.ipynb", ("debate_cold_runs", "debate_claims"),
         "ARCADE's headline claim over cold runs: each run's accuracy difference and the pooled one, clustered by post",
         optional=True)
 def draw_debate_cold_runs(profile: str):
-    return cold_runs_figure(art_path(profile, "05_debate/cold_runs.csv"), art_path(profile, "05_debate/claims.csv"), "posts")
+    return cold_runs_figure(art_path(profile, "debate_cold_runs"), art_path(profile, "debate_claims"), "posts")
 
 
-@figure("debate_cost", "notebooks/05_debate.ipynb", ("05_debate/eval_arcade.json",),
+@figure("debate_cost", "notebooks/05_debate.ipynb", (needs("debate_eval", variant="arcade"),),
         "The debate's calls and tokens per sample, by route")
 def draw_debate_cost(profile: str):
     return plot_cost(_debate_runs(profile))

@@ -8,17 +8,17 @@ from PIL import Image
 
 from lib.compendium.artifacts import project_path, read_json
 from lib.evaluation.metrics import average_precision, precision_recall_points
-from lib.compendium.params import load_profile
-from lib.evaluation.figure_kit import art_frame, art_path, figure, group_x, legend_outside, subplots, tab10
+from lib.evaluation.figure_kit import art_frame, art_path, figure, group_x, legend_outside, needs, subplots, tab10
 
 
 # ----------------------------------------------------------------------------- 03 CLIP4DM
-@figure("clip4dm_epsilon_sweep", "notebooks/03_clip4dm.ipynb", ("03_clip4dm/epsilon_sweep.csv",),
+@figure("clip4dm_epsilon_sweep", "notebooks/03_clip4dm.ipynb", ("clip4dm_epsilon_sweep",),
         "Choosing CLIP4DM's epsilon on the validation copy of HAT")
 def draw_clip4dm_epsilon_sweep(profile: str):
-    sweep = art_frame(profile, "03_clip4dm/epsilon_sweep.csv")
+    sweep = art_frame(profile, "clip4dm_epsilon_sweep")
     chosen = float(sweep.loc[sweep["chosen"].astype(bool), "epsilon"].iloc[0])
-    encoder = (load_profile(profile).get("03_clip4dm", {}).get("encoders") or ["encoder"])[0]
+    encoder = read_json(art_path(profile, "clip4dm_settings")).get("encoder", "encoder") \
+        if art_path(profile, "clip4dm_settings").exists() else "encoder"
     fig, ax = subplots(figsize=(7, 3.2))
     for col in ("word_f1", "word_precision", "word_recall", "hat_la", "share_of_words_kept", "share_abstaining"):
         if col in sweep:
@@ -35,10 +35,10 @@ def draw_clip4dm_epsilon_sweep(profile: str):
     return fig
 
 
-@figure("clip4dm_backbones", "notebooks/03_clip4dm.ipynb", ("03_clip4dm/by_encoder.csv",),
+@figure("clip4dm_backbones", "notebooks/03_clip4dm.ipynb", ("clip4dm_by_encoder",),
         "CLIP4DM per encoder: FOIL and nocaps-FOIL localisation and detection, the paper's values marked")
 def draw_clip4dm_backbones(profile: str):
-    t = art_frame(profile, "03_clip4dm/by_encoder.csv")
+    t = art_frame(profile, "clip4dm_by_encoder")
     cols = [c for c in ("FOIL LA", "FOIL AP (F-CLIPScore)", "nocaps LA", "nocaps AP (F-CLIPScore)") if c in t.columns]
     ours, paper = t[t.source == "this run"], t[t.source == "paper"].set_index("encoder")
     fig, ax = subplots(figsize=(2.2 + 1.6 * len(cols), 3.2))
@@ -55,10 +55,10 @@ def draw_clip4dm_backbones(profile: str):
     return fig
 
 
-@figure("clip4dm_nocaps_domains", "notebooks/03_clip4dm.ipynb", ("03_clip4dm/foil_table.csv",),
+@figure("clip4dm_nocaps_domains", "notebooks/03_clip4dm.ipynb", ("clip4dm_foil_table",),
         "FOIL and nocaps-FOIL by domain: localisation (chance marked) and detection AP by two scores")
 def draw_clip4dm_nocaps_domains(profile: str):
-    t = art_frame(profile, "03_clip4dm/foil_table.csv")
+    t = art_frame(profile, "clip4dm_foil_table")
     t = t[(t.benchmark == "foil") | t.benchmark.str.startswith("nocaps_foil/")]
     labels = ["FOIL" if b == "foil" else b.replace("nocaps_foil/", "nocaps-FOIL\n") for b in t.benchmark]
     cols = {"la": "LA", "ap_clipscore": "AP (CLIPScore)", "ap_fclipscore": "AP (F-CLIPScore)"}
@@ -80,11 +80,11 @@ def draw_clip4dm_nocaps_domains(profile: str):
     return fig
 
 
-@figure("clip4dm_hard_negatives", "notebooks/03_clip4dm.ipynb", ("03_clip4dm/hard_negatives.csv",),
+@figure("clip4dm_hard_negatives", "notebooks/03_clip4dm.ipynb", ("clip4dm_hard_negatives",),
         "The F-CLIPScore ablation for the main model and two leak-free models, with and without hard negatives",
         optional=True)
 def draw_clip4dm_hard_negatives(profile: str):
-    t = art_frame(profile, "03_clip4dm/hard_negatives.csv")
+    t = art_frame(profile, "clip4dm_hard_negatives")
     t = t[t.metric != "LA"]
     benches = list(dict.fromkeys(t.benchmark))
     models, scores = list(dict.fromkeys(t.model)), list(dict.fromkeys(t.metric))
@@ -106,10 +106,10 @@ def draw_clip4dm_hard_negatives(profile: str):
     return fig
 
 
-@figure("clip4dm_word_attributions", "notebooks/03_clip4dm.ipynb", ("03_clip4dm/examples.json",),
+@figure("clip4dm_word_attributions", "notebooks/03_clip4dm.ipynb", ("clip4dm_examples",),
         "CLIP4DM word attributions of original and foil captions, the swapped word outlined", images=True)
 def draw_clip4dm_word_attributions(profile: str):
-    ex = read_json(art_path(profile, "03_clip4dm/examples.json"))
+    ex = read_json(art_path(profile, "clip4dm_examples"))
     items = ex["items"]
     fig, axes = subplots(len(items), 3, figsize=(12, 2.3 * len(items)),
                              gridspec_kw={"width_ratios": [0.6, 2, 2]}, squeeze=False)
@@ -139,10 +139,10 @@ def draw_clip4dm_word_attributions(profile: str):
     return fig
 
 
-@figure("clip4dm_score_distributions", "notebooks/03_clip4dm.ipynb", ("03_clip4dm/results_foil.csv",),
+@figure("clip4dm_score_distributions", "notebooks/03_clip4dm.ipynb", (needs("clip4dm_results", benchmark="foil"),),
         "FOIL: precision-recall of three caption scores, and F-CLIPScore by caption kind")
 def draw_clip4dm_score_distributions(profile: str):
-    res = art_frame(profile, "03_clip4dm/results_foil.csv")
+    res = art_frame(profile, "clip4dm_results", benchmark="foil")
     orig = ~res["is_foil"].astype(bool).to_numpy()
     scores = {"CLIPScore": res["clip_score"].to_numpy(), "sum of negative attributions": res["sum_negative_attribution"].to_numpy(),
               "F-CLIPScore": res["f_clipscore"].to_numpy()}

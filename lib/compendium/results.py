@@ -66,7 +66,7 @@ RESULT_FILES: dict[str, tuple[str, ...]] = {
     "03_clip4dm": ("metrics.json", "settings.json", "ablation.csv", "by_encoder.csv", "epsilon_sweep.csv",
                    "examples.json", "foil_table.csv", "hard_negatives.csv", "results_*.csv", "*/results_*.csv",
                    "*/metrics.json"),
-    "serving": ("metrics.json", "details.json"),
+    "serving": ("metrics.json", "details.json", "settings.json"),
     "04_few_shot": ("metrics.json", "results.json", "predictions_*.jsonl", "claims.csv", "cold_runs.csv",
                     "table3.json", "agent_outputs.jsonl", "references_*.json", "settings.json", "coherence.csv",
                     "exemplars_*.json", "retrieval.csv"),

@@ -9,11 +9,11 @@ from lib.evaluation.figure_kit import art_path, figure, legend_outside, subplots
 
 
 # ----------------------------------------------------------------------------- 00 data
-@figure("memeworld_unimodal_readers", "notebooks/00_data_prep.ipynb", ("00_data_prep/memeworld/datasheet.json",),
+@figure("memeworld_unimodal_readers", "notebooks/00_data_prep.ipynb", ("memeworld_datasheet",),
         "MemeWorld: accuracy of the Bayes reader of one modality per interaction type", optional=True)
 def draw_memeworld_unimodal_readers(profile: str):
     import pandas as pd
-    sheet = read_json(art_path(profile, "00_data_prep/memeworld/datasheet.json"))
+    sheet = read_json(art_path(profile, "memeworld_datasheet"))
     per_type = pd.DataFrame(sheet["bayes_readers"]).round(3).drop(index="overall")
     fig, ax = subplots(figsize=(9, 3.4))
     colors = {"text_only": "tab:blue", "image_only": "tab:orange", "rule_reader": "tab:green"}
@@ -42,8 +42,8 @@ def _image_grid(items: list[dict[str, str]], cols: int = 4, title: str = ""):
     return fig
 
 
-@figure("memeworld_gallery", "notebooks/00_data_prep.ipynb", ("00_data_prep/gallery.json",),
+@figure("memeworld_gallery", "notebooks/00_data_prep.ipynb", ("data_gallery",),
         "Two memes per interaction type with their SMI labels", images=True)
 def draw_memeworld_gallery(profile: str):
-    g = read_json(art_path(profile, "00_data_prep/gallery.json"))
+    g = read_json(art_path(profile, "data_gallery"))
     return _image_grid(g["items"], cols=4)

@@ -36,19 +36,19 @@ __all__ = ["REGISTRY", "Figure", "art_path", "available", "figure", "reading_fro
 
 # ----------------------------------------------------------------------------- 06 evaluation
 def _comparison(profile: str):
-    return art_frame(profile, "06_evaluation/comparison.csv", dtype={"subset": str})
+    return art_frame(profile, "evaluation_comparison", read_csv={"dtype": {"subset": str}})
 
 
-@figure("evaluation_accuracy_forest", "notebooks/06_evaluation.ipynb", ("06_evaluation/comparison.csv", "06_evaluation/common.json"),
+@figure("evaluation_accuracy_forest", "notebooks/06_evaluation.ipynb", ("evaluation_comparison", "evaluation_common"),
         "Every method's accuracy with its 95% bootstrap CI, on the common memes and on its own")
 def draw_evaluation_accuracy_forest(profile: str):
-    c = read_json(art_path(profile, "06_evaluation/common.json"))
+    c = read_json(art_path(profile, "evaluation_common"))
     return plot_forest(_comparison(profile), "accuracy", chance=c["majority_acc"],
                        title=f"Accuracy with 95% CIs: {len(c['ids'])} common memes (filled) and each method's own "
                              f"(open); dashed: majority class")
 
 
-@figure("evaluation_per_type", "notebooks/06_evaluation.ipynb", ("06_evaluation/comparison.csv",),
+@figure("evaluation_per_type", "notebooks/06_evaluation.ipynb", ("evaluation_comparison",),
         "Accuracy per interaction type for every method on the common memes")
 def draw_evaluation_per_type(profile: str):
     t = _comparison(profile)
@@ -56,24 +56,24 @@ def draw_evaluation_per_type(profile: str):
     return plot_type_heatmap(t, "common", f"Accuracy per interaction type, {n} common memes")
 
 
-@figure("evaluation_mcnemar", "notebooks/06_evaluation.ipynb", ("06_evaluation/mcnemar.csv",),
+@figure("evaluation_mcnemar", "notebooks/06_evaluation.ipynb", ("evaluation_mcnemar",),
         "McNemar for every pair of methods on the common memes, multiple-comparison corrected")
 def draw_evaluation_mcnemar(profile: str):
-    return plot_mcnemar(art_frame(profile, "06_evaluation/mcnemar.csv"),
+    return plot_mcnemar(art_frame(profile, "evaluation_mcnemar"),
                         "McNemar on the common memes (adjusted; * significant)")
 
 
-@figure("evaluation_injection", "notebooks/06_evaluation.ipynb", ("06_evaluation/injection.csv",),
+@figure("evaluation_injection", "notebooks/06_evaluation.ipynb", ("evaluation_injection",),
         "Prompt injection: flip rates with the neutral control and the mitigation")
 def draw_evaluation_injection(profile: str):
-    return plot_flips(art_frame(profile, "06_evaluation/injection.csv"),
+    return plot_flips(art_frame(profile, "evaluation_injection"),
                       "Prompt injection: flip rates (red: instruction, grey: neutral control, green: mitigated)")
 
 
-@figure("evaluation_error_gallery", "notebooks/06_evaluation.ipynb", ("06_evaluation/gallery.json",),
+@figure("evaluation_error_gallery", "notebooks/06_evaluation.ipynb", ("evaluation_gallery",),
         "The common memes most methods get wrong", images=True)
 def draw_evaluation_error_gallery(profile: str):
-    gallery = read_json(art_path(profile, "06_evaluation/gallery.json"))
+    gallery = read_json(art_path(profile, "evaluation_gallery"))
     fig, axes = subplots(1, max(1, len(gallery)), figsize=(2.6 * max(1, len(gallery)), 3.4), squeeze=False)
     for ax, g in zip(axes[0], gallery):
         ax.imshow(Image.open(project_path(g["img"])).convert("RGB"))
@@ -90,15 +90,15 @@ def redraw_all(profile: str, progress: bool = True, root: Path | None = None) ->
     import matplotlib.pyplot as plt
     rows = []
     for f in tqdm(list(REGISTRY.values()), desc="figures", disable=not progress):
-        missing = [a for a in f.artifacts if not art_path(profile, a).exists()]
+        missing = f.missing(profile)
         if missing:
-            rows.append({"name": f.name, "notebook": f.notebook, "artifacts": f.artifacts, "caption": f.caption,
+            rows.append({"name": f.name, "notebook": f.notebook, "artifacts": f.relpaths(), "caption": f.caption,
                          "status": f"not drawn: artifacts/{profile}/{missing[0]} missing"})
             continue
         fig = f.draw(profile)
         plotting.save_figure(fig, f.name, profile, root)
         plt.close(fig)
-        rows.append({"name": f.name, "notebook": f.notebook, "artifacts": f.artifacts, "caption": f.caption,
+        rows.append({"name": f.name, "notebook": f.notebook, "artifacts": f.relpaths(), "caption": f.caption,
                      "status": "drawn"})
     return rows
 

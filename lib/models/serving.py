@@ -236,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = Config(**validate_profile(args.profile)[STAGE])
     out = stage_dir(args.profile, STAGE)
     fp = _fingerprint(cfg)
+    write_json(out / "settings.json", asdict(cfg))           # what the figure names the served model by
     done = out / "fingerprint.json"
     if not args.force and done.exists() and (out / "metrics.json").exists() and read_json(done) == json.loads(
             json.dumps(fp)):
@@ -246,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(out / "details.json", json.loads(json.dumps(result["details"], default=str)))
     write_metrics(args.profile, STAGE, result["metrics"])
     figure(args.profile, result["metrics"], cfg)
-    write_manifest(out, asdict(cfg), outputs=["metrics.json", "details.json"])
+    write_manifest(out, asdict(cfg), outputs=["metrics.json", "details.json", "settings.json"])
     write_json(done, fp)
     for k, v in result["metrics"].items():
         print(f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}")

@@ -10,17 +10,16 @@ import numpy as np
 from lib.evaluation import textmetrics as tm
 from lib.compendium.artifacts import read_json, read_jsonl
 from lib.evaluation.metrics import mean_ci
-from lib.compendium.params import load_profile
 from lib.sei import analysis
 from lib.sei.analysis import plot_controls
 from lib.sei.fewshot import Prediction, main_setting_name
-from lib.evaluation.figure_kit import art_frame, art_path, claims_figure, cold_runs_figure, figure, subplots
+from lib.evaluation.figure_kit import art_frame, art_path, claims_figure, cold_runs_figure, figure, needs, subplots
 
 
 # ----------------------------------------------------------------------------- 04 few-shot
 def _fewshot_preds(profile: str, dataset: str = "fhm"):
     """Notebook 04's predictions of its first model (the rows its figures pool)."""
-    rows = read_jsonl(art_path(profile, f"04_few_shot/predictions_{dataset}.jsonl"))
+    rows = read_jsonl(art_path(profile, "sei_predictions", dataset=dataset))
     first = rows[0].get("model") if rows else None
     fields = Prediction.__dataclass_fields__
     return [Prediction(**{k: v for k, v in r.items() if k in fields}) for r in rows if r.get("model") == first]
@@ -28,15 +27,15 @@ def _fewshot_preds(profile: str, dataset: str = "fhm"):
 
 def _fewshot_main_answers(profile: str, dataset: str = "fhm"):
     """The answers of notebook 04's main setting (one per test meme): what its §7 figures analyse."""
-    st = read_json(art_path(profile, "04_few_shot/settings.json"))
+    st = read_json(art_path(profile, "sei_settings"))
     main = main_setting_name(st["retrievers"], st["shots"])
     return [p for p in _fewshot_preds(profile, dataset) if p.setting == main], main
 
 
-@figure("few_shot_agents", "notebooks/04_few_shot.ipynb", ("04_few_shot/table3.json",),
+@figure("few_shot_agents", "notebooks/04_few_shot.ipynb", ("sei_table3",),
         "Table 3: each fine-tuned agent beside the nearest-training-meme baseline")
 def draw_few_shot_agents(profile: str):
-    rows3 = read_json(art_path(profile, "04_few_shot/table3.json"))["rows"]
+    rows3 = read_json(art_path(profile, "sei_table3"))["rows"]
     fig, axes = subplots(1, 2, figsize=(9, 3))
     for ax, m in zip(axes, ["rouge_l", "semsim"]):
         x = np.arange(len(rows3))
@@ -49,10 +48,10 @@ def draw_few_shot_agents(profile: str):
     return fig
 
 
-@figure("few_shot_accuracy", "notebooks/04_few_shot.ipynb", ("04_few_shot/results.json", "04_few_shot/predictions_fhm.jsonl"),
+@figure("few_shot_accuracy", "notebooks/04_few_shot.ipynb", ("sei_results", needs("sei_predictions", dataset="fhm")),
         "Few-shot accuracy per setting and control, with the majority class and the exemplars' own vote")
 def draw_few_shot_accuracy(profile: str):
-    res = read_json(art_path(profile, "04_few_shot/results.json"))
+    res = read_json(art_path(profile, "sei_results"))
     preds = _fewshot_preds(profile)
     gold = {p.id: p.gold for p in preds}
     share = float(np.mean(list(gold.values())))
@@ -60,25 +59,25 @@ def draw_few_shot_accuracy(profile: str):
     prefix = first.split(" · ")[0] + " · " if " · " in first else ""       # several models: the first one's rows
     settings = {k[len(prefix):]: v for k, v in res.items() if k.startswith(prefix) and "knn_vote" not in k}
     knn = next((v["acc"] for k, v in res.items() if k.endswith("knn_vote")), None)
-    model = json.loads(art_path(profile, "04_few_shot/predictions_fhm.jsonl").read_text().splitlines()[0]).get("model", "")
+    model = json.loads(art_path(profile, "sei_predictions", dataset="fhm").read_text().splitlines()[0]).get("model", "")
     return plot_controls(settings, max(share, 1 - share), knn,
                          f"Few-shot accuracy, {model} ({profile}, {len(gold)} test memes)")
 
 
-@figure("few_shot_lexical", "notebooks/04_few_shot.ipynb", ("04_few_shot/predictions_fhm.jsonl", "04_few_shot/settings.json"),
+@figure("few_shot_lexical", "notebooks/04_few_shot.ipynb", (needs("sei_predictions", dataset="fhm"), "sei_settings"),
         "Figure 3 analogue: length, type-token ratio and perplexity of generated texts, by outcome")
 def draw_few_shot_lexical(profile: str):
-    p4 = load_profile(profile).get("04_few_shot", {})
+    p4 = read_json(art_path(profile, "sei_settings"))
     answers, main = _fewshot_main_answers(profile)
     ci = analysis.ci_frame(analysis.analysis_frame(answers), n_resamples=p4.get("ci_resamples", 1000),
                       method=p4.get("ci_method", "BCa"), seed=p4.get("seed", 0))
     return analysis.plot_lexical(ci, f"Figure 3 analogue: {main}, one answer per meme")
 
 
-@figure("few_shot_coherence", "notebooks/04_few_shot.ipynb", ("04_few_shot/coherence.csv",),
+@figure("few_shot_coherence", "notebooks/04_few_shot.ipynb", ("sei_coherence",),
         "Figure 4 analogue: explanation-intervention coherence for correct and wrong hateful calls")
 def draw_few_shot_coherence(profile: str):
-    coh = art_frame(profile, "04_few_shot/coherence.csv")
+    coh = art_frame(profile, "sei_coherence")
     fig, ax = subplots(figsize=(4, 3))
     for k, g in enumerate(["cp", "wp"]):
         v = coh[coh.subgroup == g]["coherence"].tolist()
@@ -92,14 +91,14 @@ def draw_few_shot_coherence(profile: str):
     return fig
 
 
-@figure("few_shot_sentiment", "notebooks/04_few_shot.ipynb", ("04_few_shot/predictions_fhm.jsonl", "04_few_shot/settings.json"),
+@figure("few_shot_sentiment", "notebooks/04_few_shot.ipynb", (needs("sei_predictions", dataset="fhm"), "sei_settings"),
         "Figure 5 analogue: VADER sentiment classes of generated texts")
 def draw_few_shot_sentiment(profile: str):
     answers, main = _fewshot_main_answers(profile)
     return analysis.plot_sentiment(analysis.analysis_frame(answers), f"Figure 5 analogue: VADER sentiment ({main})")
 
 
-@figure("few_shot_wordshift", "notebooks/04_few_shot.ipynb", ("04_few_shot/predictions_fhm.jsonl", "04_few_shot/settings.json"),
+@figure("few_shot_wordshift", "notebooks/04_few_shot.ipynb", (needs("sei_predictions", dataset="fhm"), "sei_settings"),
         "Figure 6 analogue: Shannon-entropy word shift of explanations, predicted hateful vs not")
 def draw_few_shot_wordshift(profile: str):
 
@@ -117,17 +116,17 @@ def draw_few_shot_wordshift(profile: str):
     return fig
 
 
-@figure("few_shot_claims", "notebooks/04_few_shot.ipynb", ("04_few_shot/claims.csv",),
+@figure("few_shot_claims", "notebooks/04_few_shot.ipynb", ("sei_claims",),
         "Each See-Explain-Intervene claim as a paired comparison: both settings' accuracy with 95% intervals "
         "on the same memes (Wilson; a row pooled over cold runs: bootstrap over memes)")
 def draw_few_shot_claims(profile: str):
-    return claims_figure(art_path(profile, "04_few_shot/claims.csv"),
+    return claims_figure(art_path(profile, "sei_claims"),
                           "accuracy (an unreadable answer is wrong), 95% interval", "memes")
 
 
-@figure("few_shot_cold_runs", "notebooks/04_few_shot.ipynb", ("04_few_shot/cold_runs.csv", "04_few_shot/claims.csv"),
+@figure("few_shot_cold_runs", "notebooks/04_few_shot.ipynb", ("sei_cold_runs", "sei_claims"),
         "The few-shot claims over cold runs: each run's accuracy difference and the pooled one, clustered by meme",
         optional=True)
 def draw_few_shot_cold_runs(profile: str):
-    return cold_runs_figure(art_path(profile, "04_few_shot/cold_runs.csv"), art_path(profile, "04_few_shot/claims.csv"),
+    return cold_runs_figure(art_path(profile, "sei_cold_runs"), art_path(profile, "sei_claims"),
                              "memes")

@@ -248,7 +248,7 @@ SETTINGS_KEYS = ("datasets", "train_split", "agent_base", "agent_recipe", "agent
                  "agent_max_new_tokens", "retrievers", "shots", "order", "controls", "models", "serve_preset",
                  "images", "prompt_dir", "temperature", "max_new_tokens", "parser", "seed", "answer_format",
                  "string_max_length", "knn_n", "eval_n", "eval_balance", "cold_runs", "semsim_model", "bertscore",
-                 "rouge_stemmer", "explanation_refs", "intervention_refs")
+                 "rouge_stemmer", "explanation_refs", "intervention_refs", "ci_resamples", "ci_method")
 
 
 class FewShotModerator:

@@ -13,11 +13,11 @@ from lib.evaluation.figure_kit import art_frame, art_path, figure, legend_outsid
 
 
 # ----------------------------------------------------------------------------- 01 captioning
-@figure("captioning_examples", "notebooks/01_captioning.ipynb", ("01_captioning/examples.json",),
+@figure("captioning_examples", "notebooks/01_captioning.ipynb", ("captioning_examples",),
         "Caption sources and grounding boxes on six memes", images=True)
 def draw_captioning_examples(profile: str):
     import matplotlib.patches as mpatches
-    ex = read_json(art_path(profile, "01_captioning/examples.json"))
+    ex = read_json(art_path(profile, "captioning_examples"))
     fig, axes = subplots(2, 3, figsize=(12, 7.5))
     for ax in axes.ravel():
         ax.axis("off")
@@ -37,8 +37,8 @@ def draw_captioning_examples(profile: str):
 # ----------------------------------------------------------------------------- 02 TRACE
 def _trace_runs(profile: str, dataset: str = "fhm") -> dict[str, dict[str, Any]]:
     out = {}
-    d = art_path(profile, "02_finetuning/runs")
-    names = read_json(art_path(profile, "02_finetuning/variants.json")) if art_path(profile, "02_finetuning/variants.json").exists() \
+    d = art_path(profile, "trace_runs")
+    names = read_json(art_path(profile, "trace_variants")) if art_path(profile, "trace_variants").exists() \
         else {p.name: p.name for p in sorted(d.glob(f"{dataset}_*"))}
     for label, folder in names.items():
         f = d / folder / "result.json"
@@ -47,10 +47,10 @@ def _trace_runs(profile: str, dataset: str = "fhm") -> dict[str, dict[str, Any]]
     return out
 
 
-@figure("trace_selected_caption_share", "notebooks/02_finetuning.ipynb", ("02_finetuning/selected_share.csv",),
+@figure("trace_selected_caption_share", "notebooks/02_finetuning.ipynb", ("trace_selected_share",),
         "Which candidate each TRACE variant selects: training picks, inference weights, argmax")
 def draw_trace_selected_caption_share(profile: str):
-    share = art_frame(profile, "02_finetuning/selected_share.csv", index_col=[0, 1])
+    share = art_frame(profile, "trace_selected_share", read_csv={"index_col": [0, 1]})
     views = list(dict.fromkeys(share.index.get_level_values(0)))
     n = len(share.loc[views[0]])
     fig, axes = subplots(1, len(views), figsize=(14, 0.42 * n + 1.4), sharey=True, squeeze=False)
@@ -68,10 +68,10 @@ def draw_trace_selected_caption_share(profile: str):
     return fig
 
 
-@figure("trace_per_type_accuracy", "notebooks/02_finetuning.ipynb", ("02_finetuning/per_type.csv",),
+@figure("trace_per_type_accuracy", "notebooks/02_finetuning.ipynb", ("trace_per_type",),
         "TRACE variants: accuracy per interaction type on test_seen", optional=True)
 def draw_trace_per_type_accuracy(profile: str):
-    pt = art_frame(profile, "02_finetuning/per_type.csv", dtype={"type": str}).set_index("type")
+    pt = art_frame(profile, "trace_per_type", read_csv={"dtype": {"type": str}}).set_index("type")
     n_type = pt.pop("n")
     fig, ax = subplots(figsize=(11, 3.8))
     w = 0.85 / pt.shape[1]
@@ -84,7 +84,7 @@ def draw_trace_per_type_accuracy(profile: str):
     return fig
 
 
-@figure("trace_training_curves", "notebooks/02_finetuning.ipynb", ("02_finetuning/variants.json",),
+@figure("trace_training_curves", "notebooks/02_finetuning.ipynb", ("trace_variants",),
         "TRACE training curves: validation AUROC (restored epoch starred) and training loss")
 def draw_trace_training_curves(profile: str):
     from matplotlib.ticker import MaxNLocator
@@ -103,10 +103,10 @@ def draw_trace_training_curves(profile: str):
     return fig
 
 
-@figure("trace_seeds", "notebooks/02_finetuning.ipynb", ("02_finetuning/seeds.csv",),
+@figure("trace_seeds", "notebooks/02_finetuning.ipynb", ("trace_seeds",),
         "TRACE's default and its loss ablations over seeds: each seed's test_seen accuracy, mean and sd")
 def draw_trace_seeds(profile: str):
-    t = art_frame(profile, "02_finetuning/seeds.csv")
+    t = art_frame(profile, "trace_seeds")
     variants = list(dict.fromkeys(t.variant))
     fig, axes = subplots(2, 1, figsize=(max(8.0, 1.0 * len(variants) + 2), 6.4), sharex=True)
     for ax, col, label in ((axes[0], "accuracy", "accuracy (test_seen)"), (axes[1], "acc_type_001", "accuracy on type 001")):
