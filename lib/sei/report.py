@@ -1,4 +1,5 @@
-"""Notebook 04's steps, tables and figures (See, Explain, Intervene).
+"""Notebook 04's steps and claims (See, Explain, Intervene); its frames and plots are `lib.sei.analysis`,
+its figures `lib.sei.figures`, its retrieval `lib.sei.retrieval`.
 
     agents = train_agents(out_root, recipe, data, templates, ...)      # four fine-tuned agents (cached)
     rows, items = evaluate_agents(agents, data, templates, emb, ...)  # Table 3: held-out scores beside the
