@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from importlib import metadata
@@ -405,6 +406,13 @@ def code_digest(*modules: Any) -> str:
                 _strip_docstring(sub)
             parts.append(ast.dump(node, annotate_fields=False))
     return hashlib.sha256("\n".join(sorted(parts)).encode()).hexdigest()
+
+
+# ----------------------------------------------------------------------------- command lines
+def cli_error(error: BaseException | str) -> int:
+    """A command line's refusal: `error: <what>` on stderr, and the exit status 2 to return."""
+    print(f"error: {error}", file=sys.stderr)
+    return 2
 
 
 # ----------------------------------------------------------------------------- model folders

@@ -14,13 +14,13 @@ import dataclasses
 import importlib
 import json
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
 
+from lib.compendium.artifacts import cli_error
 from lib import ROOT
 from lib.compendium.param_schemas import SCHEMAS, check_section
 
@@ -372,8 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         validate_profile(args.profile)
     except ProfileError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return cli_error(e)
     print(f"params/{args.profile}.yaml: OK ({len(stages())} stages)")
     try:
         changes = effective_changes(args.profile)

@@ -26,7 +26,6 @@ import html
 import json
 import re
 import shutil
-import sys
 from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import quote
@@ -35,7 +34,7 @@ import bleach
 from markdown_it import MarkdownIt
 
 from lib import ROOT
-from lib.compendium.artifacts import ARTIFACTS_ROOT, figures_dir, figures_index, write_text
+from lib.compendium.artifacts import ARTIFACTS_ROOT, cli_error, figures_dir, figures_index, write_text
 from lib.compendium.params import ProfileError, profile_path, stages
 
 STYLE = """
@@ -206,8 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         index = build(a.profile, Path(a.out) if a.out else None, trust_html=a.trust_html)
     except ProfileError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return cli_error(e)
     print(f"report: {index} ({len(list(index.parent.glob('*.html')))} pages)")
     return 0
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from lib import ROOT
 from lib.compendium import results
-from lib.compendium.artifacts import ARTIFACTS_ROOT, PUBLISHED_PROFILES, relpath, write_json
+from lib.compendium.artifacts import ARTIFACTS_ROOT, cli_error, PUBLISHED_PROFILES, relpath, write_json
 from lib.compendium.params import ProfileError, profile_path, validate_profile
 from lib.compendium.presets import SHARED_CPU
 from lib.compendium.stages import SMOKE_PROFILE, run_env, recorded_answers, export_answers, reproduce
@@ -162,8 +162,7 @@ def _run_test_steps(report_dir: Path, skip_unit: bool, record: Path | None = Non
         for profile in ("embedded", "paper", SMOKE_PROFILE, CI_PROFILE):
             validate_profile(profile)
     except ProfileError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return cli_error(e)
     status_before = _git_status()
     # two lanes side by side: every stage at test sizes from nothing (the ci run's own folder is wiped first: it
     # is scratch), and beside it the checks of the committed results, the unit tests and the paper profile's code
@@ -246,8 +245,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 profile_path(args.profile)            # a plain name: nothing outside artifacts/ is removed
             except ProfileError as e:
-                print(f"error: {e}", file=sys.stderr)
-                return 2
+                return cli_error(e)
             if args.profile in PUBLISHED_PROFILES:
                 print(f"error: --fresh would delete artifacts/{args.profile}/ (a published profile's models, caches "
                       f"and runs); use `make clean-artifacts PROFILE={args.profile}` if you mean it", file=sys.stderr)
@@ -259,8 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             profile_path(args.profile)
         except ProfileError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+            return cli_error(e)
         return export_answers(args.profile)
     return test(args.skip_unit, args.record, cold=args.cold)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from lib import ROOT
 from lib.compendium import results
-from lib.compendium.artifacts import ARTIFACTS_ROOT, PUBLISHED_PROFILES, read_json, relpath, write_json, write_text
+from lib.compendium.artifacts import ARTIFACTS_ROOT, cli_error, PUBLISHED_PROFILES, read_json, relpath, write_json, write_text
 from lib.models.chat import loopback
 from lib.models.chat.cache import STAGE_ENV, ResponseCache, default_cache_path
 from lib.models.chat.keys import read_dotenv, remembered_env_files
@@ -233,8 +233,7 @@ def reproduce(profile: str, only: str | None, force: bool = False, cold: bool = 
         chosen = select_stages(only)
         sections = validate_profile(profile, only=None)
     except ProfileError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return cli_error(e)
     os.environ.update({k: v for k, v in run_env().items() if k not in os.environ})
     publish = profile in PUBLISHED_PROFILES if publish is None else publish
     cache = default_cache_path(profile)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import random
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -33,7 +32,7 @@ from PIL import Image, ImageDraw
 
 from lib.data import datasets, render
 from lib.data.records import DataError
-from lib.compendium.artifacts import write_jsonl, write_with
+from lib.compendium.artifacts import cli_error, write_jsonl, write_with
 from lib.data.datasets import CONTROL_PHRASINGS, PHRASINGS, WHERE  # noqa: F401  (the format's vocabulary, public here too)
 
 
@@ -221,8 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise InjectionError(f"{a.dataset} at {root}: no hateful meme in the chosen split(s)")
         written = build_injection_set(chosen, out, a.phrasing, a.per_meme, a.where, a.control, overwrite=a.force)
     except (InjectionError, DataError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return cli_error(e)
     print(f"{len(written)} injected copies of {len(chosen)} hateful memes -> {out / 'injection.jsonl'}")
     return 0
 

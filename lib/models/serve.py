@@ -54,7 +54,7 @@ from urllib.parse import urlparse
 import httpx
 
 from lib import ROOT
-from lib.compendium.artifacts import pid_alive, write_json
+from lib.compendium.artifacts import cli_error, pid_alive, write_json
 from lib.compendium.presets import SHARED_CPU, Preset, PresetError, get_preset, resolve_model_path
 
 STATE_DIR = ROOT / "artifacts" / "serve"
@@ -378,8 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         port = args.port or default_port(preset)
         return run_server(args.preset, args.host, port, args.parent_pid, **overrides)
     except (PresetError, ServeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        return cli_error(e)
 
 
 if __name__ == "__main__":
