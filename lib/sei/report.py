@@ -443,17 +443,17 @@ def table2_view(results: dict[str, dict[str, Any]], bertscore_label: str):
         columns={"expl_bertscore_f1": f"expl {bertscore_label}"})
 
 
-def stage_metrics(results: dict[str, dict[str, Any]], row, main_name: str, majority_acc: float, retrieval,
+def stage_metrics(results: dict[str, dict[str, Any]], row, main_name: str, majority_acc: float, quality,
                   retriever: str, knn_n: int, dataset: str, agent_rows: Sequence[dict[str, Any]],
                   bertscore_proxy: bool, rerun_calls: int, claims=None, cold=None) -> dict[str, Any]:
     """Notebook 04's metrics.json: the main setting's classification and generation scores, the
     controls' accuracies (zero-shot, random and shuffled-label exemplars, the other answer format,
     label vote) with Wilson intervals and each control's n, the claims' paired tests (claim_frame),
-    the retrieval's label (and MemeWorld type) agreement against its base rate, the agents'
+    the retrieval's label (and MemeWorld type) agreement against its base rate (`quality`: the retrieval table), the agents'
     scores, the cost, and the accuracy of every other setting. `row(name)`: a setting's results;
     `cold`: claim_frame's per-run rows (the cold runs' spread)."""
     main = row(main_name)
-    q = retrieval[(retrieval.retriever == retriever) & (retrieval.n == knn_n) & (retrieval.dataset == dataset)]
+    q = quality[(quality.retriever == retriever) & (quality.n == knn_n) & (quality.dataset == dataset)]
     m: dict[str, Any] = {
         "acc": main["acc"], "macro_f1": main["macro_f1"], "acc_zero_shot": row("zero_shot").get("acc"),
         "acc_random_exemplars": row("random_4").get("acc"), "acc_shuffled_labels": row("shuffled_labels_4").get("acc"),
