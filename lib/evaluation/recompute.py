@@ -363,9 +363,9 @@ def _fewshot(d: Path, root: Path) -> dict[str, Any]:
     ranked = np.array([[index[e] for e, _ in row] for row in ranking.values()])
     knn = rep.knn_predictions(ranked[:, :knn_n], pool, queries)
     results["knn_vote"] = {**results.get("knn_vote", {}), **sei.classification(knn), "calls": 0}
-    retrieval = pd.DataFrame([{"dataset": "fhm", "retriever": retriever,
-                               **retrieval.retrieval_quality(ranked[:, :n], pool, queries)}
-                              for n in sorted(set(settings["shots"]) | {knn_n})])
+    quality = pd.DataFrame([{"dataset": "fhm", "retriever": retriever,
+                             **retrieval.retrieval_quality(ranked[:, :n], pool, queries)}
+                            for n in sorted(set(settings["shots"]) | {knn_n})])
     claims, cold = rep.claim_frame({**by, "knn_vote": knn}, main, retriever, spread=True)
     rows3 = rep.table3_rows(read_jsonl(_file(d) / "agent_outputs.jsonl"), settings["semsim_model"], bs)
     committed = read_json(_file(d) / "metrics.json")
@@ -373,7 +373,7 @@ def _fewshot(d: Path, root: Path) -> dict[str, Any]:
 
     def row(name):
         return results.get(name) or {}
-    out = rep.stage_metrics(results, row, main, maj, retrieval, retriever, knn_n, "fhm", rows3,
+    out = rep.stage_metrics(results, row, main, maj, quality, retriever, knn_n, "fhm", rows3,
                             "expl_bertscore_f1_proxy" in committed, committed.get("rerun_calls", 0), claims, cold)
     return out
 

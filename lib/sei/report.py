@@ -482,7 +482,7 @@ def stage_metrics(results: dict[str, dict[str, Any]], row, main_name: str, major
             m[f"n_{key.removeprefix('acc_')}"] = evaluated(row(name))
     m.update(claim_metrics(claims))
     m.update(cold_run_metric_keys([] if cold is None or not len(cold) else cold.to_dict("records")))
-    if "type_agreement" in retrieval:
+    if "type_agreement" in quality:
         m["retrieval_type_agreement"] = float(q["type_agreement"].iloc[0])
         m["retrieval_type_base_rate"] = float(q["type_base_rate"].iloc[0])
     for r in agent_rows:
