@@ -36,8 +36,10 @@ LABELS = ("hateful", "non-hateful")
 #: the environment variable holding the running loopback server's URL; a preset whose base_url is
 #: "{loopback}" is sent there (lib.compendium.stages starts the server on a free port and sets it)
 LOOPBACK_ENV = "COMPENDIUM_LOOPBACK_URL"
-#: what a loopback answer's cache identity names instead of its (per-run) port
-IDENTITY = {"server": "lib.models.chat.loopback", "answers": "schema-valid by request hash", "version": 1}
+#: what a loopback answer's cache identity names instead of its (per-run) port. "server" is a name in the
+#: cache keys, not an import path (it was this module's path when make test's committed answers were
+#: recorded): a new value would make paper-smoke ask every committed answer again
+IDENTITY = {"server": "lib.chat.loopback", "answers": "schema-valid by request hash", "version": 1}
 
 
 def loopback_url(spec: str) -> str:
