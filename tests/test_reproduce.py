@@ -232,9 +232,9 @@ def test_make_test_replays_the_ci_answers_unless_cold():
     ci = lanes[0][0][1]
     assert ci[-3:] == ["ci", "--force", "--fresh"] and "--cold" not in ci
     assert runner.make_test_commands(["py"], cold=True)[0][0][1][-1] == "--cold"
-    assert [n for n, _ in lanes[1]][0] == "committed results" and lanes[1][-1][1][-1] == "paper-smoke"
-    # in the ci run's lane, after it: the kills and resumes, then the checks of what it wrote
-    assert [c[1][-1] for c in lanes[0][1:]] == ["ci_resume", "ci_run and not ci_resume"]
+    assert [n for n, _ in lanes[1]][0] == "unit tests" and lanes[1][-1][1][-1] == "paper-smoke"
+    # in the ci run's lane, after it: the kills and resumes, the checks of what it wrote, the committed results
+    assert [c[1][-1] for c in lanes[0][1:]] == ["ci_resume", "ci_run and not ci_resume", "results"]
     assert runner.main(["answers", "--profile", "../x"]) == 2
 
 
