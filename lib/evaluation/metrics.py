@@ -199,7 +199,7 @@ def bootstrap_ci(statistic, *arrays, n_resamples: int = 1000, confidence: float 
 
 
 def mean_ci(values: Sequence[float], n_resamples: int = 1000, method: str = "BCa", seed: int = 0,
-            level: float = 0.95) -> tuple[float, float, float, str]:
+            confidence: float = 0.95) -> tuple[float, float, float, str]:
     """The mean of per-item scores (NaN left out) with its bootstrap CI: (mean, low, high, method
     used). BCa is undefined for constant samples and n < 2: constant samples fall back to the
     percentile method (a zero-width interval), n < 2 gives NaN bounds, and a BCa interval that
@@ -214,11 +214,11 @@ def mean_ci(values: Sequence[float], n_resamples: int = 1000, method: str = "BCa
     used = method
     if method.lower() == "bca" and np.all(v == v[0]):
         used = "percentile"
-    res = stats.bootstrap((v,), np.mean, n_resamples=n_resamples, method=used, confidence_level=level,
+    res = stats.bootstrap((v,), np.mean, n_resamples=n_resamples, method=used, confidence_level=confidence,
                           rng=np.random.default_rng(seed))
     lo, hi = float(res.confidence_interval.low), float(res.confidence_interval.high)
     if not (lo == lo and hi == hi):
-        res = stats.bootstrap((v,), np.mean, n_resamples=n_resamples, method="percentile", confidence_level=level,
+        res = stats.bootstrap((v,), np.mean, n_resamples=n_resamples, method="percentile", confidence_level=confidence,
                               rng=np.random.default_rng(seed))
         lo, hi, used = float(res.confidence_interval.low), float(res.confidence_interval.high), "percentile"
     return m, lo, hi, used
