@@ -283,3 +283,33 @@ def test_the_verdict_follows_its_written_rules(args, expected):
     from lib.evaluation.claims import VERDICTS, verdict
     v = verdict(*args)
     assert v == expected and v in VERDICTS
+
+
+def test_a_near_constant_arm_is_never_read_as_a_test_of_the_claim():
+    from lib.evaluation.claims import verdict
+    assert verdict(0.12, (0.03, 0.21), 0.001, 0.10, 0.08, True, near_constant=True) == "near-constant arm"
+    assert verdict(0.12, (0.03, 0.21), 0.001, 0.10, 0.08, None, near_constant=True) == "near-constant arm"
+
+
+def test_a_claims_row_carries_the_papers_effect_its_power_and_its_verdict():
+    """claim_tests: a claim without a published number is held to 0.10 and says so; one with a number
+    carries it and its source; the verdict follows the row's own test, the control's outcome and the flag."""
+    from lib.evaluation.claims import DEFAULT_PAPER_EFFECT, PaperEffect, claim_tests, mcnemar_mdd
+    items = [str(i) for i in range(96)]
+    truth = {i: int(k % 2) for k, i in enumerate(items)}
+    a = {i: k % 4 != 0 for k, i in enumerate(items)}                  # 0.75
+    b = {i: k % 2 == 0 for k, i in enumerate(items)}                  # 0.50
+    answers = {"a": {i: (truth[i] if a[i] else 1 - truth[i]) for i in items},
+               "b": {i: 0 for i in items}}                           # b always says 0: near-constant
+    claims = [("plain", "a", "b", "x"), ("published", "a", "b", "x", PaperEffect(0.05, "Table 9"))]
+    rows, _ = claim_tests(claims, {"a": a, "b": b}, truth, answers={"a": answers["a"]},
+                          controls={"published": True})
+    plain, published = rows
+    assert plain["paper A-B"] == DEFAULT_PAPER_EFFECT and plain["paper's number"].startswith("none published")
+    assert plain["control"] == "none ran" and plain["verdict"] == "reproduced, no control" and plain["p"] < 0.05
+    assert published["paper A-B"] == 0.05 and published["paper's number"] == "Table 9"
+    assert published["control"] == "detected" and published["verdict"] == "reproduced"
+    assert plain["only A right"] + plain["only B right"] == 72                  # discordance 0.75
+    assert plain["MDD (80% power)"] == round(mcnemar_mdd(96, 0.75), 3) and 0 < plain["MDD (80% power)"] < 0.75
+    flagged, _ = claim_tests(claims[:1], {"a": a, "b": b}, truth, answers=answers)
+    assert flagged[0]["flag"] != "none" and flagged[0]["verdict"] == "near-constant arm"

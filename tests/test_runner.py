@@ -164,3 +164,32 @@ def test_scrub_redacts_keys_read_from_another_env_file(tmp_path, monkeypatch):
     scrub_notebook(p)
     text = p.read_text()
     assert "fake-from-another-env-file-42" not in text and "fake-token-elsewhere-777" not in text and "sent *** and ***" in text
+
+
+def test_the_findings_table_gives_each_claim_its_papers_effect_power_and_verdict(tmp_path, monkeypatch):
+    """The README's findings block, from a stage's metrics (TRACE) and a claims table (ARCADE): every row has
+    the paper's effect (or says none is published), the minimum detectable difference and a verdict, and
+    the rules of the verdicts it uses are written under it."""
+    import pandas as pd
+    from lib.compendium import results
+    from lib.evaluation.claims import VERDICTS, claim_tests
+    (tmp_path / "02_finetuning").mkdir()
+    (tmp_path / "02_finetuning" / "metrics.json").write_text(json.dumps({
+        "caption_benefit_acc": 0.02, "caption_benefit_ci_low": -0.03, "caption_benefit_ci_high": 0.07,
+        "caption_benefit_mcnemar_p": 0.5, "caption_benefit_n": 96, "caption_benefit_only_default_right": 14,
+        "caption_benefit_only_without_right": 12}))
+    items = [str(i) for i in range(48)]
+    truth = {i: 1 for i in items}
+    rows, _ = claim_tests([("debate beats a direct judge", "arcade", "direct", "x")],
+                          {"arcade": {i: True for i in items}, "direct": {i: int(i) % 3 == 0 for i in items}}, truth)
+    (tmp_path / "05_debate").mkdir()
+    pd.DataFrame(rows).to_csv(tmp_path / "05_debate" / "claims.csv", index=False)
+    monkeypatch.setattr(results, "results_dir", lambda profile: tmp_path)
+    block = results.findings_block("embedded")
+    lines = [ln for ln in block.splitlines() if ln.startswith("| ") and "---" not in ln]
+    assert lines[0].endswith("| paper's A − B | MDD (80% power) | verdict |") and len(lines) == 3
+    trace, arcade = lines[1].split(" | "), lines[2].split(" | ")
+    assert trace[-3].startswith("none published") and trace[-1].rstrip(" |") == "no test"
+    assert float(trace[-2]) > 0.02                                   # 96 memes cannot see a 0.02 difference
+    assert arcade[-3].startswith("+0.100 (none published") and arcade[-1].rstrip(" |") == "reproduced, no control"
+    assert f"*no test*: {VERDICTS['no test']}" in block and "*reproduced, no control*" in block

@@ -25,6 +25,7 @@ from lib.compendium.artifacts import ARTIFACTS_ROOT, RESULTS_ROOT, read_json, wr
 from lib.models.chat.cache import ResponseCache, default_cache_path
 from lib.compendium.costs import Assumptions, cost_rows, markdown
 from lib.compendium.params import stages
+from lib.evaluation import claims
 
 
 
@@ -342,6 +343,9 @@ def _p(v) -> str:
     return "—" if v != v else (f"{v:.2g}" if v < 0.001 else f"{v:.3f}")
 
 
+PAPERS_NUMBER = "paper's number"      # a claims table's column: where the paper's effect comes from
+
+
 def findings_rows(profile: str) -> list[dict[str, str]]:
     """One row per claim the embedded run tests: the system, the claim, the two arms, n (and cold runs or
     seeds), the effect with its 95% interval, the test's p. From the committed claims tables and metrics."""
@@ -351,11 +355,20 @@ def findings_rows(profile: str) -> list[dict[str, str]]:
     if "caption_benefit_acc" in m2:
         seeds = (f"{m2['caption_benefit_seeds_positive']} of {m2['caption_benefit_n_seeds']} seeds positive"
                  if "caption_benefit_n_seeds" in m2 else "1 seed")
+        n = int(m2["caption_benefit_n"])
+        disc = ((m2.get("caption_benefit_only_default_right", 0) + m2.get("caption_benefit_only_without_right", 0)) / n
+                if n else 0.0)
+        mdd = claims.mcnemar_mdd(n, disc) if "caption_benefit_only_default_right" in m2 else float("nan")
+        paper = claims.PaperEffect()
         rows.append({"system": "TRACE", "claim": "captions help", "A vs B": "cls+rel vs image_text_only",
-                     "n": f"{m2['caption_benefit_n']} memes; {seeds}",
+                     "n": f"{n} memes; {seeds}",
                      "effect": f"{m2['caption_benefit_acc']:+.3f} [{m2['caption_benefit_ci_low']:+.3f}, "
                                f"{m2['caption_benefit_ci_high']:+.3f}]",
-                     "p": f"{_p(m2['caption_benefit_mcnemar_p'])} (McNemar)"})
+                     "p": f"{_p(m2['caption_benefit_mcnemar_p'])} (McNemar)", "paper": paper.said,
+                     "mdd": _p(mdd),
+                     "verdict": claims.verdict(m2["caption_benefit_acc"], (m2["caption_benefit_ci_low"],
+                                                                             m2["caption_benefit_ci_high"]),
+                                               m2["caption_benefit_mcnemar_p"], paper.value, mdd, None)})
     m3 = read_json(d / "03_clip4dm" / "metrics.json") if (d / "03_clip4dm" / "metrics.json").exists() else {}
     if "ap_fclipscore" in m3:
         ft = d / "03_clip4dm" / "foil_table.csv"
@@ -364,7 +377,8 @@ def findings_rows(profile: str) -> list[dict[str, str]]:
         rows.append({"system": "CLIP4DM", "claim": "F-CLIPScore ranks foils better than CLIPScore (FOIL AP)",
                      "A vs B": "F-CLIPScore vs CLIPScore", "n": f"{n} caption pairs; 1 trained model",
                      "effect": f"{m3['ap_fclipscore'] - m3['ap_clipscore']:+.3f} (AP {m3['ap_fclipscore']:.3f} vs "
-                               f"{m3['ap_clipscore']:.3f})", "p": "— (no test yet)"})
+                               f"{m3['ap_clipscore']:.3f})", "p": "— (no test yet)",
+                     "paper": "—", "mdd": "—", "verdict": "no test"})
     for stage, system, items in (("04_few_shot", "See, Explain, Intervene", "memes"),
                                  ("05_debate", "ARCADE on H-VLI", "posts")):
         f = d / stage / "claims.csv"
@@ -377,7 +391,10 @@ def findings_rows(profile: str) -> list[dict[str, str]]:
             rows.append({"system": system, "claim": r["claim"], "A vs B": f"{r['A']} vs {r['B']}",
                          "n": f"{r['n']} {items}" + (f" x {runs} cold runs" if runs > 1 else ""),
                          "effect": f"{float(r['A-B']):+.3f} {r.get('95% CI A-B', '')}".strip(),
-                         "p": f"{_p(r['p'])} ({r.get('test', 'exact McNemar')})"})
+                         "p": f"{_p(r['p'])} ({r.get('test', 'exact McNemar')})",
+                         "paper": (f"{float(r['paper A-B']):+.3f} ({r.get(PAPERS_NUMBER, '')})"
+                                   if r.get("paper A-B") not in ("", None) else "—"),
+                         "mdd": _p(r.get("MDD (80% power)")), "verdict": r.get("verdict") or "—"})
     return rows
 
 
@@ -385,8 +402,12 @@ def findings_block(profile: str = "embedded") -> str:
     rows = findings_rows(profile)
     if not rows:
         return "_No committed results yet: run `make reproduce`._"
-    out = ["| system | claim | A vs B | n | A − B [95% CI] | p (test) |", "|---|---|---|---|---|---|"]
-    out += [f"| {r['system']} | {r['claim']} | {r['A vs B']} | {r['n']} | {r['effect']} | {r['p']} |" for r in rows]
+    out = ["| system | claim | A vs B | n | A − B [95% CI] | p (test) | paper's A − B | MDD (80% power) | verdict |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    out += [f"| {r['system']} | {r['claim']} | {r['A vs B']} | {r['n']} | {r['effect']} | {r['p']} | {r['paper']} | "
+            f"{r['mdd']} | {r['verdict']} |" for r in rows]
+    verdicts = list(dict.fromkeys(r["verdict"] for r in rows if r["verdict"] in claims.VERDICTS))
+    out += ["", "Verdicts: " + "; ".join(f"*{v}*: {claims.VERDICTS[v]}" for v in verdicts) + "."] if verdicts else []
     return "\n".join(out)
 
 

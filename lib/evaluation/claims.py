@@ -6,6 +6,7 @@ near-constant-arm flag, and the metrics.json keys of each row. The statistics th
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 from typing import Any, Sequence
 
@@ -66,6 +67,8 @@ def mcnemar_mdd(n: int, discordance: float, power: float = 0.80, alpha: float = 
 
 #: the verdicts of a claims table, and their written rules (`verdict`)
 VERDICTS = {
+    "near-constant arm": "one arm gives one answer on at least 95% of the items: its accuracy is that label's share, "
+                         "so the difference is not read as a test of the claim, whatever its p",
     "reproduced": "the effect is in the paper's direction, p < 0.05, and the positive control was detected",
     "not reproduced": "the positive control was detected and the difference's interval excludes the paper's effect",
     "underpowered": "the positive control was not detected, or the minimum detectable difference exceeds the "
@@ -78,11 +81,14 @@ VERDICTS = {
 
 
 def verdict(difference: float, ci_difference: tuple[float, float], p: float, paper_effect: float,
-            mdd: float, control_detected: bool | None) -> str:
+            mdd: float, control_detected: bool | None, near_constant: bool = False) -> str:
     """A claim's verdict from its paired test (the difference A - B, its interval and p), the paper's
     effect (signed, in the same units; A is the paper's better arm, so it is positive), the test's minimum
-    detectable difference and whether the positive control at the same n was detected (None: no
-    control ran). The rules are VERDICTS', checked in that order."""
+    detectable difference, whether the positive control at the same n was detected (None: no
+    control ran) and whether an arm is a near-constant predictor. The rules are VERDICTS', checked in
+    that order."""
+    if near_constant:
+        return "near-constant arm"
     if control_detected is None:
         return "reproduced, no control" if difference > 0 and p < 0.05 else "no test"
     if control_detected and difference > 0 and p < 0.05:
@@ -113,20 +119,48 @@ def constant_arm(name: str, answers: dict[str, Any] | None, items: Sequence[str]
     return f"{name} near-constant ({said} on {share:.0%})"
 
 
-def claim_row(claim: str, a: str, b: str, t: dict[str, Any], what: str, flag: str = "") -> dict[str, Any]:
+#: the effect a claim is held to where its paper publishes none: 0.10 in accuracy
+DEFAULT_PAPER_EFFECT = 0.10
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperEffect:
+    """What a claim's paper reports for A - B (accuracy, A its better arm) and where; `effect` None: the
+    paper publishes no number for this comparison, and the claim is held to DEFAULT_PAPER_EFFECT."""
+    effect: float | None = None
+    source: str = ""
+
+    @property
+    def value(self) -> float:
+        return DEFAULT_PAPER_EFFECT if self.effect is None else float(self.effect)
+
+    @property
+    def said(self) -> str:
+        return self.source if self.effect is not None else f"none published: held to {DEFAULT_PAPER_EFFECT:.2f}"
+
+
+def claim_row(claim: str, a: str, b: str, t: dict[str, Any], what: str, flag: str = "",
+              paper: PaperEffect | None = None, control: bool | None = None) -> dict[str, Any]:
     """One row of a claims table (notebooks 04 and 05): a paired test's result `t`
     (paired_accuracy_test, or pooled_paired_test over cold runs) for settings `a` and `b`, rounded
     for reading, the intervals as "[lo, hi]", the test's minimum detectable difference at 80% power
-    (`mcnemar_mdd`: NaN where no difference of the observed discordance reaches it), and `flag`
-    (`constant_arm`: an arm that answers one label almost always)."""
+    (`mcnemar_mdd`: NaN where no difference of the observed discordance reaches it), `flag`
+    (`constant_arm`: an arm that answers one label almost always), the paper's effect (`paper`; none:
+    DEFAULT_PAPER_EFFECT) and the verdict (`verdict`; `control`: whether the claim's positive control
+    was detected at the same n, None where none ran)."""
     ci = t.get("ci_difference", (float("nan"), float("nan")))
+    paper = paper or PaperEffect()
+    mdd = _mdd_of(t)
     return {"claim": claim, "A": a, "B": b, "n": t["n"], "runs": t.get("runs", 1),
             "acc A": round(t["acc_a"], 3), "95% CI A": f"[{t['ci_a'][0]:.2f}, {t['ci_a'][1]:.2f}]",
             "acc B": round(t["acc_b"], 3), "95% CI B": f"[{t['ci_b'][0]:.2f}, {t['ci_b'][1]:.2f}]",
             "A-B": round(t["difference"], 3), "95% CI A-B": f"[{ci[0]:.2f}, {ci[1]:.2f}]",
             "only A right": t["only_a_right"], "only B right": t["only_b_right"],
             "test": t.get("test", "exact McNemar"), "p": float(f"{t['p']:.3g}"),
-            "MDD (80% power)": _mdd_of(t), "majority line": round(t["majority_acc"], 3), "flag": flag or "none",
+            "MDD (80% power)": mdd, "majority line": round(t["majority_acc"], 3), "flag": flag or "none",
+            "paper A-B": round(paper.value, 3), "paper's number": paper.said,
+            "control": "none ran" if control is None else "detected" if control else "not detected",
+            "verdict": verdict(t["difference"], ci, t["p"], paper.value, mdd, control, near_constant=bool(flag)),
             "what it isolates": what}
 
 
@@ -155,31 +189,35 @@ def first_present(arm: str, names) -> str | None:
     return next((x for x in arm.split("|") if x in names), None)
 
 
-def claim_tests(claims: Sequence[tuple[str, str, str, str]], correct: dict[str, dict[str, bool]],
-                truth: dict[str, int], confidence: float = 0.95, answers: dict[str, dict[str, Any]] | None = None
-                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Claims tables' rows (notebooks 04 and 05). `claims`: (claim, A, B, what it isolates) with A and
-    B names in `correct` (item -> right or wrong; "a|b": the first of them that ran). Each claim whose two arms ran gets its paired test
+def claim_tests(claims: Sequence[tuple], correct: dict[str, dict[str, bool]],
+                truth: dict[str, int], confidence: float = 0.95, answers: dict[str, dict[str, Any]] | None = None,
+                controls: dict[str, bool] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Claims tables' rows (notebooks 04 and 05). `claims`: (claim, A, B, what it isolates[, PaperEffect])
+    with A and B names in `correct` (item -> right or wrong; "a|b": the first of them that ran); `controls`:
+    claim -> whether its positive control was detected (absent: none ran). Each claim whose two arms ran gets its paired test
     on one run (exact McNemar); where both arms also have cold runs (`<name>_run<k>`), a second row
     pools the k runs both have, clustered by item (pooled_paired_test), and the second list gets one
     row per run (run_spread) with the claim's name: the distribution one run draws from. `answers`
     (name -> item -> the answer given, None for none): an arm answering one label almost always is
     flagged in the row (`constant_arm`)."""
     rows, spread = [], []
-    answers = answers or {}
-    for claim, a, b, what in claims:
+    answers, controls = answers or {}, controls or {}
+    for claim, a, b, what, *rest in claims:
+        paper = rest[0] if rest else None
         a, b = first_present(a, correct), first_present(b, correct)
         if a is None or b is None or a == b:
             continue
         items = [i for i in correct[a] if i in correct[b]]
         flag = "; ".join(f for f in (constant_arm(a, answers.get(a), items), constant_arm(b, answers.get(b), items)) if f)
-        rows.append(claim_row(claim, a, b, paired_accuracy_test(correct[a], correct[b], truth, confidence), what, flag))
+        control = controls.get(claim)
+        rows.append(claim_row(claim, a, b, paired_accuracy_test(correct[a], correct[b], truth, confidence), what, flag,
+                              paper, control))
         ra, rb = cold_runs_of(a, list(correct)), cold_runs_of(b, list(correct))
         k = min(len(ra), len(rb))
         if k > 1:
             runs_a, runs_b = [correct[x] for x in ra[:k]], [correct[x] for x in rb[:k]]
             rows.append(claim_row(f"{claim} ({k} cold runs pooled)", a, b,
-                                  pooled_paired_test(runs_a, runs_b, truth, confidence), what, flag))
+                                  pooled_paired_test(runs_a, runs_b, truth, confidence), what, flag, paper, control))
             spread += [{"claim": claim, "A": a, "B": b, **r} for r in run_spread(runs_a, runs_b, truth, confidence)]
     return rows, spread
 
