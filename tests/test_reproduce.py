@@ -251,3 +251,20 @@ def test_the_committed_test_answers_load_and_hold_the_slow_models_answers(tmp_pa
     assert c.import_answers(f) > 0
     models = {json.loads(x)["model"] for x in gzip.open(f, "rt")}
     assert any(model in m for m in models) and not any(m.startswith("/") for m in models)
+
+
+def test_a_replayed_answer_reads_back_exactly_as_it_was_given(tmp_path, monkeypatch):
+    """A parsed answer keeps its keys' order through export and import: the debate's judge reads the
+    debaters' parsed answers, so a reordered one would build another prompt than the one first asked,
+    and every replay from the committed answers would ask the judge afresh."""
+    monkeypatch.setenv("COMPENDIUM_STAGE", "05_debate")
+    c = ResponseCache(tmp_path / "a.sqlite")
+    parsed = {"rebuttals": [{"id": 1, "evidence": "e", "rebuttal": "r"}], "another": 2}
+    c.put("k", ChatResult(json.dumps(parsed), model="m", parsed=parsed))
+    out = tmp_path / "responses.jsonl.gz"
+    c.export(out)
+    fresh = ResponseCache(tmp_path / "b.sqlite")
+    fresh.import_answers(out)
+    again = fresh.get("k").parsed
+    assert again == parsed and json.dumps(again) == json.dumps(parsed)       # same keys in the same order
+    assert json.dumps(again) != json.dumps(parsed, sort_keys=True)            # (an order sorting would change)

@@ -95,7 +95,9 @@ class ResponseCache:
 
     def export(self, out: str | Path) -> int:
         """Write the answers some stage's last run used as gzipped JSON lines sorted by key (key, model,
-        status, payload; no timestamps: the same answers give the same bytes), atomically. Returns the count."""
+        status, payload; no timestamps: the same answers give the same bytes), atomically. Returns the count.
+        The payload keeps its keys' order: a parsed answer is read back exactly as it was given, so a prompt
+        built from it (the debate's judge reads the debaters' parsed answers) is the one first asked."""
         rows = self._retry(lambda: self._conn().execute(
             "SELECT key, model, status, payload FROM responses WHERE status!='failed' AND key IN "
             "(SELECT key FROM used) ORDER BY key").fetchall())
@@ -104,7 +106,7 @@ class ResponseCache:
         with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz:
             for key, model, status, payload in rows:      # answers are found by key: the model's path is made relative
                 line = json.dumps({"key": key, "model": model, "status": status, "payload": json.loads(payload)},
-                                  ensure_ascii=True, sort_keys=True).replace(root, "")
+                                  ensure_ascii=True).replace(root, "")
                 gz.write((line + "\n").encode("ascii"))
         write_bytes(out, buf.getvalue())
         return len(rows)
