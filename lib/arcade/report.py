@@ -249,9 +249,9 @@ paired_test = paired_accuracy_test          # the claim tests' name for it
 
 
 #: notebook 05's claims: (the paper's claim, variant A, variant B, what the comparison isolates); "a|b":
-#: the first of them that ran (a variant run on the emergent-hate posts alone, else the main sample's)
-#: (claim, A, B, what it isolates): the ARCADE paper's result tables were not available, so no claim has a
-#: published effect and each is held to claims.DEFAULT_PAPER_EFFECT
+#: the first of them that ran (a variant run on the emergent-hate posts alone, else the main sample's).
+#: The ARCADE paper's result tables were not available: no claim has a published effect, so each is held
+#: to claims.DEFAULT_PAPER_EFFECT
 CLAIMS = (
     ("debate beats a direct judge", "arcade", "direct",
      "the court (gate, prosecutor, defender, judge) against one judge call on the same posts"),

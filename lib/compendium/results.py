@@ -343,9 +343,6 @@ def _p(v) -> str:
     return "—" if v != v else (f"{v:.2g}" if v < 0.001 else f"{v:.3f}")
 
 
-PAPERS_NUMBER = "paper's number"      # a claims table's column: where the paper's effect comes from
-
-
 def findings_rows(profile: str) -> list[dict[str, str]]:
     """One row per claim the embedded run tests: the system, the claim, the two arms, n (and cold runs or
     seeds), the effect with its 95% interval, the test's p. From the committed claims tables and metrics."""
@@ -356,9 +353,8 @@ def findings_rows(profile: str) -> list[dict[str, str]]:
         seeds = (f"{m2['caption_benefit_seeds_positive']} of {m2['caption_benefit_n_seeds']} seeds positive"
                  if "caption_benefit_n_seeds" in m2 else "1 seed")
         n = int(m2["caption_benefit_n"])
-        disc = ((m2.get("caption_benefit_only_default_right", 0) + m2.get("caption_benefit_only_without_right", 0)) / n
-                if n else 0.0)
-        mdd = claims.mcnemar_mdd(n, disc) if "caption_benefit_only_default_right" in m2 else float("nan")
+        mdd = (claims.mdd_from_counts(n, m2["caption_benefit_only_default_right"], m2["caption_benefit_only_without_right"])
+               if "caption_benefit_only_default_right" in m2 else float("nan"))
         paper = claims.PaperEffect()
         rows.append({"system": "TRACE", "claim": "captions help", "A vs B": "cls+rel vs image_text_only",
                      "n": f"{n} memes; {seeds}",
@@ -392,7 +388,7 @@ def findings_rows(profile: str) -> list[dict[str, str]]:
                          "n": f"{r['n']} {items}" + (f" x {runs} cold runs" if runs > 1 else ""),
                          "effect": f"{float(r['A-B']):+.3f} {r.get('95% CI A-B', '')}".strip(),
                          "p": f"{_p(r['p'])} ({r.get('test', 'exact McNemar')})",
-                         "paper": (f"{float(r['paper A-B']):+.3f} ({r.get(PAPERS_NUMBER, '')})"
+                         "paper": (f"{float(r['paper A-B']):+.3f} ({r.get(claims.PAPERS_NUMBER, '')})"
                                    if r.get("paper A-B") not in ("", None) else "—"),
                          "mdd": _p(r.get("MDD (80% power)")), "verdict": r.get("verdict") or "—"})
     return rows

@@ -121,6 +121,8 @@ def constant_arm(name: str, answers: dict[str, Any] | None, items: Sequence[str]
 
 #: the effect a claim is held to where its paper publishes none: 0.10 in accuracy
 DEFAULT_PAPER_EFFECT = 0.10
+#: a claims table's column: where the paper's effect comes from
+PAPERS_NUMBER = "paper's number"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,19 +160,23 @@ def claim_row(claim: str, a: str, b: str, t: dict[str, Any], what: str, flag: st
             "only A right": t["only_a_right"], "only B right": t["only_b_right"],
             "test": t.get("test", "exact McNemar"), "p": float(f"{t['p']:.3g}"),
             "MDD (80% power)": mdd, "majority line": round(t["majority_acc"], 3), "flag": flag or "none",
-            "paper A-B": round(paper.value, 3), "paper's number": paper.said,
+            "paper A-B": round(paper.value, 3), PAPERS_NUMBER: paper.said,
             "control": "none ran" if control is None else "detected" if control else "not detected",
             "verdict": verdict(t["difference"], ci, t["p"], paper.value, mdd, control, near_constant=bool(flag)),
             "what it isolates": what}
 
 
 def _mdd_of(t: dict[str, Any]) -> float:
-    """A claims row's minimum detectable difference: the exact McNemar test's at the row's n and its observed
-    discordance (the share of items one arm gets right and the other wrong; pooled rows: the items whose run
-    means differ, a conservative stand-in for the pooled test's own power). NaN: no difference reaches 80%."""
-    n = int(t["n"])
-    disc = (t["only_a_right"] + t["only_b_right"]) / n if n else 0.0
-    mdd = mcnemar_mdd(n, disc)
+    """A claims row's minimum detectable difference (`mdd_from_counts`; pooled rows: the items whose run
+    means differ, a conservative stand-in for the pooled test's own power)."""
+    return mdd_from_counts(int(t["n"]), t["only_a_right"], t["only_b_right"])
+
+
+def mdd_from_counts(n: int, only_a_right: int, only_b_right: int) -> float:
+    """The exact McNemar test's minimum detectable difference at 80% power for `n` paired items and the
+    observed discordance (the share of items one arm gets right and the other wrong), rounded to 3
+    places. NaN: no difference the discordance allows reaches 80%."""
+    mdd = mcnemar_mdd(n, (only_a_right + only_b_right) / n if n else 0.0)
     return round(mdd, 3) if mdd == mdd else float("nan")
 
 
