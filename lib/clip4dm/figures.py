@@ -4,11 +4,11 @@ attributions and score distributions.
 from __future__ import annotations
 
 import numpy as np
-from PIL import Image
 
-from lib.compendium.artifacts import project_path, read_json
+from lib.compendium.artifacts import read_json
 from lib.evaluation.metrics import average_precision, precision_recall_points
-from lib.evaluation.figure_kit import art_frame, art_path, figure, group_x, legend_outside, needs, subplots, tab10
+from lib.evaluation.figure_kit import (art_frame, art_path, bar_groups, figure, laid_out, legend_outside, needs, show_image,
+                                       subplots, tab10)
 
 
 # ----------------------------------------------------------------------------- 03 CLIP4DM
@@ -31,8 +31,7 @@ def draw_clip4dm_epsilon_sweep(profile: str):
     ax.axvline(5e-5, color="grey", ls=":", lw=0.8, label="paper -5e-5")
     ax.set(xscale="log", xlabel="-epsilon (words scoring below epsilon are flagged)", ylabel="on hat_val (dev memes)",
            ylim=(0, 1.02), title=f"Choosing epsilon on validation ({encoder})")
-    legend_outside(ax)
-    return fig
+    return legend_outside(ax)
 
 
 @figure("clip4dm_backbones", "notebooks/03_clip4dm.ipynb", ("clip4dm_by_encoder",),
@@ -42,17 +41,14 @@ def draw_clip4dm_backbones(profile: str):
     cols = [c for c in ("FOIL LA", "FOIL AP (F-CLIPScore)", "nocaps LA", "nocaps AP (F-CLIPScore)") if c in t.columns]
     ours, paper = t[t.source == "this run"], t[t.source == "paper"].set_index("encoder")
     fig, ax = subplots(figsize=(2.2 + 1.6 * len(cols), 3.2))
-    w = 0.8 / max(1, len(ours))
-    for k, (_, r) in enumerate(ours.iterrows()):
-        xs = group_x(len(cols), k, len(ours), w)
-        ax.bar(xs, [r[c] for c in cols], width=w, color=tab10(k), label=r["encoder"])
+    where = bar_groups(ax, len(cols), [(r["encoder"], [r[c] for c in cols]) for _, r in ours.iterrows()])
+    for k, (xs, (_, r)) in enumerate(zip(where, ours.iterrows())):
         if r["encoder"] in paper.index:
             ax.scatter(xs, [paper.loc[r["encoder"], c] for c in cols], marker="D", color="k", s=18, zorder=3,
                        label="paper" if k == 0 or "paper" not in ax.get_legend_handles_labels()[1] else None)
     ax.set_xticks(range(len(cols)), cols, fontsize=8)
     ax.set(ylim=(0, 1.02), ylabel="share / AP", title=f"CLIP4DM by encoder (profile {profile})")
-    legend_outside(ax)
-    return fig
+    return legend_outside(ax)
 
 
 @figure("clip4dm_nocaps_domains", "notebooks/03_clip4dm.ipynb", ("clip4dm_foil_table",),
@@ -63,21 +59,16 @@ def draw_clip4dm_nocaps_domains(profile: str):
     labels = ["FOIL" if b == "foil" else b.replace("nocaps_foil/", "nocaps-FOIL\n") for b in t.benchmark]
     cols = {"la": "LA", "ap_clipscore": "AP (CLIPScore)", "ap_fclipscore": "AP (F-CLIPScore)"}
     fig, ax = subplots(figsize=(7.5, 3.3))
-    w = 0.8 / len(cols)
-    for k, (c, name) in enumerate(cols.items()):
-        xs = group_x(len(t), k, len(cols), w)
-        ax.bar(xs, t[c], width=w, color=tab10(k), label=name)
-        if c == "la":
-            ax.scatter(xs, t["la_chance"], marker="_", s=120, color="k", zorder=3, label="LA chance (any word)")
-            if "la_chance_content" in t:
-                ax.scatter(xs, t["la_chance_content"], marker="_", s=120, color="tab:red", zorder=3,
-                           label="LA chance (content words)")
+    xs = bar_groups(ax, len(t), [(name, t[c]) for c, name in cols.items()])[0]      # LA's bars come first
+    ax.scatter(xs, t["la_chance"], marker="_", s=120, color="k", zorder=3, label="LA chance (any word)")
+    if "la_chance_content" in t:
+        ax.scatter(xs, t["la_chance_content"], marker="_", s=120, color="tab:red", zorder=3,
+                   label="LA chance (content words)")
     ax.axhline(0.5, color="grey", ls=":", lw=0.8, label="AP chance")
     ax.set_xticks(range(len(t)), labels, fontsize=8)
     ax.set(ylim=(0, 1.02), ylabel="share / AP",
            title="nocaps-FOIL: in-domain (known objects), near (some novel), out (all novel)")
-    legend_outside(ax)
-    return fig
+    return legend_outside(ax)
 
 
 @figure("clip4dm_hard_negatives", "notebooks/03_clip4dm.ipynb", ("clip4dm_hard_negatives",),
@@ -89,21 +80,16 @@ def draw_clip4dm_hard_negatives(profile: str):
     benches = list(dict.fromkeys(t.benchmark))
     models, scores = list(dict.fromkeys(t.model)), list(dict.fromkeys(t.metric))
     fig, axes = subplots(1, len(benches), figsize=(5.2 * len(benches), 3.4), sharey=True, squeeze=False)
-    w = 0.8 / len(scores)
     for ax, b in zip(axes[0], benches):
         sub = t[t.benchmark == b].set_index(["model", "metric"])["value"]
-        for k, sc in enumerate(scores):
-            xs = group_x(len(models), k, len(scores), w)
-            ax.bar(xs, [sub.get((m, sc), np.nan) for m in models], width=w, color=tab10(k),
-                   label=sc if ax is axes[0][0] else None)
+        bar_groups(ax, len(models), [(sc if ax is axes[0][0] else None, [sub.get((m, sc), np.nan) for m in models])
+                                     for sc in scores])
         ax.axhline(0.5, color="grey", ls=":", lw=0.8)
         ax.set_xticks(range(len(models)), [m.replace(", ", ",\n").replace(" (", "\n(") for m in models], fontsize=7)
         ax.set(title={"foil": "FOIL", "nocaps_foil": "nocaps-FOIL"}.get(b, b), ylim=(0, 1.02))
     axes[0][0].set_ylabel("AP, originals vs foils")
     fig.legend(loc="upper left", bbox_to_anchor=(1.0, 0.9), fontsize=8)
-    fig.suptitle("Which score separates originals from foils, by how the model was trained", fontsize=10)
-    fig.tight_layout()
-    return fig
+    return laid_out(fig, "Which score separates originals from foils, by how the model was trained")
 
 
 @figure("clip4dm_word_attributions", "notebooks/03_clip4dm.ipynb", ("clip4dm_examples",),
@@ -114,8 +100,7 @@ def draw_clip4dm_word_attributions(profile: str):
     fig, axes = subplots(len(items), 3, figsize=(12, 2.3 * len(items)),
                              gridspec_kw={"width_ratios": [0.6, 2, 2]}, squeeze=False)
     for row, pair in zip(axes, items):
-        row[0].imshow(Image.open(project_path(pair["img"])).convert("RGB"))
-        row[0].axis("off")
+        show_image(row[0], pair["img"])
         lims = []
         for ax, kind in zip(row[1:], ("orig", "foil")):
             r = pair[kind]
@@ -135,8 +120,7 @@ def draw_clip4dm_word_attributions(profile: str):
             ax.set_ylim(lo, hi)                          # one y-scale per row: original and foil compare directly
     fig.suptitle(f"CLIP4DM word attributions ({ex.get('encoder', '')}, profile {profile}); black outline: the swapped word",
                  fontsize=10)
-    fig.tight_layout()
-    return fig
+    return laid_out(fig)
 
 
 @figure("clip4dm_score_distributions", "notebooks/03_clip4dm.ipynb", (needs("clip4dm_results", benchmark="foil"),),
@@ -160,5 +144,4 @@ def draw_clip4dm_score_distributions(profile: str):
     axes[1].set_xscale("symlog", linthresh=1e-6)
     axes[1].set(xlabel="F-CLIPScore (symlog)", ylabel="captions", title="F-CLIPScore by caption kind")
     axes[1].legend(fontsize=8)
-    fig.tight_layout()
-    return fig
+    return laid_out(fig)

@@ -129,11 +129,7 @@ csv.field_size_limit(1 << 28)          # long fields (a whole commonsense analys
           "test_seen.jsonl, test_unseen.jsonl and img/ in the dataset root")
 def load_fhm(root: Path, ctx: ReadContext, splits=None, require_labels: bool = True) -> list[MemeRecord]:
     out = []
-    for split in select_splits(splits, FHM_SPLITS, "fhm"):
-        path = root / f"{split}.jsonl"
-        if not path.exists():
-            raise DataError(f"{path}: missing file for split '{split}'")
-        ctx.read_split(split, path)
+    for split, path in ctx.split_files(splits, FHM_SPLITS, "fhm", lambda s: root / f"{s}.jsonl"):
         for ln, obj in read_jsonl_file(path):
             where = f"{path}: line {ln} (id {obj.get('id')!r})"
             rid = record_id(obj, "id", where)
@@ -229,11 +225,8 @@ def load_trace(root: Path, ctx: ReadContext, file: str = "trace.json", caption_c
 def load_mami(root: Path, ctx: ReadContext, splits=None, image_dir: str = ".") -> list[MemeRecord]:
     sub = ("shaming", "stereotype", "objectification", "violence")
     out = []
-    for split in select_splits(splits, ("train", "test"), "mami"):
-        path = root / ("training.csv" if split == "train" else "test.csv")
-        if not path.exists():
-            raise DataError(f"{path}: missing file for split '{split}'")
-        ctx.read_split(split, path)
+    for split, path in ctx.split_files(splits, ("train", "test"), "mami",
+                                       lambda s: root / ("training.csv" if s == "train" else "test.csv")):
         for ln, row in read_csv_file(path, ("file_name", "misogynous", "Text Transcription"), delimiter="\t"):
             where = f"{path}: line {ln} (file_name {row.get('file_name')!r})"
             meta = {k: as_label(row[k], {0, 1}, where, k) for k in sub if row.get(k) not in (None, "")}
@@ -253,11 +246,8 @@ MULTIOFF_LABELS = {"offensive": 1, "non-offensiv": 0, "non-offensive": 0}
           "-> 'Split Dataset/*_meme_dataset.csv' and 'Labelled Images/'")
 def load_multioff(root: Path, ctx: ReadContext, splits=None) -> list[MemeRecord]:
     out = []
-    for split in select_splits(splits, tuple(MULTIOFF_FILES), "multioff"):
-        path = root / "Split Dataset" / MULTIOFF_FILES[split]
-        if not path.exists():
-            raise DataError(f"{path}: missing file for split '{split}'")
-        ctx.read_split(split, path)
+    for split, path in ctx.split_files(splits, tuple(MULTIOFF_FILES), "multioff",
+                                       lambda s: root / "Split Dataset" / MULTIOFF_FILES[s]):
         for ln, row in read_csv_file(path, ("image_name", "sentence", "label")):
             where = f"{path}: line {ln} (image_name {row.get('image_name')!r})"
             for k in ("image_name", "sentence", "label"):
@@ -277,10 +267,8 @@ def load_hvli(root: Path, ctx: ReadContext, splits=None, image_root: str | None 
     base = Path(image_root) if image_root else root
     out = []
     first_seen: dict[str, Path] = {}      # the released splits are disjoint: an id in two is a leak
-    for split in select_splits(splits, ("train", "test"), "hvli"):
-        path = root / f"{split}_set.json"
+    for split, path in ctx.split_files(splits, ("train", "test"), "hvli", lambda s: root / f"{s}_set.json"):
         data = read_json_file(path, dict)
-        ctx.read_split(split, path)
         for sid, obj in data.items():
             where = f"{path}: sample {sid!r}"
             if sid in first_seen:
@@ -324,11 +312,8 @@ def load_hvli(root: Path, ctx: ReadContext, splits=None, image_root: str | None 
           "fhm_train_reasonings.jsonl, fhm_test_reasonings.jsonl; images are FHM's img/")
 def load_hatred(root: Path, ctx: ReadContext, image_dir: str = "img", splits=None) -> list[ExplanationRecord]:
     out = []
-    for split in select_splits(splits, ("train", "test"), "hatred"):
-        path = root / f"fhm_{split}_reasonings.jsonl"
-        if not path.exists():
-            raise DataError(f"{path}: missing file for split '{split}'")
-        ctx.read_split(split, path)
+    for split, path in ctx.split_files(splits, ("train", "test"), "hatred",
+                                       lambda s: root / f"fhm_{s}_reasonings.jsonl"):
         for ln, obj in read_jsonl_file(path):
             where = f"{path}: line {ln} (id {obj.get('id')!r})"
             targets = str_list(obj, "target", where)
@@ -347,10 +332,8 @@ def load_hatred(root: Path, ctx: ReadContext, image_dir: str = "img", splits=Non
           "memes-trainval.json, memes-test.json and the images")
 def load_memecap(root: Path, ctx: ReadContext, image_dir: str = "img", splits=None) -> list[MemeCapRecord]:
     out = []
-    for split in select_splits(splits, ("trainval", "test"), "memecap"):
-        path = root / f"memes-{split}.json"
+    for split, path in ctx.split_files(splits, ("trainval", "test"), "memecap", lambda s: root / f"memes-{s}.json"):
         data = read_json_file(path, list)
-        ctx.read_split(split, path)
         for i, obj in json_objects(data, path):
             where = f"{path}: record {i} (img_fname {obj.get('img_fname')!r})"
             fname = field_of(obj, "img_fname", where)

@@ -2,10 +2,8 @@
 """
 from __future__ import annotations
 
-from PIL import Image
-
-from lib.compendium.artifacts import project_path, read_json
-from lib.evaluation.figure_kit import art_path, figure, legend_outside, subplots
+from lib.compendium.artifacts import read_json
+from lib.evaluation.figure_kit import art_path, figure, laid_out, legend_outside, show_image, subplots
 
 
 # ----------------------------------------------------------------------------- 00 data
@@ -23,8 +21,7 @@ def draw_memeworld_unimodal_readers(profile: str):
     ax.set_xticks(range(len(per_type)), per_type.index)
     ax.set(xlabel="interaction type (text, image, final)", ylabel="accuracy on test", ylim=(0, 1.02))
     ax.set_title("MemeWorld: the Bayes reader of one modality, per type (not a per-type bound)", pad=8)
-    legend_outside(ax)
-    return fig
+    return legend_outside(ax)
 
 
 def _image_grid(items: list[dict[str, str]], cols: int = 4, title: str = ""):
@@ -34,12 +31,8 @@ def _image_grid(items: list[dict[str, str]], cols: int = 4, title: str = ""):
     for ax in axes.flat:
         ax.axis("off")
     for ax, it in zip(axes.flat, items):
-        ax.imshow(Image.open(project_path(it["img"])).convert("RGB"))
-        ax.set_title(it["title"], fontsize=7.5)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+        show_image(ax, it["img"], it["title"])
+    return laid_out(fig, title or None)
 
 
 @figure("memeworld_gallery", "notebooks/00_data_prep.ipynb", ("data_gallery",),

@@ -31,6 +31,16 @@ class ReadContext:
     def read_split(self, split: str, path: Path) -> None:
         self.splits_read.append((split, str(path)))
 
+    def split_files(self, requested, available: tuple[str, ...], name: str, path_of) -> Iterator[tuple[str, Path]]:
+        """Each requested split of dataset `name` with its file (`path_of(split)`), refused when the file is
+        missing, and recorded as read."""
+        for split in select_splits(requested, available, name):
+            path = path_of(split)
+            if not path.exists():
+                raise DataError(f"{path}: missing file for split '{split}'")
+            self.read_split(split, path)
+            yield split, path
+
     def image(self, base: Path | str, rel: Any, where: str, key: str = "img") -> Path:
         """The image path `rel` under `base`, refused when it leaves base (`..`, an absolute path)."""
         if not isinstance(rel, str) or not rel.strip():

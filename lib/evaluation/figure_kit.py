@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+from PIL import Image
 
 from lib.evaluation import plotting
-from lib.compendium.artifacts import ARTIFACTS, ARTIFACTS_ROOT
+from lib.compendium.artifacts import ARTIFACTS, ARTIFACTS_ROOT, project_path
 
 
 #: one input of a figure: a declared artifact's name (`lib.compendium.artifacts.ARTIFACTS`), with the
@@ -138,9 +139,38 @@ def group_x(n: int, k: int, groups: int, width: float) -> np.ndarray:
     return np.arange(n) + (k - (groups - 1) / 2) * width
 
 
+def bar_groups(ax, n: int, series: list[tuple[str | None, Any]], total: float = 0.8) -> list[np.ndarray]:
+    """Each series' bars (label, n values) side by side at ticks 0..n-1, coloured in order; returns each
+    series' x positions (for markers drawn over its bars)."""
+    w = total / max(1, len(series))
+    out = []
+    for k, (label, values) in enumerate(series):
+        xs = group_x(n, k, len(series), w)
+        ax.bar(xs, values, width=w, color=tab10(k), label=label)
+        out.append(xs)
+    return out
+
+
+def show_image(ax, img: str | Path, title: str | None = None, fontsize: float = 7.5):
+    """An artifact's image (a path relative to the project) on `ax`, without axes."""
+    ax.imshow(Image.open(project_path(img)).convert("RGB"))
+    ax.axis("off")
+    if title is not None:
+        ax.set_title(title, fontsize=fontsize)
+
+
 def legend_outside(ax, **kw):
-    """The legend to the right of the axes, clear of the bars."""
-    return ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, **kw)
+    """The legend to the right of the axes, clear of the bars; returns the axes' figure (a drawing's last step)."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, **kw)
+    return ax.figure
+
+
+def laid_out(fig, title: str | None = None, **suptitle_kw):
+    """The figure with its title (fontsize 10 unless given) and a tight layout: a drawing's last step."""
+    if title:
+        fig.suptitle(title, **{"fontsize": 10, **suptitle_kw})
+    fig.tight_layout()
+    return fig
 
 
 def claims_figure(csv_path: Path, xlabel: str, items: str):

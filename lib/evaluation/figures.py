@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from PIL import Image
 from tqdm.auto import tqdm
 
 # each paper's figures register themselves when their module is imported; this order is the index's
@@ -25,11 +24,11 @@ from lib.trace import figures as _trace_figures  # noqa: F401
 from lib.clip4dm import figures as _clip4dm_figures  # noqa: F401
 from lib.sei import figures as _sei_figures  # noqa: F401
 from lib.arcade import figures as _arcade_figures  # noqa: F401
-from lib.compendium.artifacts import PUBLISHED_PROFILES, figures_dir, figures_index, project_path, read_json, write_text
+from lib.compendium.artifacts import PUBLISHED_PROFILES, figures_dir, figures_index, read_json, write_text
 from lib.evaluation import plotting
 from lib.evaluation.crosseval import plot_flips, plot_forest, plot_mcnemar, plot_type_heatmap
 from lib.evaluation.figure_kit import (REGISTRY, Figure, art_frame, art_path, available, figure,  # noqa: F401
-                                       reading_from, show, subplots)
+                                       reading_from, show, show_image, subplots)
 
 __all__ = ["REGISTRY", "Figure", "art_path", "available", "figure", "reading_from", "show", "redraw_all", "write_index"]
 
@@ -76,9 +75,8 @@ def draw_evaluation_error_gallery(profile: str):
     gallery = read_json(art_path(profile, "evaluation_gallery"))
     fig, axes = subplots(1, max(1, len(gallery)), figsize=(2.6 * max(1, len(gallery)), 3.4), squeeze=False)
     for ax, g in zip(axes[0], gallery):
-        ax.imshow(Image.open(project_path(g["img"])).convert("RGB"))
-        ax.set_axis_off()
-        ax.set_title(f"{g['id']} type {g['type']} gold {g['label']}\nwrong: {g['share wrong']:.0%} of methods", fontsize=7)
+        show_image(ax, g["img"], f"{g['id']} type {g['type']} gold {g['label']}\nwrong: {g['share wrong']:.0%} of methods",
+                   fontsize=7)
     fig.suptitle("Error gallery: the common memes most methods get wrong", fontsize=10)
     return fig
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
-from lib.compendium.artifacts import project_path, read_json
-from lib.evaluation.figure_kit import art_frame, art_path, figure, legend_outside, subplots, tab10
+from lib.compendium.artifacts import read_json
+from lib.evaluation.figure_kit import (art_frame, art_path, figure, laid_out, legend_outside, show_image, subplots,
+                                       tab10)
 
 
 # ----------------------------------------------------------------------------- 01 captioning
@@ -22,16 +22,14 @@ def draw_captioning_examples(profile: str):
     for ax in axes.ravel():
         ax.axis("off")
     for ax, e in zip(axes.ravel(), ex["items"]):
-        ax.imshow(Image.open(project_path(e["img"])).convert("RGB"))
+        show_image(ax, e["img"])
         for b in e["boxes"]:
             x0, y0, x1, y1 = b["box"]
             ax.add_patch(mpatches.Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, lw=1.5, ec="tab:orange"))
             ax.text(x0 + 1, y1 - 2, b["tag"], fontsize=6, color="tab:orange")
         lines = [f"{c}: {t}" for c, t in e["captions"].items()]
         ax.set_title("\n".join(line if len(line) < 70 else line[:67] + "..." for line in lines), fontsize=7, loc="left")
-    fig.suptitle(f"Caption sources and boxes per meme (profile {profile})", fontsize=10)
-    fig.tight_layout()
-    return fig
+    return laid_out(fig, f"Caption sources and boxes per meme (profile {profile})")
 
 
 # ----------------------------------------------------------------------------- 02 TRACE
@@ -80,8 +78,7 @@ def draw_trace_per_type_accuracy(profile: str):
     ax.set_xticks(np.arange(len(pt)), [f"{t}\nn={n_type[t]}" for t in pt.index])
     ax.set(xlabel="interaction type (text, image, final)", ylabel="accuracy (test_seen)", ylim=(0, 1.02))
     ax.set_title("TRACE: accuracy per interaction type", pad=8)
-    legend_outside(ax)
-    return fig
+    return legend_outside(ax)
 
 
 @figure("trace_training_curves", "notebooks/02_finetuning.ipynb", ("trace_variants",),
@@ -121,6 +118,4 @@ def draw_trace_seeds(profile: str):
         ax.set_ylabel(label)
     axes[1].set_xticks(range(len(variants)), variants, rotation=30, ha="right")
     n = int(t.groupby("variant").size().min())
-    fig.suptitle(f"TRACE over {n} seeds: dots are seeds, squares mean ± sd (bars kept inside [0, 1])", fontsize=10)
-    fig.tight_layout()
-    return fig
+    return laid_out(fig, f"TRACE over {n} seeds: dots are seeds, squares mean ± sd (bars kept inside [0, 1])")
