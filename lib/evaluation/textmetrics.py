@@ -198,7 +198,7 @@ def entropy_shift(freq_1: dict[str, float], freq_2: dict[str, float], base: floa
     if t1 <= 0 or t2 <= 0:
         raise ValueError("entropy_shift needs two non-empty systems")
     out = {}
-    for w in set(freq_1) | set(freq_2):
+    for w in sorted(set(freq_1) | set(freq_2)):      # a fixed order: equal shifts keep it, whatever the hash seed
         p1, p2 = freq_1.get(w, 0) / t1, freq_2.get(w, 0) / t2
         s1 = -math.log(p1, base) if p1 > 0 else 0.0
         s2 = -math.log(p2, base) if p2 > 0 else 0.0
