@@ -227,6 +227,34 @@ def test_a_run_counts_the_answers_it_loaded_and_the_ones_it_asked_for(sandbox, m
     assert not any(found)
 
 
+def test_a_stage_that_reuses_cached_answers_is_not_timed_from_nothing(sandbox, monkeypatch):
+    """timings.json's `stages` is each stage's cost from nothing: a first run of a stage that replays an answer
+    an earlier run asked (its folder new, its answers not) is a latest-run time only."""
+    tmp, ran, _ = sandbox
+    cache = ResponseCache(stages_mod.default_cache_path("embedded"))
+    cache.put("old", _answer("asked before"))
+
+    def stage(st, profile, params=None):
+        ran.append(st.name)
+        (tmp / "artifacts" / profile / st.name).mkdir(parents=True, exist_ok=True)
+        c = ResponseCache(stages_mod.default_cache_path(profile))
+        if st.name == "05_debate":
+            assert c.get("old") is not None                    # reused
+        elif c.get(f"new-{st.name}") is None:
+            c.put(f"new-{st.name}", _answer("asked"))          # asked in this run
+    monkeypatch.setattr(stages_mod, "run_notebook", stage)
+    monkeypatch.setattr(stages_mod, "run_module", lambda st, p: stage(st, p))
+    assert _run() == 0
+    t = read_json(tmp / "artifacts" / "embedded" / "timings.json")
+    assert "05_debate" not in t["stages"] and "05_debate" in t["last_run"]
+    assert set(t["stages"]) == {s.name for s in stages()} - {"05_debate"}
+    dest = results.timings_path("embedded")                  # the README's table says so
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(t))
+    block = results.timings_block("embedded")
+    assert "05_debate not yet" in block and "| from nothing |" in block and "not measured" in block
+
+
 def test_make_test_replays_the_ci_answers_unless_cold():
     lanes = runner.make_test_commands(["py"])
     ci = lanes[0][0][1]

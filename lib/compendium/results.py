@@ -420,14 +420,18 @@ def timings_block(profile: str = "embedded") -> str:
         st = t.get("stages", {})
         total = sum(v["wall_s"] for v in st.values())
         last = t.get("last_run", {})
+        names = [s.name for s in stages() if s.name in st or s.name in last]
+        unmeasured = [n for n in names if n not in st]
         out.append(f"`make reproduce` (profile `{profile}`) from nothing, every model trained and asked afresh, on "
-                   f"{t.get('machine', '?')}: {_minutes(total)} in all, against a budget of 4 hours; the latest run "
-                   f"on what the earlier ones left (trained models, runs and answers reused): "
-                   f"{_minutes(sum(v['wall_s'] for v in last.values()))}.\n")
-        names = [s.name for s in stages() if s.name in st]
+                   f"{t.get('machine', '?')}: {_minutes(total)} in all"
+                   + (f" for the stages measured so ({', '.join(unmeasured)} not yet: their model answers were asked "
+                      f"over several runs)" if unmeasured else "")
+                   + f", against a budget of 4 hours; the latest run on what the earlier ones left (trained models, "
+                   f"runs and answers reused): {_minutes(sum(v['wall_s'] for v in last.values()))}.\n")
         out.append("| | " + " | ".join(names) + " |")
         out.append("|---|" + "---|" * len(names))
-        out.append("| from nothing | " + " | ".join(_minutes(st[n]["wall_s"]) for n in names) + " |")
+        out.append("| from nothing | " + " | ".join(_minutes(st[n]["wall_s"]) if n in st else "not measured"
+                                                  for n in names) + " |")
         if last:
             out.append("| latest run | " + " | ".join(_minutes(last[n]["wall_s"]) if n in last else "—" for n in names)
                        + " |")

@@ -341,11 +341,13 @@ def _estimates(profile: str) -> dict[str, float]:
 def record_timing(timings: dict[str, Any], stage: str, wall_s: float, cold: bool) -> dict[str, Any]:
     """timings.json: `stages` holds each stage's time from nothing (a run that found none of the stage's
     own outputs, trained models or cached answers: its cold cost), which a rerun on caches does not
-    replace; `last_run` holds every stage's time in the latest run, whatever it reused."""
+    replace, and nothing else: a stage never run from nothing has no entry (the README says "not measured"
+    rather than show a time that reused earlier runs' work); `last_run` holds every stage's time in the
+    latest run, whatever it reused."""
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     timings.setdefault("stages", {})
     timings.setdefault("last_run", {})
-    if cold or stage not in timings["stages"]:
+    if cold:
         timings["stages"][stage] = {"wall_s": round(wall_s, 1), "cold": cold, "finished": when}
     timings["last_run"][stage] = {"wall_s": round(wall_s, 1), "cold": cold, "finished": when}
     timings["machine"] = results.machine_description()
@@ -381,13 +383,15 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
         guess = f"; last run {_minutes(est[st.name])}, about {_minutes(left)} left in this run" if st.name in est else ""
         print(f"== [{k}/{len(chosen)}] {st.name} ({st.label}, profile {profile}{guess})", flush=True)
         stamp_file.unlink(missing_ok=True)               # a stage that starts is not done until it finishes again
-        # from nothing: the stage's folder (its trained runs, models, agents) does not exist yet, or every model
-        # is asked afresh (COLD=1)
+        # from nothing: every model is asked afresh (COLD=1), or the stage's folder (its trained runs, models,
+        # agents) does not exist yet and every model answer it uses is asked in this run (checked when it ends)
         cache = default_cache_path(profile)
         cold = cold_run or not (ARTIFACTS_ROOT / profile / st.name).exists()
         os.environ[STAGE_ENV] = st.name
+        held = 0
         if cache.exists():
             ResponseCache(cache).clear_used(st.name)
+            held = len(ResponseCache(cache))
         t0 = time.time()
         try:
             if st.notebook is not None:
@@ -401,6 +405,9 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
         finally:
             os.environ.pop(STAGE_ENV, None)
         dt = time.time() - t0
+        if cold and not cold_run and cache.exists():
+            used, asked = ResponseCache(cache).used_count(st.name), len(ResponseCache(cache)) - held
+            cold = used <= asked          # answers reused from earlier runs: not a time from nothing
         write_json(stamp_file, {"stamp": stamps[st.name]})
         write_json(timings_file, record_timing(timings, st.name, dt, cold))
         rows.append((st.name, dt, "ran"))
