@@ -499,6 +499,9 @@ def notebook_cost(stage: str, profile: str = "embedded") -> str:
         if cold:
             parts.append(f"embedded: {_minutes(cold['wall_s'])} on {where} from nothing (`make reproduce`)"
                          + (f", {_minutes(last['wall_s'])} in the latest run on what earlier runs left" if last else ""))
+        elif last:
+            parts.append(f"embedded: not yet timed from nothing on {where} (its model answers were asked over "
+                         f"several runs), {_minutes(last['wall_s'])} in the latest run on what earlier runs left")
     rows = [r for r in cost_rows("paper", Assumptions()) if r.stage[:2] == stage[:2]]
     if rows:
         hours, gib = sum(r.gpu_hours for r in rows), max(r.gpu_gib for r in rows)
