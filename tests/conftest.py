@@ -88,17 +88,3 @@ def tiny_paligemma(tmp_path_factory):
     model.save_pretrained(out)
     proc.save_pretrained(out)
     return out
-
-
-def pytest_collection_modifyitems(config, items):
-    """The checks of the committed results (marker `results`) need a published embedded run: the full
-    `make reproduce` writes results/embedded/ and, last, its notebooks.json. Until a complete run is
-    published they are reported as skipped, with the reason, never passed."""
-    from lib.compendium.artifacts import RESULTS_ROOT
-    if (RESULTS_ROOT / "embedded" / "notebooks.json").exists():
-        return
-    skip = pytest.mark.skip(reason="results/embedded/ holds no complete published run yet: "
-                                   "`make reproduce` (the embedded profile, hours on 2 cores) writes it")
-    for item in items:
-        if "results" in item.keywords:
-            item.add_marker(skip)
