@@ -251,13 +251,14 @@ def test_entropy_shift_equals_shifterator():
 def test_entropy_shift_is_the_same_whatever_the_hash_seed():
     """The word shift figure is redrawn byte for byte from the committed results by another process: the
     contributions' order (and their sum, the normalisation) may not follow the hash seed's set order."""
+    import os
     import subprocess
     import sys
     code = ("from lib.evaluation import textmetrics as tm\n"
             "f1 = tm.word_freqs(['a b c d e f g h', 'a a b'])\nf2 = tm.word_freqs(['e f g h i j k', 'k k b'])\n"
             "print(repr(list(tm.entropy_shift(f1, f2).items())))")
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={**__import__("os").environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "3")}
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "3")}
     assert len(outs) == 1
 
 
