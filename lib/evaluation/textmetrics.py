@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -75,10 +75,26 @@ def sentence_model(name: str = "minilm", device: str = "cpu"):
     return SentenceTransformer(resolve_text_model(name), device=device)
 
 
+#: per-text results kept across calls: a stage scores the same references (and the same outputs) against
+#: many settings, and each text is embedded once per process. Bounded; cleared when full.
+_CACHE_LIMIT = 50_000
+_EMBEDDED: dict[tuple[str, str], np.ndarray] = {}
+
+
 def embed(texts: Sequence[str], model: str = "minilm", batch_size: int = 64) -> np.ndarray:
-    m = sentence_model(model)
-    return np.asarray(m.encode([t or "" for t in texts], batch_size=batch_size, normalize_embeddings=True,
-                               show_progress_bar=False), dtype=np.float32)
+    """Unit-normalised sentence embeddings, one row per text; each distinct text is encoded once per process
+    (rows equal a direct encode to float rounding: batch padding moves the last bits)."""
+    texts = [t or "" for t in texts]
+    todo = list(dict.fromkeys(t for t in texts if (model, t) not in _EMBEDDED))
+    if todo:
+        if len(_EMBEDDED) + len(todo) > _CACHE_LIMIT:
+            _EMBEDDED.clear()
+        vecs = np.asarray(sentence_model(model).encode(todo, batch_size=batch_size, normalize_embeddings=True,
+                                                       show_progress_bar=False), dtype=np.float32)
+        _EMBEDDED.update(((model, t), v) for t, v in zip(todo, vecs))
+    if not texts:
+        return np.zeros((0, sentence_model(model).get_sentence_embedding_dimension()), dtype=np.float32)
+    return np.stack([_EMBEDDED[(model, t)] for t in texts])
 
 
 def semsim(preds: Sequence[str], refs: Sequence[str | Sequence[str]], model: str = "minilm") -> np.ndarray:
@@ -113,20 +129,80 @@ class BertScoreSpec:
         return "BERTScore-F1 (MiniLM proxy)" if self.proxy else "BERTScore-F1"
 
 
+class _BertScorer:
+    """bert-score's unrescaled, idf-free scoring (`bert_score.score`: the token embeddings of one layer, greedy
+    cosine matching, F1 of precision and recall, the best reference of each candidate) with the model, the
+    tokenizer and every sentence's token embeddings kept across calls, so a stage that scores many settings
+    against the same references encodes each sentence once. Equal to `bert_score.score` to float rounding
+    (tests/test_sei.py)."""
+
+    def __init__(self, path: str, layers: int, fast: bool):
+        import torch
+        from bert_score.utils import get_model, get_tokenizer
+        self.tokenizer = get_tokenizer(path, fast)
+        self.model = get_model(path, layers, False)
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model.to(self.device)
+        self.idf = defaultdict(lambda: 1.0)
+        self.idf[self.tokenizer.sep_token_id] = 0
+        self.idf[self.tokenizer.cls_token_id] = 0
+        self.stats: dict[str, tuple[Any, Any]] = {}
+
+    def _encode(self, sentences: Sequence[str], batch_size: int) -> None:
+        from bert_score.utils import get_bert_embedding
+        todo = sorted(set(sentences) - set(self.stats), key=lambda x: len(x.split(" ")), reverse=True)
+        if len(self.stats) + len(todo) > _CACHE_LIMIT:
+            self.stats.clear()
+            todo = sorted(set(sentences), key=lambda x: len(x.split(" ")), reverse=True)
+        for k in range(0, len(todo), batch_size):
+            batch = todo[k:k + batch_size]
+            emb, mask, idf = get_bert_embedding(batch, self.model, self.tokenizer, self.idf, device=self.device)
+            emb, mask, idf = emb.cpu(), mask.cpu(), idf.cpu()
+            for i, sen in enumerate(batch):
+                n = int(mask[i].sum().item())
+                self.stats[sen] = (emb[i, :n], idf[i, :n])
+
+    def _padded(self, sentences: Sequence[str]):
+        import torch
+        from torch.nn.utils.rnn import pad_sequence
+        emb, idf = zip(*(self.stats[s] for s in sentences))
+        lens = torch.tensor([e.size(0) for e in emb])
+        mask = torch.arange(int(lens.max())).expand(len(lens), int(lens.max())) < lens.unsqueeze(1)
+        return (pad_sequence([e.to(self.device) for e in emb], batch_first=True, padding_value=2.0),
+                mask.to(self.device), pad_sequence([i.to(self.device) for i in idf], batch_first=True))
+
+    def f1(self, preds: Sequence[str], refs: list[list[str]], batch_size: int) -> np.ndarray:
+        import torch
+        from bert_score.utils import greedy_cos_idf
+        cands = [p for p, r in zip(preds, refs) for _ in r]
+        flat = [x for r in refs for x in r]
+        self._encode(flat + cands, batch_size)
+        out = []
+        with torch.no_grad():
+            for k in range(0, len(flat), batch_size):
+                _, _, f = greedy_cos_idf(*self._padded(flat[k:k + batch_size]), *self._padded(cands[k:k + batch_size]),
+                                         False)
+                out.append(f.cpu())
+        f = torch.cat(out).numpy()
+        bounds = np.cumsum([0] + [len(r) for r in refs])
+        return np.array([f[a:b].max() for a, b in zip(bounds[:-1], bounds[1:])], dtype=float)
+
+
+@lru_cache(maxsize=2)
+def _bert_scorer(path: str, layers: int, fast: bool) -> _BertScorer:
+    return _BertScorer(path, layers, fast)
+
+
 def bertscore_f1(preds: Sequence[str], refs: Sequence[str | Sequence[str]], spec: BertScoreSpec = BertScoreSpec()
                  ) -> np.ndarray:
     """Per-item BERTScore F1 (max over references), unrescaled, from a local model folder."""
     if not len(preds):
         return np.zeros(0)
-    import bert_score
     path = resolve_text_model(spec.model)
     fast = not any((Path(path) / f).exists() for f in ("vocab.json", "spiece.model", "sentencepiece.bpe.model")) \
         or (Path(path) / "tokenizer.json").exists()
     logging.getLogger("transformers").setLevel(logging.ERROR)
-    _, _, f = bert_score.score([p or "" for p in preds], _refs(refs), model_type=path, num_layers=spec.layers,
-                               rescale_with_baseline=False, idf=False, batch_size=spec.batch_size,
-                               use_fast_tokenizer=fast, verbose=False)
-    return f.numpy().astype(float)
+    return _bert_scorer(path, int(spec.layers), fast).f1([p or "" for p in preds], _refs(refs), spec.batch_size)
 
 
 def score_texts(preds: Sequence[str], refs: Sequence[str | Sequence[str]], semsim_model: str = "minilm",
