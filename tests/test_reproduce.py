@@ -248,11 +248,16 @@ def test_a_stage_that_reuses_cached_answers_is_not_timed_from_nothing(sandbox, m
     t = read_json(tmp / "artifacts" / "embedded" / "timings.json")
     assert "05_debate" not in t["stages"] and "05_debate" in t["last_run"]
     assert set(t["stages"]) == {s.name for s in stages()} - {"05_debate"}
+    assert set(t["replayed"]) == {"05_debate"}              # its folder was new: a fresh clone's time for it
     dest = results.timings_path("embedded")                  # the README's table says so
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(t))
     block = results.timings_block("embedded")
     assert "05_debate not yet" in block and "| from nothing |" in block and "not measured" in block
+    assert "| fresh clone (trained here, committed answers replayed) |" in block
+    assert _run(force=True) == 0                             # a rerun on its own folders: a latest-run time only
+    t2 = read_json(tmp / "artifacts" / "embedded" / "timings.json")
+    assert t2["replayed"] == t["replayed"] and t2["stages"] == t["stages"]
 
 
 def test_make_test_replays_the_ci_answers_unless_cold():
@@ -261,10 +266,10 @@ def test_make_test_replays_the_ci_answers_unless_cold():
     assert ci[-3:] == ["ci", "--force", "--fresh"] and "--cold" not in ci
     assert runner.make_test_commands(["py"], cold=True)[0][0][1][-1] == "--cold"
     assert [n for n, _ in lanes[1]][0] == "unit tests" and lanes[1][-1][1][-1] == "paper-smoke"
-    # in the ci run's lane, after it: the kills and resumes, the checks of what it wrote, the committed results,
-    # the unit tests moved there; every unit test runs in exactly one of the lanes
-    assert [c[1][-1] for c in lanes[0][1:]] == ["ci_resume", "ci_run and not ci_resume", "results", "ci_lane and not gpu"]
-    assert lanes[1][0][1][-1] == "not results and not ci_run and not gpu and not ci_lane"
+    # in the ci run's lane, after it: the kills and resumes, the checks of what it wrote, the committed results;
+    # every unit test runs in the other lane
+    assert [c[1][-1] for c in lanes[0][1:]] == ["ci_resume", "ci_run and not ci_resume", "results"]
+    assert lanes[1][0][1][-1] == "not results and not ci_run and not gpu"
     assert [n for n, _ in runner.make_test_commands(["py"], skip_unit=True)[0]][-1] == "committed results"
     assert runner.main(["answers", "--profile", "../x"]) == 2
 

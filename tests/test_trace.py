@@ -469,7 +469,6 @@ def test_quick_look_subsample_keeps_every_split_and_remaps_captions(tmp_path):
             assert (a < 0) == (b < 0) and (a < 0 or sub.texts[a] == data.texts[b])
 
 
-@pytest.mark.ci_lane
 def test_parallel_runs_match_a_sequential_run_and_are_collected(tiny_clip_dir, tmp_path):
     """run_variants trains in two single-thread processes; on a short training a run matches the
     same seed trained in this process (longer ones drift by float rounding: replicates, not copies),

@@ -151,7 +151,9 @@ def publish_run(profile: str) -> None:
         for k, v in new.get("stages", {}).items():
             if v.get("cold", True) or k not in stages_:
                 stages_[k] = v
+        replayed = {**old.get("replayed", {}), **new.get("replayed", {})}
         write_json(timings_path(profile), {"machine": new.get("machine", machine_description()), "stages": stages_,
+                                           **({"replayed": replayed} if replayed else {}),
                                            "last_run": new.get("last_run", {})})
     write_json(results_dir(profile) / "notebooks.json", notebook_digests(profile))
     size = sum(f.stat().st_size for f in results_dir(profile).rglob("*") if f.is_file()) / 2 ** 20
@@ -419,19 +421,26 @@ def timings_block(profile: str = "embedded") -> str:
         t = read_json(timings_path(profile))
         st = t.get("stages", {})
         total = sum(v["wall_s"] for v in st.values())
-        last = t.get("last_run", {})
-        names = [s.name for s in stages() if s.name in st or s.name in last]
+        last, replayed = t.get("last_run", {}), t.get("replayed", {})
+        names = [s.name for s in stages() if s.name in st or s.name in last or s.name in replayed]
         unmeasured = [n for n in names if n not in st]
         out.append(f"`make reproduce` (profile `{profile}`) from nothing, every model trained and asked afresh, on "
                    f"{t.get('machine', '?')}: {_minutes(total)} in all"
                    + (f" for the stages measured so ({', '.join(unmeasured)} not yet: their model answers were asked "
                       f"over several runs)" if unmeasured else "")
-                   + f", against a budget of 4 hours; the latest run on what the earlier ones left (trained models, "
+                   + f", against a budget of 4 hours"
+                   + (f"; a fresh clone's run, every model trained and run here with the committed model answers "
+                      f"replayed: {_minutes(sum(v['wall_s'] for v in replayed.values()))} for the {len(replayed)} stages "
+                      f"measured so" if replayed else "")
+                   + f"; the latest run on what the earlier ones left (trained models, "
                    f"runs and answers reused): {_minutes(sum(v['wall_s'] for v in last.values()))}.\n")
         out.append("| | " + " | ".join(names) + " |")
         out.append("|---|" + "---|" * len(names))
         out.append("| from nothing | " + " | ".join(_minutes(st[n]["wall_s"]) if n in st else "not measured"
                                                   for n in names) + " |")
+        if replayed:
+            out.append("| fresh clone (trained here, committed answers replayed) | "
+                       + " | ".join(_minutes(replayed[n]["wall_s"]) if n in replayed else "—" for n in names) + " |")
         if last:
             out.append("| latest run | " + " | ".join(_minutes(last[n]["wall_s"]) if n in last else "—" for n in names)
                        + " |")

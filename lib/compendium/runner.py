@@ -141,20 +141,19 @@ def make_test_commands(py: list[str], skip_unit: bool = False, cold: bool = Fals
     """make test's commands, two lanes side by side. One: the ci run from nothing (its folder is scratch,
     the committed ci answers replayed unless `cold`), then its training stage and an LLM stage killed at
     random points and resumed (they must end with the same results), then the checks of what it wrote.
-    Two: the unit tests, paper-smoke. The checks of the committed results and the unit tests marked
-    `ci_lane` (slow ones moved to balance the lanes) end the first lane."""
+    Two: the unit tests, paper-smoke. The checks of the committed results end the first lane (the two
+    lanes then take about as long as each other)."""
     first: Command = ("committed results", py + ["tests", "-m", "results"])
     ci_run: Command = (f"profile {CI_PROFILE} (every stage at test sizes)",
                        [sys.executable, "-m", "lib.compendium.runner", "reproduce", "--profile", CI_PROFILE, "--force", "--fresh"]
                        + (["--cold"] if cold else []))
     unit: Command = ("unit tests", py + ["tests", "--durations=15", "-m",
-                                         "not results and not ci_run and not gpu and not ci_lane"])
-    unit_moved: Command = ("unit tests of the ci lane", py + ["tests", "-m", "ci_lane and not gpu"])
+                                         "not results and not ci_run and not gpu"])
     smoke: Command = (f"profile {SMOKE_PROFILE}", [sys.executable, "-m", "lib.compendium.runner", "reproduce", "--profile",
                                                    SMOKE_PROFILE])
     resume: Command = (f"{CI_PROFILE} stages killed and resumed", py + ["tests", "-m", "ci_resume"])
     last: Command = (f"checks of the {CI_PROFILE} run", py + ["tests", "-m", "ci_run and not ci_resume"])
-    return [[ci_run, resume, last, first] + ([] if skip_unit else [unit_moved]), ([] if skip_unit else [unit]) + [smoke]]
+    return [[ci_run, resume, last, first], ([] if skip_unit else [unit]) + [smoke]]
 
 
 def _run_test_steps(report_dir: Path, skip_unit: bool, record: Path | None = None, cold: bool = False) -> int:

@@ -338,18 +338,23 @@ def _estimates(profile: str) -> dict[str, float]:
     return out
 
 
-def record_timing(timings: dict[str, Any], stage: str, wall_s: float, cold: bool) -> dict[str, Any]:
+def record_timing(timings: dict[str, Any], stage: str, wall_s: float, cold: bool, fresh: bool = False) -> dict[str, Any]:
     """timings.json: `stages` holds each stage's time from nothing (a run that found none of the stage's
     own outputs, trained models or cached answers: its cold cost), which a rerun on caches does not
     replace, and nothing else: a stage never run from nothing has no entry (the README says "not measured"
-    rather than show a time that reused earlier runs' work); `last_run` holds every stage's time in the
-    latest run, whatever it reused."""
+    rather than show a time that reused earlier runs' work); `replayed` holds the time of a stage that
+    started without its folder (every model of it trained, every run made) but replayed model answers an
+    earlier run asked: a fresh clone's `make reproduce`, which replays the committed answers; `last_run`
+    holds every stage's time in the latest run, whatever it reused."""
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     timings.setdefault("stages", {})
     timings.setdefault("last_run", {})
+    row = {"wall_s": round(wall_s, 1), "cold": cold, "finished": when}
     if cold:
-        timings["stages"][stage] = {"wall_s": round(wall_s, 1), "cold": cold, "finished": when}
-    timings["last_run"][stage] = {"wall_s": round(wall_s, 1), "cold": cold, "finished": when}
+        timings["stages"][stage] = row
+    elif fresh:
+        timings.setdefault("replayed", {})[stage] = row
+    timings["last_run"][stage] = row
     timings["machine"] = results.machine_description()
     return timings
 
@@ -386,7 +391,8 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
         # from nothing: every model is asked afresh (COLD=1), or the stage's folder (its trained runs, models,
         # agents) does not exist yet and every model answer it uses is asked in this run (checked when it ends)
         cache = default_cache_path(profile)
-        cold = cold_run or not (ARTIFACTS_ROOT / profile / st.name).exists()
+        fresh = not (ARTIFACTS_ROOT / profile / st.name).exists()
+        cold = cold_run or fresh
         os.environ[STAGE_ENV] = st.name
         held = 0
         if cache.exists():
@@ -409,7 +415,7 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
             used, asked = ResponseCache(cache).used_count(st.name), len(ResponseCache(cache)) - held
             cold = used <= asked          # answers reused from earlier runs: not a time from nothing
         write_json(stamp_file, {"stamp": stamps[st.name]})
-        write_json(timings_file, record_timing(timings, st.name, dt, cold))
+        write_json(timings_file, record_timing(timings, st.name, dt, cold, fresh))
         rows.append((st.name, dt, "ran"))
         print(f"== {st.name} done in {_minutes(dt)}", flush=True)
         if publish:
