@@ -429,18 +429,19 @@ def timings_block(profile: str = "embedded") -> str:
                    + (f" for the stages measured so ({', '.join(unmeasured)} not yet: their model answers were asked "
                       f"over several runs)" if unmeasured else "")
                    + f", against a budget of 4 hours"
-                   + (f"; a fresh clone's run, every model trained and run here with the committed model answers "
-                      f"replayed: {_minutes(sum(v['wall_s'] for v in replayed.values()))} for the {len(replayed)} stages "
-                      f"measured so" if replayed else "")
-                   + f"; the latest run on what the earlier ones left (trained models, "
-                   f"runs and answers reused): {_minutes(sum(v['wall_s'] for v in last.values()))}.\n")
+                   + (f"; a fresh clone's `make reproduce`, every model trained and run here with the committed model "
+                      f"answers replayed: {_minutes(sum((replayed.get(n) or st.get(n) or {}).get('wall_s', 0) for n in names))}"
+                      if replayed else "")
+                   + f"; the latest run, whatever it reused of earlier runs' models and answers: "
+                   f"{_minutes(sum(v['wall_s'] for v in last.values()))}.\n")
         out.append("| | " + " | ".join(names) + " |")
         out.append("|---|" + "---|" * len(names))
         out.append("| from nothing | " + " | ".join(_minutes(st[n]["wall_s"]) if n in st else "not measured"
                                                   for n in names) + " |")
-        if replayed:
+        if replayed:        # a stage that uses no model answer costs a fresh clone its time from nothing
+            fresh = {n: (replayed.get(n) or st.get(n) or {}).get("wall_s") for n in names}
             out.append("| fresh clone (trained here, committed answers replayed) | "
-                       + " | ".join(_minutes(replayed[n]["wall_s"]) if n in replayed else "—" for n in names) + " |")
+                       + " | ".join(_minutes(fresh[n]) if fresh[n] is not None else "—" for n in names) + " |")
         if last:
             out.append("| latest run | " + " | ".join(_minutes(last[n]["wall_s"]) if n in last else "—" for n in names)
                        + " |")
