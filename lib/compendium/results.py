@@ -424,13 +424,15 @@ def timings_block(profile: str = "embedded") -> str:
         last, replayed = t.get("last_run", {}), t.get("replayed", {})
         names = [s.name for s in stages() if s.name in st or s.name in last or s.name in replayed]
         unmeasured = [n for n in names if n not in st]
+        # a fresh clone's time per stage: replayed where the stage uses model answers, else its time from nothing
+        fresh = {n: (replayed.get(n) or st.get(n) or {}).get("wall_s") for n in names} if replayed else {}
         out.append(f"`make reproduce` (profile `{profile}`) from nothing, every model trained and asked afresh, on "
                    f"{t.get('machine', '?')}: {_minutes(total)} in all"
                    + (f" for the stages measured so ({', '.join(unmeasured)} not yet: their model answers were asked "
                       f"over several runs)" if unmeasured else "")
                    + f", against a budget of 4 hours"
                    + (f"; a fresh clone's `make reproduce`, every model trained and run here with the committed model "
-                      f"answers replayed: {_minutes(sum((replayed.get(n) or st.get(n) or {}).get('wall_s', 0) for n in names))}"
+                      f"answers replayed: {_minutes(sum(v for v in fresh.values() if v is not None))}"
                       if replayed else "")
                    + f"; the latest run, whatever it reused of earlier runs' models and answers: "
                    f"{_minutes(sum(v['wall_s'] for v in last.values()))}.\n")
@@ -438,8 +440,7 @@ def timings_block(profile: str = "embedded") -> str:
         out.append("|---|" + "---|" * len(names))
         out.append("| from nothing | " + " | ".join(_minutes(st[n]["wall_s"]) if n in st else "not measured"
                                                   for n in names) + " |")
-        if replayed:        # a stage that uses no model answer costs a fresh clone its time from nothing
-            fresh = {n: (replayed.get(n) or st.get(n) or {}).get("wall_s") for n in names}
+        if fresh:
             out.append("| fresh clone (trained here, committed answers replayed) | "
                        + " | ".join(_minutes(fresh[n]) if fresh[n] is not None else "—" for n in names) + " |")
         if last:
