@@ -139,6 +139,7 @@ def draw_clip4dm_score_distributions(profile: str):
     axes[0].legend(fontsize=7, loc="lower left")
     f = scores["F-CLIPScore"]
     bins = np.concatenate([-np.logspace(np.log10(max(1e-8, -f.min())), -8, 30), [0]])
+    bins[0] = min(bins[0], f.min())   # the lowest score itself: 10 ** log10(x) may round past it, by CPU
     for lab, mask in (("original", orig), ("foil", ~orig)):
         axes[1].hist(f[mask], bins=np.unique(bins), histtype="step", density=False, label=lab)
     axes[1].set_xscale("symlog", linthresh=1e-6)
