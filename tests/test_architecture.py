@@ -25,7 +25,7 @@ LAYERS = {
     2: {"lib.models.chat", "lib.models.encoders", "lib.models.serve", "lib.models.llm_adapt",
         "lib.models.memeworld_vlm", "lib.models.nli", "lib.evaluation.textmetrics"},
     3: {"lib.trace.captioning", "lib.trace.model", "lib.trace.features", "lib.trace.training",
-        "lib.clip4dm.method", "lib.clip4dm.runs",
+        "lib.clip4dm.method", "lib.clip4dm.runs", "lib.clip4dm.claims",
         "lib.sei.agents", "lib.sei.fewshot", "lib.sei.retrieval",
         "lib.arcade.court", "lib.arcade.scoring"},
     4: {"lib.trace.runs", "lib.trace.report", "lib.trace.figures",

@@ -96,6 +96,7 @@ ARTIFACTS: dict[str, Artifact] = {
     "clip4dm_hard_negatives": Artifact("03_clip4dm", "hard_negatives.csv", "make reproduce NB=03"),
     "clip4dm_examples": Artifact("03_clip4dm", "examples.json", "make reproduce NB=03"),
     "clip4dm_results": Artifact("03_clip4dm", "results_{benchmark}.csv", "make reproduce NB=03"),
+    "clip4dm_claims": Artifact("03_clip4dm", "claims.csv", "make reproduce NB=03"),
     "sei_coherence": Artifact("04_few_shot", "coherence.csv", "make reproduce NB=04"),
     "sei_claims": Artifact("04_few_shot", "claims.csv", "make reproduce NB=04"),
     "sei_cold_runs": Artifact("04_few_shot", "cold_runs.csv", "make reproduce NB=04"),

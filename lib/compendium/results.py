@@ -65,7 +65,7 @@ RESULT_FILES: dict[str, tuple[str, ...]] = {
                       "variants.json", "runs/*/result.json", "runs/*/predictions.csv",
                       "runs/*/config.json"),
     "03_clip4dm": ("metrics.json", "settings.json", "ablation.csv", "by_encoder.csv", "epsilon_sweep.csv",
-                   "examples.json", "foil_table.csv", "hard_negatives.csv", "results_*.csv", "*/results_*.csv",
+                   "examples.json", "foil_table.csv", "hard_negatives.csv", "claims.csv", "results_*.csv", "*/results_*.csv",
                    "*/metrics.json"),
     "serving": ("metrics.json", "details.json", "settings.json"),
     "04_few_shot": ("metrics.json", "results.json", "predictions_*.jsonl", "claims.csv", "cold_runs.csv",
@@ -345,10 +345,10 @@ def _p(v) -> str:
     return "—" if v != v else (f"{v:.2g}" if v < 0.001 else f"{v:.3f}")
 
 
-def findings_rows(profile: str) -> list[dict[str, str]]:
-    """One row per claim the embedded run tests: the system, the claim, the two arms, n (and cold runs or
-    seeds), the effect with its 95% interval, the test's p. From the committed claims tables and metrics."""
-    d = results_dir(profile)
+def findings_rows(profile: str, root: Path | None = None) -> list[dict[str, str]]:
+    """One row per claim the embedded run tests (system, claim, arms, n, effect with its 95% interval, p, the
+    paper's effect, MDD, verdict), from the committed claims tables and metrics (`root`: another stage root)."""
+    d = results_dir(profile) if root is None else Path(root)
     rows: list[dict[str, str]] = []
     m2 = read_json(d / "02_finetuning" / "metrics.json") if (d / "02_finetuning" / "metrics.json").exists() else {}
     if "caption_benefit_acc" in m2:
@@ -368,26 +368,25 @@ def findings_rows(profile: str) -> list[dict[str, str]]:
                                                                              m2["caption_benefit_ci_high"]),
                                                m2["caption_benefit_mcnemar_p"], paper.value, mdd, None)})
     m3 = read_json(d / "03_clip4dm" / "metrics.json") if (d / "03_clip4dm" / "metrics.json").exists() else {}
-    if "ap_fclipscore" in m3:
-        ft = d / "03_clip4dm" / "foil_table.csv"
-        n = next((r["n_pairs"] for r in csv.DictReader(ft.open(encoding="utf-8")) if r["benchmark"] == "foil"), "—") \
-            if ft.exists() else "—"
+    if "ap_fclipscore" in m3 and not (d / "03_clip4dm" / "claims.csv").exists():    # a run before 03's claims table
         rows.append({"system": "CLIP4DM", "claim": "F-CLIPScore ranks foils better than CLIPScore (FOIL AP)",
-                     "A vs B": "F-CLIPScore vs CLIPScore", "n": f"{n} caption pairs; 1 trained model",
+                     "A vs B": "F-CLIPScore vs CLIPScore", "p": "— (no test yet)", "n": "{} caption pairs; 1 trained model".format(
+                         next(r["n_pairs"] for r in csv.DictReader((d / "03_clip4dm" / "foil_table.csv").open()) if r["benchmark"] == "foil")),
                      "effect": f"{m3['ap_fclipscore'] - m3['ap_clipscore']:+.3f} (AP {m3['ap_fclipscore']:.3f} vs "
-                               f"{m3['ap_clipscore']:.3f})", "p": "— (no test yet)",
-                     "paper": "—", "mdd": "—", "verdict": "no test"})
-    for stage, system, items in (("04_few_shot", "See, Explain, Intervene", "memes"),
+                               f"{m3['ap_clipscore']:.3f})", "paper": "—", "mdd": "—", "verdict": "no test"})
+    for stage, system, items in (("03_clip4dm", "CLIP4DM", "captions"),
+                                 ("04_few_shot", "See, Explain, Intervene", "memes"),
                                  ("05_debate", "ARCADE on H-VLI", "posts")):
         f = d / stage / "claims.csv"
         if not f.exists():
             continue
         for r in csv.DictReader(f.open(encoding="utf-8")):
-            if r.get("p") in ("", None):
+            if r.get("p") in ("", None) or r.get("role", "claim") != "claim":    # a control's row is read in its claim's verdict
                 continue
             runs = int(float(r.get("runs") or 1))
             rows.append({"system": system, "claim": r["claim"], "A vs B": f"{r['A']} vs {r['B']}",
-                         "n": f"{r['n']} {items}" + (f" x {runs} cold runs" if runs > 1 else ""),
+                         "n": f"{r['n']} {items}" + (f" of {r['images']} images" if r.get("images") else "")
+                              + (f" x {runs} cold runs" if runs > 1 else ""),
                          "effect": f"{float(r['A-B']):+.3f} {r.get('95% CI A-B', '')}".strip(),
                          "p": f"{_p(r['p'])} ({r.get('test', 'exact McNemar')})",
                          "paper": (f"{float(r['paper A-B']):+.3f} ({r.get(claims.PAPERS_NUMBER, '')})"
@@ -396,8 +395,9 @@ def findings_rows(profile: str) -> list[dict[str, str]]:
     return rows
 
 
-def findings_block(profile: str = "embedded") -> str:
-    rows = findings_rows(profile)
+def findings_block(profile: str = "embedded", root: Path | None = None) -> str:
+    """The findings table as markdown (the README's block; notebook 07 shows it from its run's artifacts)."""
+    rows = findings_rows(profile, root)
     if not rows:
         return "_No committed results yet: run `make reproduce`._"
     out = ["| system | claim | A vs B | n | A − B [95% CI] | p (test) | paper's A − B | MDD (80% power) | verdict |",

@@ -32,7 +32,7 @@ from lib.evaluation.metrics import metrics_at, per_type_accuracy, pr_best_f1_thr
 from lib.trace import report as trace_report
 from lib.clip4dm.method import _norm, average_precision
 from lib.clip4dm.report import NOCAPS_DOMAIN_KEYS, pick_epsilon
-from lib.clip4dm import method as clip4dm
+from lib.clip4dm import claims as c4claims, method as clip4dm
 from lib.sei.fewshot import Prediction
 from lib.sei import fewshot as sei, retrieval
 from lib.sei import analysis, report as rep
@@ -277,6 +277,11 @@ def _clip4dm(d: Path, root: Path) -> dict[str, Any]:
     nli = root / "models" / "memeworld-nli" / "training.json"
     if nli.exists() and "nli_heldout_acc" in read_json(nli).get("metrics", {}):
         m["nli_heldout_acc"] = read_json(nli)["metrics"]["nli_heldout_acc"]
+    if (d / "claims.csv").exists():       # the claims and their planted controls, from the same per-caption results
+        tests = pd.read_csv(d / "claims.csv")["test"].astype(str)
+        draws = re.search(r"\((\d+) resamples", tests.iloc[0]) if len(tests) else None
+        m.update(c4claims.claim_metrics(c4claims.claim_table(d, resamples=int(draws.group(1)) if draws else
+                                                             c4claims.RESAMPLES)))
     return {k: v for k, v in m.items() if v is not None}
 
 
