@@ -79,7 +79,7 @@ def test_claims_table_verdicts_follow_the_control_and_the_findings_read_claim_ro
     t = c4.claim_table(stage, [claim], resamples=300)
     assert t.loc[1, "A-B"] > 0 and t.loc[1, "verdict"] == "reproduced"
     t.to_csv(stage / "claims.csv", index=False)
-    monkeypatch.setattr(results, "results_dir", lambda profile: tmp_path)
+    monkeypatch.setattr("lib.compendium.findings.results_dir", lambda profile: tmp_path)
     rows = [r for r in results.findings_rows("embedded") if r["system"] == "CLIP4DM"]
     assert [r["claim"] for r in rows] == [claim.claim] and rows[0]["verdict"] == "reproduced"
     assert rows[0]["n"] == "1800 captions of 900 images" and rows[0]["paper"].startswith("+0.072 (nocaps ablation")

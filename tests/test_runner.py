@@ -184,7 +184,7 @@ def test_the_findings_table_gives_each_claim_its_papers_effect_power_and_verdict
                           {"arcade": {i: True for i in items}, "direct": {i: int(i) % 3 == 0 for i in items}}, truth)
     (tmp_path / "05_debate").mkdir()
     pd.DataFrame(rows).to_csv(tmp_path / "05_debate" / "claims.csv", index=False)
-    monkeypatch.setattr(results, "results_dir", lambda profile: tmp_path)
+    monkeypatch.setattr("lib.compendium.findings.results_dir", lambda profile: tmp_path)
     block = results.findings_block("embedded")
     lines = [ln for ln in block.splitlines() if ln.startswith("| ") and "---" not in ln]
     assert lines[0].endswith("| paper's A − B | MDD (80% power) | verdict |") and len(lines) == 3

@@ -24,13 +24,16 @@ from lib import ROOT
 from lib.compendium.artifacts import ARTIFACTS_ROOT, RESULTS_ROOT, read_json, write_bytes, write_json, write_text
 from lib.models.chat.cache import ResponseCache, default_cache_path
 from lib.compendium.costs import Assumptions, cost_rows, markdown
+from lib.compendium.findings import findings_block, findings_rows  # noqa: F401  (the README's block; results.findings_rows as before)
 from lib.compendium.params import stages
-from lib.evaluation import claims
 
 
 
 def machine_description() -> str:
-    cpu = platform.processor() or platform.machine()
+    """The system, the CPU (its model name: CPU-trained models differ in floating point between kinds), the GPU."""
+    cpu = next((ln.split(":", 1)[1].strip() for ln in (Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
+                if Path("/proc/cpuinfo").exists() else []) if ln.startswith("model name")),
+               platform.processor() or platform.machine())
     try:
         import torch
         gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
@@ -335,78 +338,6 @@ def render(profiles: tuple[str, ...] = README_PROFILES) -> str:
     if not parts:
         return "_No committed results yet: run `make reproduce`._\n"
     return "\n".join(parts)
-
-
-def _p(v) -> str:
-    try:
-        v = float(v)
-    except (TypeError, ValueError):
-        return "—"
-    return "—" if v != v else (f"{v:.2g}" if v < 0.001 else f"{v:.3f}")
-
-
-def findings_rows(profile: str, root: Path | None = None) -> list[dict[str, str]]:
-    """One row per claim the embedded run tests (system, claim, arms, n, effect with its 95% interval, p, the
-    paper's effect, MDD, verdict), from the committed claims tables and metrics (`root`: another stage root)."""
-    d = results_dir(profile) if root is None else Path(root)
-    rows: list[dict[str, str]] = []
-    m2 = read_json(d / "02_finetuning" / "metrics.json") if (d / "02_finetuning" / "metrics.json").exists() else {}
-    if "caption_benefit_acc" in m2:
-        seeds = (f"{m2['caption_benefit_seeds_positive']} of {m2['caption_benefit_n_seeds']} seeds positive"
-                 if "caption_benefit_n_seeds" in m2 else "1 seed")
-        n = int(m2["caption_benefit_n"])
-        mdd = (claims.mdd_from_counts(n, m2["caption_benefit_only_default_right"], m2["caption_benefit_only_without_right"])
-               if "caption_benefit_only_default_right" in m2 else float("nan"))
-        paper = claims.PaperEffect()
-        rows.append({"system": "TRACE", "claim": "captions help", "A vs B": "cls+rel vs image_text_only",
-                     "n": f"{n} memes; {seeds}",
-                     "effect": f"{m2['caption_benefit_acc']:+.3f} [{m2['caption_benefit_ci_low']:+.3f}, "
-                               f"{m2['caption_benefit_ci_high']:+.3f}]",
-                     "p": f"{_p(m2['caption_benefit_mcnemar_p'])} (McNemar)", "paper": paper.said,
-                     "mdd": _p(mdd),
-                     "verdict": claims.verdict(m2["caption_benefit_acc"], (m2["caption_benefit_ci_low"],
-                                                                             m2["caption_benefit_ci_high"]),
-                                               m2["caption_benefit_mcnemar_p"], paper.value, mdd, None)})
-    m3 = read_json(d / "03_clip4dm" / "metrics.json") if (d / "03_clip4dm" / "metrics.json").exists() else {}
-    if "ap_fclipscore" in m3 and not (d / "03_clip4dm" / "claims.csv").exists():    # a run before 03's claims table
-        rows.append({"system": "CLIP4DM", "claim": "F-CLIPScore ranks foils better than CLIPScore (FOIL AP)",
-                     "A vs B": "F-CLIPScore vs CLIPScore", "p": "— (no test yet)", "n": "{} caption pairs; 1 trained model".format(
-                         next(r["n_pairs"] for r in csv.DictReader((d / "03_clip4dm" / "foil_table.csv").open()) if r["benchmark"] == "foil")),
-                     "effect": f"{m3['ap_fclipscore'] - m3['ap_clipscore']:+.3f} (AP {m3['ap_fclipscore']:.3f} vs "
-                               f"{m3['ap_clipscore']:.3f})", "paper": "—", "mdd": "—", "verdict": "no test"})
-    for stage, system, items in (("03_clip4dm", "CLIP4DM", "captions"),
-                                 ("04_few_shot", "See, Explain, Intervene", "memes"),
-                                 ("05_debate", "ARCADE on H-VLI", "posts")):
-        f = d / stage / "claims.csv"
-        if not f.exists():
-            continue
-        for r in csv.DictReader(f.open(encoding="utf-8")):
-            if r.get("p") in ("", None) or r.get("role", "claim") != "claim":    # a control's row is read in its claim's verdict
-                continue
-            runs = int(float(r.get("runs") or 1))
-            rows.append({"system": system, "claim": r["claim"], "A vs B": f"{r['A']} vs {r['B']}",
-                         "n": f"{r['n']} {items}" + (f" of {r['images']} images" if r.get("images") else "")
-                              + (f" x {runs} cold runs" if runs > 1 else ""),
-                         "effect": f"{float(r['A-B']):+.3f} {r.get('95% CI A-B', '')}".strip(),
-                         "p": f"{_p(r['p'])} ({r.get('test', 'exact McNemar')})",
-                         "paper": (f"{float(r['paper A-B']):+.3f} ({r.get(claims.PAPERS_NUMBER, '')})"
-                                   if r.get("paper A-B") not in ("", None) else "—"),
-                         "mdd": _p(r.get("MDD (80% power)")), "verdict": r.get("verdict") or "—"})
-    return rows
-
-
-def findings_block(profile: str = "embedded", root: Path | None = None) -> str:
-    """The findings table as markdown (the README's block; notebook 07 shows it from its run's artifacts)."""
-    rows = findings_rows(profile, root)
-    if not rows:
-        return "_No committed results yet: run `make reproduce`._"
-    out = ["| system | claim | A vs B | n | A − B [95% CI] | p (test) | paper's A − B | MDD (80% power) | verdict |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    out += [f"| {r['system']} | {r['claim']} | {r['A vs B']} | {r['n']} | {r['effect']} | {r['p']} | {r['paper']} | "
-            f"{r['mdd']} | {r['verdict']} |" for r in rows]
-    verdicts = list(dict.fromkeys(r["verdict"] for r in rows if r["verdict"] in claims.VERDICTS))
-    out += ["", "Verdicts: " + "; ".join(f"*{v}*: {claims.VERDICTS[v]}" for v in verdicts) + "."] if verdicts else []
-    return "\n".join(out)
 
 
 def _minutes(s: float) -> str:
