@@ -76,11 +76,13 @@ test: $(STAMP) browser
 
 # The model answers `make test` replays (the ci and paper-smoke profiles'): run each profile from nothing
 # (replaying what is committed, asking the models for the rest) and commit exactly the answers it used.
+# KEEP=1 keeps the committed answers beside them: a CPU of another kind trains other weights, asks other
+# keys, and adds its own answers, so that both kinds of machine replay.
 test-answers: $(STAMP)
 	$(PY) -m lib.compendium.runner reproduce --profile ci --force --fresh --no-publish
-	$(PY) -m lib.compendium.runner answers --profile ci
+	$(PY) -m lib.compendium.runner answers --profile ci $(if $(filter 1,$(KEEP)),--keep,)
 	$(PY) -m lib.compendium.runner reproduce --profile paper-smoke --force --fresh --no-publish
-	$(PY) -m lib.compendium.runner answers --profile paper-smoke
+	$(PY) -m lib.compendium.runner answers --profile paper-smoke $(if $(filter 1,$(KEEP)),--keep,)
 
 report: $(STAMP)
 	$(PY) -m lib.compendium.report --profile $(PROFILE)

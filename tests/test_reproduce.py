@@ -104,6 +104,25 @@ def test_answers_used_by_the_last_runs_are_exported_and_replayed(tmp_path, monke
     assert fresh.get("k2").text == "not hateful" and fresh.get("k4") is None
 
 
+def test_answers_of_another_kind_of_machine_are_kept_beside_the_committed_ones(tmp_path, monkeypatch):
+    """`make test-answers KEEP=1`: a machine whose CPU trains other weights asks other keys; its answers join
+    the committed ones (a key in both keeps the committed line), so either kind of machine replays its own."""
+    out = tmp_path / "responses.jsonl.gz"
+    monkeypatch.setenv("COMPENDIUM_STAGE", "04_few_shot")
+    one = ResponseCache(tmp_path / "one.sqlite")
+    one.put("k1", _answer("hateful"))
+    one.put("k2", _answer("from the first machine"))
+    assert one.export(out) == 2
+    other = ResponseCache(tmp_path / "other.sqlite")
+    other.put("k2", _answer("the same key, answered again"))
+    other.put("k9", _answer("another kind of CPU"))
+    assert other.export(out, keep=True) == 3
+    both = ResponseCache(tmp_path / "both.sqlite")
+    assert both.import_answers(out) == 3
+    assert [both.get(k).text for k in ("k1", "k2", "k9")] == ["hateful", "from the first machine", "another kind of CPU"]
+    assert other.export(out) == 2                                # without keep: exactly what this machine used
+
+
 def test_a_corrupt_export_is_refused_naming_the_file_and_line(tmp_path):
     bad = tmp_path / "responses.jsonl.gz"
     with gzip.open(bad, "wt") as f:

@@ -236,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--no-publish", action="store_true", help="do not copy the results to results/<profile>/")
     a = sub.add_parser("answers", help="export the model answers a profile's last run used to results/<profile>/cache/")
     a.add_argument("--profile", default=CI_PROFILE)
+    a.add_argument("--keep", action="store_true", help="keep the committed answers beside the new ones (a CPU of "
+                                                       "another kind trains other weights and asks other keys)")
     t = sub.add_parser("test")
     t.add_argument("--skip-unit", action="store_true")
     t.add_argument("--cold", action="store_true", help="the ci run asks every model afresh instead of replaying "
@@ -260,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             profile_path(args.profile)
         except ProfileError as e:
             return cli_error(e)
-        return export_answers(args.profile)
+        return export_answers(args.profile, keep=args.keep)
     return test(args.skip_unit, args.record, cold=args.cold)
 
 

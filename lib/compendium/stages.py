@@ -275,17 +275,18 @@ def record_answers(profile: str, loaded: int, asked: int, every_stage: bool = Tr
     return rec
 
 
-def export_answers(profile: str) -> int:
+def export_answers(profile: str, keep: bool = False) -> int:
     """`make test-answers` (after a run of that profile): write the answers its stages' last runs used to
     results/<profile>/cache/responses.jsonl.gz, which the next run of that profile replays. A published
     profile does this itself when it publishes; the ci and paper-smoke profiles' answers are what `make
-    test` replays."""
+    test` replays. `keep` (`make test-answers KEEP=1`): the committed answers stay beside the new ones, so a
+    machine whose CPU trains other weights adds its own answers and both kinds replay."""
     cache = default_cache_path(profile)
     if not cache.exists():
         print(f"error: {relpath(cache)} does not exist: run `make reproduce PROFILE={profile}` first", file=sys.stderr)
         return 2
     out = results.cache_export_path(profile)
-    n = ResponseCache(cache).export(out)
+    n = ResponseCache(cache).export(out, keep=keep)
     print(f">> {n} model answers the stages of profile {profile} used -> {relpath(out)} "
           f"({out.stat().st_size / 2 ** 20:.2f} MB)")
     return 0

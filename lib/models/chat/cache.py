@@ -93,23 +93,30 @@ class ResponseCache:
         """Forget which answers `stage` used (its rerun marks them again)."""
         self._retry(lambda: self._conn().execute("DELETE FROM used WHERE stage=?", (stage,)))
 
-    def export(self, out: str | Path) -> int:
+    def export(self, out: str | Path, keep: bool = False) -> int:
         """Write the answers some stage's last run used as gzipped JSON lines sorted by key (key, model,
         status, payload; no timestamps: the same answers give the same bytes), atomically. Returns the count.
         The payload keeps its keys' order: a parsed answer is read back exactly as it was given, so a prompt
-        built from it (the debate's judge reads the debaters' parsed answers) is the one first asked."""
+        built from it (the debate's judge reads the debaters' parsed answers) is the one first asked.
+        `keep`: the answers already in `out` stay beside them (a key in both keeps the line already there).
+        Keys name the trained models by their weights, so a CPU of another kind, whose floats train other
+        weights, asks other keys: kept side by side, each kind of machine replays its own."""
         rows = self._retry(lambda: self._conn().execute(
             "SELECT key, model, status, payload FROM responses WHERE status!='failed' AND key IN "
             "(SELECT key FROM used) ORDER BY key").fetchall())
-        buf = io.BytesIO()
         root = str(ROOT) + "/"
+        lines = {key: json.dumps({"key": key, "model": model, "status": status, "payload": json.loads(payload)},
+                                 ensure_ascii=True).replace(root, "")     # answers are found by key: paths made relative
+                 for key, model, status, payload in rows}
+        if keep and Path(out).exists():
+            with gzip.open(out, "rt", encoding="ascii") as f:
+                lines.update({json.loads(ln)["key"]: ln.rstrip("\n") for ln in f if ln.strip()})
+        buf = io.BytesIO()
         with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz:
-            for key, model, status, payload in rows:      # answers are found by key: the model's path is made relative
-                line = json.dumps({"key": key, "model": model, "status": status, "payload": json.loads(payload)},
-                                  ensure_ascii=True).replace(root, "")
-                gz.write((line + "\n").encode("ascii"))
+            for key in sorted(lines):
+                gz.write((lines[key] + "\n").encode("ascii"))
         write_bytes(out, buf.getvalue())
-        return len(rows)
+        return len(lines)
 
     def import_answers(self, src: str | Path) -> int:
         """Load exported answers (export's file) that this cache lacks; returns how many were added.
