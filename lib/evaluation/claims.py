@@ -259,3 +259,26 @@ def cold_run_metric_keys(spread_rows: Sequence[dict[str, Any]]) -> dict[str, Any
                   f"{key}_diff_sd": float(a.std(ddof=1)) if len(a) > 1 else float("nan"),
                   f"{key}_diff_min": float(a.min()), f"{key}_diff_max": float(a.max())})
     return m
+
+
+def control_at_effect(oracle: dict[str, bool], base: dict[str, bool], effect: float,
+                      seed: int = 0) -> tuple[dict[str, bool], int]:
+    """A positive control's arm whose effect over `base` is the paper's `effect`, not a larger one: `base`'s
+    right/wrong per item with the `oracle` arm's (a variant where the effect exists by construction: debaters
+    that state the true cue, exemplars of the query's type) put in on the fewest items, taken in a seeded
+    order, that lift its accuracy over `base` to `effect` or more. Returns the arm and how many items took
+    the oracle's answer; where even every item falls short, the arm is the oracle's on all of them (its
+    effect is then below the paper's, and the test is read on that)."""
+    items = [i for i in base if i in oracle]
+    if not items:
+        raise ValueError("control_at_effect: the oracle and base arms share no item")
+    order = sorted(items)
+    np.random.default_rng(seed).shuffle(order)
+    arm = {i: bool(base[i]) for i in items}
+    need, gain = effect * len(items) - 1e-9, 0
+    for k, i in enumerate(order, 1):
+        if gain >= need:
+            return arm, k - 1
+        gain += int(bool(oracle[i])) - int(arm[i])
+        arm[i] = bool(oracle[i])
+    return arm, len(order)

@@ -1,0 +1,90 @@
+"""Oracle debaters (the court's positive control): the prosecutor and defender say the generator's account, only
+the judge is asked, every oracle answer fits its stage's schema; and the control arm at the paper's effect."""
+import json
+
+import jsonschema
+import pytest
+
+from lib.arcade.court import CourtConfig, CourtError, Prompts
+from lib.arcade.oracle import OracleCourt, accounts_from_memeworld, oracle_cues, oracle_rebuttals
+from lib.data.records import MemeRecord
+from lib.evaluation.claims import control_at_effect
+from lib.models.chat import ChatResult
+
+HATEFUL = {"id": 7, "group": "quaxi", "final_category": 1, "text_category": 0, "image_category": 0,
+           "text_reason": "points at the Quaxi", "image_reason": "a symbol the Quaxi are mocked with",
+           "final_reason": "the text names the Quaxi and the picture mocks them: together an attack " * 3}
+ONE_SIDED = {**HATEFUL, "id": 8, "final_category": 0, "text_category": 2, "text_reason": "text alone insults them",
+             "final_reason": "the picture makes the text a joke about weather"}
+PLAIN = {**HATEFUL, "id": 9, "final_category": 0, "text_category": 0, "image_category": 0,
+         "final_reason": "nothing in the meme attacks a group"}
+
+
+class JudgeOnly:
+    """A chat that answers only the judge (a debater call would fail the test) with label 1."""
+    def __init__(self):
+        self.stages = []
+
+    def generate(self, messages, params):
+        system = messages[0]["content"] if isinstance(messages[0]["content"], str) else messages[0]["content"][0]["text"]
+        self.stages.append(system[:40])
+        verdict = {"label": 1, "label_str": "Racist", "reason": "read the debate"}
+        return ChatResult(text=json.dumps(verdict), parsed=verdict, status="ok")
+
+
+def _post(acc, tmp_path):
+    from PIL import Image
+    p = tmp_path / f"{acc['id']}.png"
+    Image.new("RGB", (8, 8)).save(p)
+    return MemeRecord(str(acc["id"]), p, "a post", int(acc["final_category"] > 0), "test",
+                      meta={"type": "001", "final_label_multiclass": acc["final_category"]})
+
+
+def test_oracle_answers_fit_their_schemas_and_say_the_generators_account():
+    prompts = Prompts(CourtConfig())
+    for acc in (HATEFUL, ONE_SIDED, PLAIN):
+        cues, rebuttals = oracle_cues(acc), oracle_rebuttals(acc)
+        jsonschema.validate({"cues": cues}, prompts.schema("prosecutor_indirect"))
+        jsonschema.validate({"rebuttals": rebuttals}, prompts.schema("defender_indirect"))
+    assert oracle_cues(HATEFUL)[0]["hate_type"] == 1 and oracle_cues(HATEFUL)[0]["claim"].endswith("…")
+    assert oracle_cues(ONE_SIDED)[0]["hate_type"] == 2 and oracle_cues(ONE_SIDED)[0]["claim"] == "text alone insults them"
+    assert oracle_cues(PLAIN) == []                                   # nothing to accuse: the court dismisses
+    assert "harmless" in oracle_rebuttals(ONE_SIDED)[0]["rebuttal"] and "right" in oracle_rebuttals(HATEFUL)[0]["rebuttal"]
+
+
+def test_the_oracle_court_asks_only_the_judge(tmp_path):
+    chat = JudgeOnly()
+    court = OracleCourt(chat, CourtConfig(gate=False, rounds=2), {str(a["id"]): a for a in (HATEFUL, ONE_SIDED, PLAIN)})
+    res = {r.id: r for r in court.run_many([_post(a, tmp_path) for a in (HATEFUL, ONE_SIDED, PLAIN)], progress=False)}
+    assert len(chat.stages) == 2                                      # one judge call per debated post
+    assert res["9"].route == "dismissal" and res["9"].label == 0       # no cue in either modality
+    hate = res["7"]
+    assert hate.route == "track2" and hate.label == 1 and [c.template for c in hate.calls][:4] == ["oracle"] * 4
+    assert hate.transcript[0]["prosecutor"] == oracle_cues(HATEFUL) and hate.calls[-1].stage == "judge_indirect"
+    with pytest.raises(CourtError, match="gate"):
+        OracleCourt(chat, CourtConfig(gate=True), {})
+    with pytest.raises(CourtError, match="no generator account"):
+        OracleCourt(chat, CourtConfig(gate=False), {}).run(_post(HATEFUL, tmp_path))
+
+
+def test_accounts_are_read_from_memeworld_jsonl_and_a_bad_line_is_named(tmp_path):
+    f = tmp_path / "memeworld.jsonl"
+    f.write_text("\n".join(json.dumps(a) for a in (HATEFUL, PLAIN)) + "\n")
+    assert set(accounts_from_memeworld(f)) == {"7", "9"}
+    f.write_text(json.dumps(HATEFUL) + "\n{not json\n")
+    with pytest.raises(CourtError, match="line 2"):
+        accounts_from_memeworld(f)
+
+
+def test_the_control_arm_reaches_the_papers_effect_on_the_fewest_items():
+    items = [str(i) for i in range(100)]
+    base = {i: int(i) % 2 == 0 for i in items}                        # 0.50
+    oracle = {i: True for i in items}                                 # 1.00
+    arm, k = control_at_effect(oracle, base, 0.10, seed=3)
+    assert sum(arm.values()) / 100 - 0.5 == pytest.approx(0.10) and 10 <= k < 100
+    assert all(arm[i] == oracle[i] for i in items if arm[i] != base[i])   # each change is the oracle's answer
+    weak = {i: base[i] or int(i) % 20 == 1 for i in items}           # 0.55: short of the effect
+    arm, k = control_at_effect(weak, base, 0.10)
+    assert arm == weak and k == 100
+    with pytest.raises(ValueError, match="share no item"):
+        control_at_effect({"a": True}, {"b": False}, 0.1)
