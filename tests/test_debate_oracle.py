@@ -88,3 +88,27 @@ def test_the_control_arm_reaches_the_papers_effect_on_the_fewest_items():
     assert arm == weak and k == 100
     with pytest.raises(ValueError, match="share no item"):
         control_at_effect({"a": True}, {"b": False}, 0.1)
+
+
+def _runs(rates, n=96):
+    """Fake notebook-05 runs: variant -> results whose verdict is right on the first rate x n posts."""
+    from lib.arcade.court import SampleResult
+    out = {}
+    for name, rate in rates.items():
+        res = [SampleResult(str(i), 1, "001", "Hard", "track2", label=1 if i < rate * n else 0) for i in range(n)]
+        out[name] = {"results": res, "corrected": {"n": n},
+                     "cost": {"gate_call_saving": 0.0, "calls_per_sample": 4.0, "calls_all_track2": 4.0}}
+    return out
+
+
+def test_the_oracle_control_feeds_the_claims_verdict():
+    from lib.arcade.report import claim_frame
+    t = claim_frame(_runs({"arcade": 0.45, "direct": 0.40, "oracle": 0.90}))
+    ctl = t[t["claim"] == "control: debate beats a direct judge"].iloc[0]
+    assert ctl["A"] == "oracle_at_effect" and ctl["A-B"] == pytest.approx(0.104, abs=0.01) and ctl["verdict"] == "control detected"
+    claim = t[t["claim"] == "debate beats a direct judge"].iloc[0]
+    assert claim["control"] == "detected" and claim["verdict"] in ("not reproduced", "inconclusive", "underpowered")
+    t = claim_frame(_runs({"arcade": 0.45, "direct": 0.40, "oracle": 0.40}))    # the judge ignores the truth
+    assert t[t["claim"].str.startswith("control:")].iloc[0]["verdict"] == "control not detected"
+    assert t[t["claim"] == "debate beats a direct judge"].iloc[0]["verdict"] == "underpowered"
+    assert not claim_frame(_runs({"arcade": 0.45, "direct": 0.40}))["claim"].str.startswith("control:").any()

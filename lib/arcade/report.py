@@ -17,18 +17,23 @@ import numpy as np
 
 from lib.compendium.artifacts import read_jsonl, write_json, write_jsonl, write_text
 from lib.arcade.court import DIFFICULTY, LABELS, TYPES, CallTrace, Court, CourtConfig, SampleResult
+from lib.arcade.oracle import OracleCourt
 from lib.arcade.scoring import balanced_sample, cost_summary, evaluate, report_text
 from lib.evaluation.metrics import interval_keys, paired_accuracy_test
-from lib.evaluation.claims import claim_metric_keys, claim_tests, cold_run_metric_keys
+from lib.evaluation.claims import (DEFAULT_PAPER_EFFECT, claim_metric_keys, claim_row, claim_tests,
+                                   cold_run_metric_keys, control_at_effect, first_present)
 
 
 def run_variant(chat, samples: Sequence[Any], cfg: CourtConfig, out_dir: Path, name: str, model: str,
-                progress: bool = True) -> dict[str, Any]:
+                progress: bool = True, accounts: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Run one court configuration over the samples; write results_<name>.jsonl, report_<name>.txt
-    (official layout) and eval_<name>.json (both views, cost); return them with the results."""
+    (official layout) and eval_<name>.json (both views, cost); return them with the results. `accounts`
+    (post id -> MemeWorld's generator record): the debaters are oracles (lib.arcade.oracle), a variant
+    with `oracle: true`."""
     before = chat.stats.requests
     t0 = time.perf_counter()
-    results = Court(chat, cfg).run_many(samples, progress=progress, desc=name)
+    court = Court(chat, cfg) if accounts is None else OracleCourt(chat, cfg, accounts)
+    results = court.run_many(samples, progress=progress, desc=name)
     run = {"name": name, "config": asdict(cfg), "results": results, "calls_made": chat.stats.requests - before,
            "wall_s": time.perf_counter() - t0,
            "official": evaluate(results, cfg.class_mode, "official"),
@@ -171,8 +176,9 @@ def court_config(section: dict[str, Any], variant: str) -> CourtConfig:
     return CourtConfig(**{**base, **over})
 
 
-#: a variant's keys that choose its posts rather than configure the court
-VARIANT_SAMPLE_KEYS = ("samples", "types")
+#: a variant's keys that choose its posts or its debaters rather than configure the court (`oracle: true`:
+#: the debaters state MemeWorld's generator account, lib.arcade.oracle; only the judge is asked)
+VARIANT_SAMPLE_KEYS = ("samples", "types", "oracle")
 
 
 def variant_posts(variant: dict[str, Any], chosen: Sequence[Any], records_by_id: dict[str, Any],
@@ -266,6 +272,34 @@ CLAIMS = (
 )
 
 
+#: each claim's positive control: (claim, the oracle variant, the base arm): the base arm's answers with the
+#: oracle court's put in on the fewest posts that reach the paper's effect (claims.control_at_effect), tested
+#: against the base arm on the same posts. Held to claims.DEFAULT_PAPER_EFFECT, as the claims are
+CONTROLS = (("debate beats a direct judge", "oracle", "direct"),
+            ("Track II's debate reads emergent hate (type 001)", "oracle_type001|oracle", "direct_type001|direct"))
+
+
+def positive_controls(correct: dict[str, dict[str, bool]], truth: dict[str, int], confidence: float = 0.95
+                      ) -> tuple[list[dict[str, Any]], dict[str, bool]]:
+    """The control rows of the claims table (before the claims) and claim -> whether its control was
+    detected (the exact McNemar test's p < 0.05 in the oracle's direction), for each claim whose oracle
+    variant ran. An oracle arm short of the paper's effect on every post is the control at its own effect."""
+    rows, detected = [], {}
+    for claim, oracle, base in CONTROLS:
+        o, b = first_present(oracle, correct), first_present(base, correct)
+        if o is None or b is None:
+            continue
+        arm, k = control_at_effect(correct[o], correct[b], DEFAULT_PAPER_EFFECT)
+        t = paired_accuracy_test(arm, {i: correct[b][i] for i in arm}, truth, confidence)
+        detected[claim] = bool(t["difference"] > 0 and t["p"] < 0.05)
+        row = claim_row(f"control: {claim}", f"{o}_at_effect", b, t,
+                        f"{b}'s verdicts with the oracle court's ({o}) on {k} of {len(arm)} posts: the fewest that "
+                        f"lift it by the paper's effect (all of them: the oracle falls short of it)")
+        rows.append({**row, "role": "control", "control": "—",
+                     "verdict": "control detected" if detected[claim] else "control not detected"})
+    return rows, detected
+
+
 def claim_frame(runs: dict[str, dict[str, Any]], class_mode: str = "multiclass",
                 confidence: float = 0.95, spread: bool = False):
     """One row per claim in CLAIMS whose two variants ran: the paired test on the posts both judged
@@ -277,7 +311,9 @@ def claim_frame(runs: dict[str, dict[str, Any]], class_mode: str = "multiclass",
     truth = {r.id: (int(r.gt > 0) if class_mode == "binary" else r.gt) for v in runs.values() for r in v["results"]}
     answers = {k: {r.id: (r.label if r.label is not None and r.label >= 0 else None) for r in v["results"]}
                for k, v in runs.items()}
-    rows, per_run = claim_tests(CLAIMS, correct, truth, confidence, answers)
+    control_rows, detected = positive_controls(correct, truth, confidence)
+    rows, per_run = claim_tests(CLAIMS, correct, truth, confidence, answers, controls=detected)
+    rows = control_rows + rows
     if "arcade" in runs:
         cost = runs["arcade"]["cost"]
         rows.append({"claim": "the gate saves calls", "A": "arcade", "B": "every post through Track II",

@@ -59,7 +59,7 @@ def findings_rows(profile: str, root: Path | None = None) -> list[dict[str, str]
         if not f.exists():
             continue
         for r in csv.DictReader(f.open(encoding="utf-8")):
-            if r.get("p") in ("", None) or r.get("role", "claim") != "claim":    # a control's row is read in its claim's verdict
+            if r.get("p") in ("", None) or r.get("role") == "control":    # a control's row is read in its claim's verdict
                 continue
             runs = int(float(r.get("runs") or 1))
             rows.append({"system": system, "claim": r["claim"], "A vs B": f"{r['A']} vs {r['B']}",
