@@ -112,3 +112,19 @@ def test_the_oracle_control_feeds_the_claims_verdict():
     assert t[t["claim"].str.startswith("control:")].iloc[0]["verdict"] == "control not detected"
     assert t[t["claim"] == "debate beats a direct judge"].iloc[0]["verdict"] == "underpowered"
     assert not claim_frame(_runs({"arcade": 0.45, "direct": 0.40}))["claim"].str.startswith("control:").any()
+
+
+def test_an_oracle_variant_reads_the_profiles_memeworld_and_others_read_nothing(tmp_path, monkeypatch):
+    from lib.arcade import report
+    from lib.compendium import artifacts
+    monkeypatch.setattr(artifacts, "ARTIFACTS_ROOT", tmp_path)
+    assert report.oracle_accounts({"samples": 8}, "nowhere") is None
+    with pytest.raises(Exception, match="memeworld"):
+        report.oracle_accounts({"oracle": True}, "nowhere")              # no MemeWorld: no account
+    mw = tmp_path / "somewhere" / "00_data_prep" / "memeworld"
+    mw.mkdir(parents=True)
+    (mw / "memeworld.jsonl").write_text(json.dumps(HATEFUL) + "\n")
+    assert set(report.oracle_accounts({"oracle": True}, "somewhere")) == {"7"}
+    assert report.court_config({"variants": {"oracle": {"oracle": True, "gate": False}}, "class_mode": "multiclass",
+                                "rounds": 1, "temperatures": {}, "max_new_tokens": {}, "prompt_dir": "params/prompts/arcade",
+                                "official_prompts_repo": None, "workers": 1, "seed": 0}, "oracle").gate is False

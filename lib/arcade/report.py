@@ -15,9 +15,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from lib.compendium.artifacts import read_jsonl, write_json, write_jsonl, write_text
+from lib.compendium.artifacts import read_jsonl, require, write_json, write_jsonl, write_text
 from lib.arcade.court import DIFFICULTY, LABELS, TYPES, CallTrace, Court, CourtConfig, SampleResult
-from lib.arcade.oracle import OracleCourt
+from lib.arcade.oracle import OracleCourt, accounts_from_memeworld
 from lib.arcade.scoring import balanced_sample, cost_summary, evaluate, report_text
 from lib.evaluation.metrics import interval_keys, paired_accuracy_test
 from lib.evaluation.claims import (DEFAULT_PAPER_EFFECT, claim_metric_keys, claim_row, claim_tests,
@@ -179,6 +179,15 @@ def court_config(section: dict[str, Any], variant: str) -> CourtConfig:
 #: a variant's keys that choose its posts or its debaters rather than configure the court (`oracle: true`:
 #: the debaters state MemeWorld's generator account, lib.arcade.oracle; only the judge is asked)
 VARIANT_SAMPLE_KEYS = ("samples", "types", "oracle")
+
+
+def oracle_accounts(variant: dict[str, Any], profile: str) -> dict[str, dict[str, Any]] | None:
+    """The generator's accounts for a variant with `oracle: true` (run_variant's `accounts`), read from the
+    profile's MemeWorld (memeworld.jsonl); None for any other variant. A profile without MemeWorld (the paper
+    profile's real H-VLI) has no account of its posts: such a variant is an error naming the file."""
+    if not variant.get("oracle"):
+        return None
+    return accounts_from_memeworld(require(profile, "memeworld", "an oracle debate variant") / "memeworld.jsonl")
 
 
 def variant_posts(variant: dict[str, Any], chosen: Sequence[Any], records_by_id: dict[str, Any],
