@@ -127,3 +127,39 @@ def test_knn_predictions_are_the_exemplars_majority():
     preds = rep.knn_predictions(np.array([[0, 1, 2], [3, 4, 0]]), pool, qs)
     assert [p.label for p in preds] == [1, 0]
     assert rep.prediction_correct(preds) == {"a": True, "b": False}
+
+
+def test_same_type_exemplars_are_the_nearest_of_the_querys_type():
+    """The oracle retriever (`exemplars: same_type`, the retrieval claims' positive control) reads the whole
+    ranking: the query's own interaction type first, nearest first, then the nearest others."""
+    import numpy as np
+    from pathlib import Path
+    from lib.sei import fewshot as sei
+    from lib.sei.fewshot import Meme
+    pool = [Meme(str(i), Path("x"), "", int(t != "000"), type=t) for i, t in
+            enumerate(["000", "001", "000", "011", "001", "000"])]
+    queries = [Meme("q", Path("x"), "", 1, type="001"), Meme("r", Path("x"), "", 1, type="110")]
+    ranked = {"enc": np.array([[0, 2, 1, 3, 4, 5], [5, 4, 3, 2, 1, 0]])}
+    plan = sei.plan_exemplars(sei.Setting("same_type_2", 3, "enc", "same_type"), queries, pool, ranked, "most_similar_first")
+    assert [j for j, _ in plan["q"]] == [1, 4, 0]                 # both type-001 memes, then the nearest other
+    assert [j for j, _ in plan["r"]] == [5, 4, 3]                 # no meme of its type: the plain ranking
+    assert [lab for _, lab in plan["q"]] == [1, 1, 0]             # gold labels shown
+    with pytest.raises(ValueError, match="interaction type"):
+        sei.plan_exemplars(sei.Setting("s", 1, "enc", "same_type"), [Meme("x", Path("x"), "", 1)], pool,
+                           {"enc": ranked["enc"][:1]}, "most_similar_first")
+
+
+def test_the_oracle_retrievers_control_feeds_the_retrieval_claims_verdict():
+    gold = [i % 2 for i in range(96)]
+    main = [_pred(i, g, g if i < 50 else 1 - g, "enc/4") for i, g in enumerate(gold)]
+    rnd = [_pred(i, g, g if i < 48 else 1 - g, "random_4") for i, g in enumerate(gold)]
+    oracle = [_pred(i, g, g if i < 90 else 1 - g, "same_type_4") for i, g in enumerate(gold)]
+    c = rep.claim_frame({"enc/4": main, "random_4": rnd, "same_type_4": oracle}, "enc/4", "enc")
+    ctl = c[c["claim"] == "control: retrieved exemplars beat random ones"].iloc[0]
+    assert ctl["A"] == "same_type_4_at_effect" and ctl["A-B"] == pytest.approx(0.104, abs=0.01)
+    assert ctl["verdict"] == "control detected" and ctl["role"] == "control"
+    claim = c[c["claim"] == "retrieved exemplars beat random ones"].iloc[0]
+    assert claim["control"] == "detected" and claim["verdict"] != "no test"
+    weak = [_pred(i, g, g if i < 48 else 1 - g, "same_type_4") for i, g in enumerate(gold)]   # a moderator that ignores them
+    c = rep.claim_frame({"enc/4": main, "random_4": rnd, "same_type_4": weak}, "enc/4", "enc")
+    assert c[c["claim"] == "retrieved exemplars beat random ones"].iloc[0]["verdict"] == "underpowered"

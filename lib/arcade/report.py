@@ -20,8 +20,7 @@ from lib.arcade.court import DIFFICULTY, LABELS, TYPES, CallTrace, Court, CourtC
 from lib.arcade.oracle import OracleCourt, accounts_from_memeworld
 from lib.arcade.scoring import balanced_sample, cost_summary, evaluate, report_text
 from lib.evaluation.metrics import interval_keys, paired_accuracy_test
-from lib.evaluation.claims import (DEFAULT_PAPER_EFFECT, claim_metric_keys, claim_row, claim_tests,
-                                   cold_run_metric_keys, control_at_effect, first_present)
+from lib.evaluation.claims import claim_metric_keys, claim_tests, cold_run_metric_keys, positive_controls
 
 
 def run_variant(chat, samples: Sequence[Any], cfg: CourtConfig, out_dir: Path, name: str, model: str,
@@ -288,27 +287,6 @@ CONTROLS = (("debate beats a direct judge", "oracle", "direct"),
             ("Track II's debate reads emergent hate (type 001)", "oracle_type001|oracle", "direct_type001|direct"))
 
 
-def positive_controls(correct: dict[str, dict[str, bool]], truth: dict[str, int], confidence: float = 0.95
-                      ) -> tuple[list[dict[str, Any]], dict[str, bool]]:
-    """The control rows of the claims table (before the claims) and claim -> whether its control was
-    detected (the exact McNemar test's p < 0.05 in the oracle's direction), for each claim whose oracle
-    variant ran. An oracle arm short of the paper's effect on every post is the control at its own effect."""
-    rows, detected = [], {}
-    for claim, oracle, base in CONTROLS:
-        o, b = first_present(oracle, correct), first_present(base, correct)
-        if o is None or b is None:
-            continue
-        arm, k = control_at_effect(correct[o], correct[b], DEFAULT_PAPER_EFFECT)
-        t = paired_accuracy_test(arm, {i: correct[b][i] for i in arm}, truth, confidence)
-        detected[claim] = bool(t["difference"] > 0 and t["p"] < 0.05)
-        row = claim_row(f"control: {claim}", f"{o}_at_effect", b, t,
-                        f"{b}'s verdicts with the oracle court's ({o}) on {k} of {len(arm)} posts: the fewest that "
-                        f"lift it by the paper's effect (all of them: the oracle falls short of it)")
-        rows.append({**row, "role": "control", "control": "—",
-                     "verdict": "control detected" if detected[claim] else "control not detected"})
-    return rows, detected
-
-
 def claim_frame(runs: dict[str, dict[str, Any]], class_mode: str = "multiclass",
                 confidence: float = 0.95, spread: bool = False):
     """One row per claim in CLAIMS whose two variants ran: the paired test on the posts both judged
@@ -320,7 +298,7 @@ def claim_frame(runs: dict[str, dict[str, Any]], class_mode: str = "multiclass",
     truth = {r.id: (int(r.gt > 0) if class_mode == "binary" else r.gt) for v in runs.values() for r in v["results"]}
     answers = {k: {r.id: (r.label if r.label is not None and r.label >= 0 else None) for r in v["results"]}
                for k, v in runs.items()}
-    control_rows, detected = positive_controls(correct, truth, confidence)
+    control_rows, detected = positive_controls(CONTROLS, correct, truth, confidence, items="posts")
     rows, per_run = claim_tests(CLAIMS, correct, truth, confidence, answers, controls=detected)
     rows = control_rows + rows
     if "arcade" in runs:

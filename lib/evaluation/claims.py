@@ -282,3 +282,27 @@ def control_at_effect(oracle: dict[str, bool], base: dict[str, bool], effect: fl
         gain += int(bool(oracle[i])) - int(arm[i])
         arm[i] = bool(oracle[i])
     return arm, len(order)
+
+
+def positive_controls(controls: Sequence[tuple[str, str, str]], correct: dict[str, dict[str, bool]],
+                      truth: dict[str, int], confidence: float = 0.95, items: str = "items"
+                      ) -> tuple[list[dict[str, Any]], dict[str, bool]]:
+    """A claims table's control rows (they go before the claims) and claim -> whether its control was detected
+    (the exact McNemar test's p < 0.05 in the oracle's direction), for each (claim, oracle arm, base arm) of
+    `controls` whose two arms ran ("a|b": the first that ran): the base arm's answers with the oracle's on the
+    fewest items that reach DEFAULT_PAPER_EFFECT (`control_at_effect`), tested against the base arm on the same
+    items. An oracle arm short of that effect on every item is the control at its own effect."""
+    rows, detected = [], {}
+    for claim, oracle, base in controls:
+        o, b = first_present(oracle, correct), first_present(base, correct)
+        if o is None or b is None:
+            continue
+        arm, k = control_at_effect(correct[o], correct[b], DEFAULT_PAPER_EFFECT)
+        t = paired_accuracy_test(arm, {i: correct[b][i] for i in arm}, truth, confidence)
+        detected[claim] = bool(t["difference"] > 0 and t["p"] < 0.05)
+        row = claim_row(f"control: {claim}", f"{o}_at_effect", b, t,
+                        f"{b}'s answers with {o}'s on {k} of {len(arm)} {items}: the fewest that lift it by the "
+                        f"paper's effect (all of them: the oracle falls short of it)")
+        rows.append({**row, "role": "control", "control": "—",
+                     "verdict": "control detected" if detected[claim] else "control not detected"})
+    return rows, detected

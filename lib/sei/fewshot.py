@@ -41,7 +41,9 @@ from lib.evaluation.textmetrics import score_texts
 LABELS = ("non-hateful", "hateful")
 STATUSES = ("ok", "unparseable", "refused", "blocked", "failed")
 ORDERS = ("most_similar_last", "most_similar_first")
-EXEMPLAR_KINDS = ("retrieved", "random", "shuffled_labels")
+#: same_type: the oracle retriever, the retriever's nearest memes of the query's own interaction type (MemeWorld
+#: knows each meme's type): the positive control of the retrieval claims, informative neighbours by construction
+EXEMPLAR_KINDS = ("retrieved", "random", "shuffled_labels", "same_type")
 SCHEMA_FILE = ROOT / "params" / "schemas" / "sei_answer.json"
 
 
@@ -246,7 +248,7 @@ class Setting:
     name: str
     n: int
     retriever: str | None = None       # None for zero-shot and random exemplars
-    exemplars: str = "retrieved"       # retrieved | random | shuffled_labels
+    exemplars: str = "retrieved"       # retrieved | random | shuffled_labels | same_type (the oracle retriever)
     structured: bool = False           # JSON-schema output (where the backend supports it)
     eval_n: int = 0                    # 0: every evaluation meme; else the named balanced subset of this size
     replicate: int = 0                 # > 0: cold run `replicate` of another setting (`<name>_run<k>`): the same
@@ -351,7 +353,8 @@ def setting_queries(setting: Setting, queries: Sequence[Meme], seed: int = 0, by
 
 def plan_exemplars(setting: Setting, queries: Sequence[Meme], pool: Sequence[Meme], ranked: dict[str, np.ndarray],
                    order: str, seed: int = 0) -> dict[str, list[tuple[int, int]]]:
-    """For each query id: the exemplars in prompt order as (pool index, label shown)."""
+    """For each query id: the exemplars in prompt order as (pool index, label shown). `same_type` reads the
+    whole ranking (`rank_depth`): the nearest memes of the query's type first, then the nearest others."""
     out: dict[str, list[tuple[int, int]]] = {}
     p_hateful = float(np.mean([m.label for m in pool]))
     for qi, q in enumerate(queries):
@@ -361,6 +364,12 @@ def plan_exemplars(setting: Setting, queries: Sequence[Meme], pool: Sequence[Mem
             continue
         if setting.exemplars == "random":
             idx = rng.sample(range(len(pool)), setting.n)
+        elif setting.exemplars == "same_type":
+            if q.type is None:
+                raise ValueError(f"setting {setting.name}: query {q.id} has no interaction type (same_type "
+                                 f"exemplars need a dataset that gives one: MemeWorld)")
+            row = [int(j) for j in ranked[setting.retriever][qi]]
+            idx = ([j for j in row if pool[j].type == q.type] + [j for j in row if pool[j].type != q.type])[:setting.n]
         else:
             idx = [int(j) for j in ranked[setting.retriever][qi, :setting.n]]
         labels = [pool[j].label for j in idx]

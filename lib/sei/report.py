@@ -28,7 +28,7 @@ from lib.compendium.artifacts import read_jsonl, require, stage_dir, write_bytes
 from lib.models.chat import ResponseCache, default_cache_path
 from lib.data.prep import load_prepared
 from lib.evaluation.metrics import interval_keys
-from lib.evaluation.claims import PaperEffect, claim_metric_keys, claim_tests, cold_run_metric_keys
+from lib.evaluation.claims import PaperEffect, claim_metric_keys, claim_tests, cold_run_metric_keys, positive_controls
 from lib.compendium.params import is_paper
 from lib.sei.fewshot import Meme, Prediction, subgroup
 from lib.evaluation.textmetrics import pair_semsim, score_texts
@@ -318,13 +318,14 @@ class FewShotModerator:
 # ----------------------------------------------------------------------------- notebook 04's steps
 def retrieve_exemplars(dataset: str, memes: Sequence[Meme], train_split: str, test_split: str, eval_n: int,
                        eval_seed: int, retrievers: Sequence[str], emb: dict[str, dict[str, np.ndarray]],
-                       ns: Sequence[int], out_dir: Path, balance: str = "label"
+                       ns: Sequence[int], out_dir: Path, balance: str = "label", whole_ranking: bool = False
                        ) -> tuple[list[Meme], list[Meme], dict[str, np.ndarray], list[dict[str, Any]], str]:
     """One dataset's exemplar pool (the train split), its balanced evaluation queries, the pool
     ranked for every query by each retriever (written as exemplars_<dataset>_<retriever>.json,
     with similarities) and the retrieval quality at each n in `ns`. `emb`: retriever -> the
     embeddings already computed; memes missing from them are embedded (cached per encoder).
-    Returns (pool, queries, ranked, quality rows, a summary line)."""
+    `whole_ranking`: every pool meme ranked (a `same_type` setting picks the nearest of the query's type;
+    the file still lists the first max(ns)). Returns (pool, queries, ranked, quality rows, a summary line)."""
     pool = [m for m in memes if m.split == train_split]
     test_all = [m for m in memes if m.split == test_split]
     queries = sei.balanced_subset(test_all, eval_n, eval_seed, balance)
@@ -332,10 +333,10 @@ def retrieve_exemplars(dataset: str, memes: Sequence[Meme], train_split: str, te
     for r in retrievers:
         e = emb[r] if all(m.id in emb[r] for m in pool + queries) else \
             retrieval.embed_images(r, pool + queries, retrieval.embeddings_file(out_dir, r))
-        idx, sims = retrieval.rank(e, [m.id for m in queries], [m.id for m in pool], max(ns))
+        idx, sims = retrieval.rank(e, [m.id for m in queries], [m.id for m in pool], len(pool) if whole_ranking else max(ns))
         ranked[r] = idx
         write_json(out_dir / f"exemplars_{dataset}_{r.replace('/', '_')}.json",
-                   {q.id: [[pool[j].id, round(float(s), 6)] for j, s in zip(row, srow)]
+                   {q.id: [[pool[j].id, round(float(s), 6)] for j, s in zip(row[:max(ns)], srow[:max(ns)])]
                     for q, row, srow in zip(queries, idx, sims)})
         rows += [{"dataset": dataset, "retriever": r, **retrieval.retrieval_quality(idx[:, :n], pool, queries)}
                  for n in sorted(set(ns))]
@@ -402,6 +403,12 @@ FEWSHOT_CLAIMS = (
      PaperEffect(0.0214, "Table 2, InternVL3.5-8B on FHM, SigLIP exemplars: 73.55 (4-shot) vs 71.41 (2-shot)")),
 )   # the other claims have no published number (the paper runs no random, zero-shot or shuffled-label arm)
 
+#: the retrieval claims' positive controls: (claim, the oracle setting, the claim's base arm): the base arm's
+#: answers with those of the oracle retriever's setting (`exemplars: same_type`, informative neighbours by
+#: construction) on the fewest memes that reach the paper's effect (claims.positive_controls)
+FEWSHOT_CONTROLS = (("retrieved exemplars beat random ones", "same_type_4", "random_4"),
+                    ("exemplars beat none (zero-shot)", "same_type_4", "zero_shot"))
+
 
 def prediction_correct(preds: Sequence[Prediction]) -> dict[str, bool]:
     """Meme id -> right or wrong; an answer with no label (unparseable, refused) is wrong, as the
@@ -422,8 +429,10 @@ def claim_frame(preds: dict[str, Sequence[Prediction]], main_name: str, retrieve
     claims = [(claim, *(x.replace("<main>", main_name).replace("<retriever>", retriever) for x in (a, b)), what, *paper)
               for claim, a, b, what, *paper in FEWSHOT_CLAIMS]
     answers = {k: {p.id: p.label for p in v} for k, v in preds.items()}
-    rows, runs = claim_tests(claims, {k: prediction_correct(v) for k, v in preds.items()}, truth, confidence, answers)
-    return (pd.DataFrame(rows), pd.DataFrame(runs)) if spread else pd.DataFrame(rows)
+    correct = {k: prediction_correct(v) for k, v in preds.items()}
+    control_rows, detected = positive_controls(FEWSHOT_CONTROLS, correct, truth, confidence, items="memes")
+    rows, runs = claim_tests(claims, correct, truth, confidence, answers, controls=detected)
+    return (pd.DataFrame(control_rows + rows), pd.DataFrame(runs)) if spread else pd.DataFrame(control_rows + rows)
 
 
 def claim_metrics(claims) -> dict[str, Any]:
