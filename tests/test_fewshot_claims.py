@@ -163,3 +163,26 @@ def test_the_oracle_retrievers_control_feeds_the_retrieval_claims_verdict():
     weak = [_pred(i, g, g if i < 48 else 1 - g, "same_type_4") for i, g in enumerate(gold)]   # a moderator that ignores them
     c = rep.claim_frame({"enc/4": main, "random_4": rnd, "same_type_4": weak}, "enc/4", "enc")
     assert c[c["claim"] == "retrieved exemplars beat random ones"].iloc[0]["verdict"] == "underpowered"
+
+
+def test_a_labels_only_setting_shows_each_exemplar_with_its_label_alone():
+    """The "Explain" ingredient removed (SEI with labels only): the same exemplars and labels, their answers
+    without explanation or intervention; every other turn as in the full prompt."""
+    from pathlib import Path
+    from lib.sei import fewshot as sei
+    from lib.sei.fewshot import Meme
+    tpl = sei.SeiTemplates.load()
+    shots = [Meme("a", Path("x"), "text a", 1, caption="a cap", explanation="it mocks them", intervention="say why"),
+             Meme("b", Path("x"), "text b", 0, caption="b cap", explanation="a plain joke")]
+    q = Meme("q", Path("x"), "text q", None, caption="q cap")
+    full = sei.build_conversation(q, shots, tpl, images=False)
+    bare = sei.build_conversation(q, shots, tpl, images=False, labels_only=True)
+    assert [m["role"] for m in bare] == [m["role"] for m in full]
+    assert [bare[2]["content"], bare[4]["content"]] == [sei.LABELS[1], sei.LABELS[0]] or \
+        [bare[2]["content"][0]["text"], bare[4]["content"][0]["text"]] == [sei.LABELS[1], sei.LABELS[0]]
+    assert "it mocks them" in str(full[2]) and "it mocks them" not in str(bare)
+    assert [m for k, m in enumerate(bare) if k not in (2, 4)] == [m for k, m in enumerate(full) if k not in (2, 4)]
+    s = sei.parse_settings({"labels_only_4": {"n": 4, "retriever": "default", "labels_only": True}}, ["enc"], [4])
+    assert [x.labels_only for x in s] == [False, True]
+    with pytest.raises(ValueError, match="unknown keys"):
+        sei.parse_settings({"x": {"n": 4, "labels": True}}, ["enc"], [4])

@@ -123,9 +123,10 @@ class SeiTemplates:
 
 
 def build_conversation(query: Meme, shots: Sequence[Meme], tpl: SeiTemplates, definitions: str = "fhm",
-                       images: bool = True) -> list[dict[str, Any]]:
+                       images: bool = True, labels_only: bool = False) -> list[dict[str, Any]]:
     """system(definitions); per shot: user(image, caption + OCR) and assistant(label - explanation
-    [- intervention]); then user(test image, caption + OCR). Shots are in prompt order."""
+    [- intervention]); then user(test image, caption + OCR). Shots are in prompt order. `labels_only`:
+    each shot's answer is its label alone (the "Explain" ingredient removed: no explanation, no intervention)."""
 
     def turn(m: Meme):
         parts = ([image(str(m.img_path))] if images else []) + [text(tpl.user_text(m))]
@@ -134,7 +135,8 @@ def build_conversation(query: Meme, shots: Sequence[Meme], tpl: SeiTemplates, de
     for s in shots:
         if s.label not in (0, 1):
             raise ValueError(f"exemplar {s.id} has no gold label")
-        msgs += [turn(s), assistant(tpl.answer(s.label, s.explanation, s.intervention if s.label == 1 else ""))]
+        msgs += [turn(s), assistant(LABELS[s.label] if labels_only else
+                                    tpl.answer(s.label, s.explanation, s.intervention if s.label == 1 else ""))]
     msgs.append(turn(query))
     return msgs
 
@@ -250,6 +252,7 @@ class Setting:
     retriever: str | None = None       # None for zero-shot and random exemplars
     exemplars: str = "retrieved"       # retrieved | random | shuffled_labels | same_type (the oracle retriever)
     structured: bool = False           # JSON-schema output (where the backend supports it)
+    labels_only: bool = False          # the exemplars' answers show their label alone (no explanation or intervention)
     eval_n: int = 0                    # 0: every evaluation meme; else the named balanced subset of this size
     replicate: int = 0                 # > 0: cold run `replicate` of another setting (`<name>_run<k>`): the same
                                        #   prompts asked afresh, and random exemplars drawn anew
@@ -306,15 +309,16 @@ def parse_settings(spec: dict[str, dict[str, Any]], retrievers: Sequence[str], s
     out = [Setting(f"{r}/{n}", n, r, structured=structured) for r in retrievers for n in shots]
     for name, over in (spec or {}).items():
         over = dict(over)
-        unknown = set(over) - {"n", "retriever", "exemplars", "structured"}
+        unknown = set(over) - {"n", "retriever", "exemplars", "structured", "labels_only"}
         if unknown:
-            raise ValueError(f"setting {name}: unknown keys {sorted(unknown)} (n, retriever, exemplars, structured)")
+            raise ValueError(f"setting {name}: unknown keys {sorted(unknown)} (n, retriever, exemplars, structured, "
+                             f"labels_only)")
         if over.get("retriever") == "default":
             over["retriever"] = retrievers[0]
         if cold_run_of(name)[1]:
             raise ValueError(f"setting {name}: names ending in _run<k> are cold runs (set cold_runs instead)")
         out.append(Setting(name, int(over.get("n", 0)), over.get("retriever"), over.get("exemplars", "retrieved"),
-                           bool(over.get("structured", structured))))
+                           bool(over.get("structured", structured)), labels_only=bool(over.get("labels_only", False))))
     names = [s.name for s in out]
     dup = [n for n, c in Counter(names).items() if c > 1]
     if dup:
@@ -425,7 +429,7 @@ def run_setting(chat, setting: Setting, queries: Sequence[Meme], pool: Sequence[
         shots = [replace(pool[j], label=lab, caption=silver["captions"][j], explanation=silver["explanations"][(j, lab)],
                          intervention=silver["interventions"].get(j, "") if lab == 1 else "")
                  for j, lab in plan[q.id]]
-        convs.append(build_conversation(q, shots, tpl, definitions, images))
+        convs.append(build_conversation(q, shots, tpl, definitions, images, labels_only=setting.labels_only))
     params = GenParams(temperature=temperature, max_new_tokens=max_new_tokens, replicate=setting.replicate,
                        json_schema=answer_schema(string_max_length) if setting.structured else None)
     before = (chat.stats.requests, chat.stats.prompt_tokens, chat.stats.completion_tokens)

@@ -399,6 +399,8 @@ FEWSHOT_CLAIMS = (
      "the same exemplars shown with their gold labels or labels redrawn at the base rate"),
     ("the model adds to its exemplars' vote", "<main>", "knn_vote",
      "the model's answer against the majority label of the same retrieved exemplars (no model)"),
+    ("the exemplars' explanations add to their labels", "<main>", "labels_only_4",
+     "the same exemplars and labels, shown with or without their silver explanations and interventions"),
     ("four exemplars beat two", "<main>", "<retriever>/2", "the same retriever at n = 4 and n = 2",
      PaperEffect(0.0214, "Table 2, InternVL3.5-8B on FHM, SigLIP exemplars: 73.55 (4-shot) vs 71.41 (2-shot)")),
 )   # the other claims have no published number (the paper runs no random, zero-shot or shuffled-label arm)
