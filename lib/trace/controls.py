@@ -1,0 +1,102 @@
+"""TRACE's caption controls for notebook 02's claim "captions help": caption sources derived from notebook 01's
+TRACE JSON, on which the default model trains exactly as on the real captions.
+
+- `shuffled`, the ingredient check: each meme's caption columns are those of another meme of the same split (a
+  seeded derangement). The candidates, the relevance scorer and Gumbel selection stay; what a caption says about
+  its own meme goes. "captions help" against it isolates what the captions say from the machinery that reads
+  them (the no-caption variant removes both).
+- `cue`, the positive control: on a share of the memes of every split the first caption column says what
+  MemeWorld's generator knows of the meme (its `final_reason`: the interplay of text and picture, which the
+  image encoder cannot read). Captions then carry information by construction, and the claim's test should see
+  it. The share is sized from the no-caption model's *validation* accuracy so that the expected gain is the
+  paper's effect (`cue_share`), never from test.
+
+    src = derive_source(trace_json, out_dir / "trace_captions_cue.json", "cue", columns, accounts=accounts,
+                        share=cue_share(val_acc))
+    runs = derived_runs(stage, src, "cue")          # a TraceRuns on that source, its own runs folder
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from pathlib import Path
+from typing import Any, Sequence
+
+from lib.compendium.artifacts import write_json
+from lib.trace.report import TraceRuns
+from lib.trace.runs import load_trace_data, subsample
+
+KINDS = ("shuffled", "cue")
+
+
+class ControlError(ValueError):
+    """A caption control that cannot be built; the message names the file, record and field."""
+
+
+def cue_share(no_caption_val_acc: float, effect: float = 0.10) -> float:
+    """The share of memes whose first caption states the true cue, so that the expected accuracy gain over the
+    no-caption model is `effect`: a cue fixes the memes that model gets wrong, 1 - its validation accuracy of
+    them, so the share is effect / (1 - accuracy), capped at 1."""
+    if not 0 <= no_caption_val_acc <= 1:
+        raise ControlError(f"cue_share: a validation accuracy in [0, 1] is needed, got {no_caption_val_acc!r}")
+    wrong = 1.0 - no_caption_val_acc
+    return 1.0 if wrong <= effect else effect / wrong
+
+
+def _derangement(n: int, rng: random.Random) -> list[int]:
+    """A permutation of range(n) with no fixed point (n >= 2), uniformly by rejection."""
+    while True:
+        p = list(range(n))
+        rng.shuffle(p)
+        if all(i != j for i, j in enumerate(p)):
+            return p
+
+
+def derive_source(src: str | Path, out: str | Path, kind: str, columns: Sequence[str], seed: int = 0,
+                  accounts: dict[str, dict[str, Any]] | None = None, share: float | None = None) -> Path:
+    """Write `out`, notebook 01's TRACE JSON `src` with its caption `columns` derived (`kind`: shuffled or cue,
+    see the module's docstring); every other field as it was. `accounts` (meme id -> MemeWorld generator
+    record) and `share` are the cue's. Written atomically; the same inputs give the same file."""
+    if kind not in KINDS:
+        raise ControlError(f"derive_source: kind {kind!r}; expected one of {', '.join(KINDS)}")
+    if not columns:
+        raise ControlError("derive_source: no caption column to derive")
+    src = Path(src)
+    recs = json.loads(src.read_text(encoding="utf-8"))
+    if not isinstance(recs, list):
+        raise ControlError(f"{src}: a TRACE JSON list of memes is expected")
+    rng = random.Random(f"{seed}|{kind}")
+    by_split: dict[str, list[int]] = {}
+    for i, r in enumerate(recs):
+        by_split.setdefault(str(r.get("split")), []).append(i)
+    out_recs = [dict(r) for r in recs]
+    for split in sorted(by_split):
+        idx = by_split[split]
+        if kind == "shuffled":
+            if len(idx) < 2:
+                continue
+            for i, j in zip(idx, (idx[k] for k in _derangement(len(idx), rng))):
+                for c in columns:
+                    out_recs[i][c] = recs[j].get(c)
+            continue
+        if accounts is None or share is None or not 0 <= share <= 1:
+            raise ControlError("derive_source: the cue needs the generator's accounts and a share in [0, 1]")
+        chosen = sorted(rng.sample(idx, round(share * len(idx))))
+        for i in chosen:
+            rid = str(recs[i].get("id"))
+            reason = (accounts.get(rid) or {}).get("final_reason")
+            if not reason:
+                raise ControlError(f"{src}: record {i} (id {rid!r}): MemeWorld's generator has no 'final_reason' "
+                                   f"for it (the cue control needs MemeWorld)")
+            out_recs[i][columns[0]] = str(reason)
+    write_json(out, out_recs)
+    return Path(out)
+
+
+def derived_runs(stage: TraceRuns, source: str | Path, tag: str) -> TraceRuns:
+    """`stage`'s runs on a derived caption source: the same section, columns, sizes and workers, the source's
+    memes (subsampled as the stage's are) and a runs folder of their own (`runs_<tag>` beside `runs`)."""
+    data = subsample(load_trace_data(source, stage.columns), stage.max_memes, stage.seed)
+    return dataclasses.replace(stage, data=data, src=Path(source), runs_dir=stage.runs_dir.parent / f"runs_{tag}",
+                               caches={})

@@ -1,0 +1,69 @@
+"""TRACE's caption controls: a shuffled source (another meme's captions of the same split, never its own) and a
+cue source (the generator's account on the share of memes that buys the paper's effect), derived from notebook
+01's TRACE JSON with everything else kept."""
+import json
+from collections import Counter
+
+import pytest
+
+from lib.trace.controls import ControlError, cue_share, derive_source
+
+
+def _source(tmp_path, n=40):
+    recs = [{"id": str(i), "img": f"/x/{i}.png", "text": f"text {i}", "label": i % 2,
+             "split": ["train", "dev_seen", "test_seen"][i % 3], "vlm_caption": f"caption of {i}", "grounding": []}
+            for i in range(n)]
+    p = tmp_path / "trace_captions.json"
+    p.write_text(json.dumps(recs))
+    return p, recs
+
+
+def test_shuffled_captions_come_from_another_meme_of_the_same_split(tmp_path):
+    src, recs = _source(tmp_path)
+    out = json.loads(derive_source(src, tmp_path / "s.json", "shuffled", ["vlm_caption"], seed=1).read_text())
+    split_of = {r["vlm_caption"]: r["split"] for r in recs}
+    for a, b in zip(recs, out):
+        assert {k: v for k, v in a.items() if k != "vlm_caption"} == {k: v for k, v in b.items() if k != "vlm_caption"}
+        assert b["vlm_caption"] != a["vlm_caption"] and split_of[b["vlm_caption"]] == a["split"]
+    assert Counter(r["vlm_caption"] for r in out) == Counter(r["vlm_caption"] for r in recs)   # a permutation
+    again = derive_source(src, tmp_path / "t.json", "shuffled", ["vlm_caption"], seed=1).read_text()
+    assert again == (tmp_path / "s.json").read_text()
+    assert derive_source(src, tmp_path / "u.json", "shuffled", ["vlm_caption"], seed=2).read_text() != again
+
+
+def test_the_cue_states_the_generators_account_on_the_share_of_each_split(tmp_path):
+    src, recs = _source(tmp_path, 60)
+    accounts = {r["id"]: {"final_reason": f"true cue {r['id']}"} for r in recs}
+    out = json.loads(derive_source(src, tmp_path / "c.json", "cue", ["vlm_caption"], accounts=accounts, share=0.25).read_text())
+    cued = [r for r in out if r["vlm_caption"].startswith("true cue")]
+    assert Counter(r["split"] for r in cued) == {"train": 5, "dev_seen": 5, "test_seen": 5}
+    assert all(r["vlm_caption"] == f"true cue {r['id']}" for r in cued)
+    with pytest.raises(ControlError, match=r"record \d+ \(id '\d+'\).*final_reason"):
+        derive_source(src, tmp_path / "d.json", "cue", ["vlm_caption"], accounts={}, share=1.0)
+    with pytest.raises(ControlError, match="kind"):
+        derive_source(src, tmp_path / "e.json", "oracle", ["vlm_caption"])
+
+
+def test_the_cue_share_buys_the_papers_effect_from_validation_accuracy():
+    assert cue_share(0.60) == pytest.approx(0.25)              # 0.25 of the 0.40 it gets wrong: +0.10
+    assert cue_share(0.95) == 1.0 and cue_share(0.0) == pytest.approx(0.10)
+    with pytest.raises(ControlError):
+        cue_share(1.5)
+
+
+def test_derived_runs_train_on_the_derived_source_in_a_folder_of_their_own(tmp_path):
+    from PIL import Image
+    from lib.trace.controls import derived_runs
+    from lib.trace.report import TraceRuns
+    from lib.trace.runs import load_trace_data
+    src, recs = _source(tmp_path, 12)
+    for r in recs:
+        r["img"] = str(tmp_path / f"{r['id']}.png")
+        Image.new("RGB", (8, 8)).save(r["img"])
+    src.write_text(json.dumps(recs))
+    stage = TraceRuns({}, load_trace_data(src, ["vlm_caption"]), src, ["vlm_caption"], tmp_path / "02" / "runs")
+    shuffled = derive_source(src, tmp_path / "shuffled.json", "shuffled", ["vlm_caption"])
+    runs = derived_runs(stage, shuffled, "shuffled")
+    assert runs.runs_dir == tmp_path / "02" / "runs_shuffled" and runs.src == shuffled and runs.caches == {}
+    caption = lambda d: [d.texts[j] for j in d.cap_index[:, 1]]       # noqa: E731  (each meme's caption)
+    assert runs.data.ids == stage.data.ids and all(a != b for a, b in zip(caption(runs.data), caption(stage.data)))
