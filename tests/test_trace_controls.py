@@ -67,3 +67,29 @@ def test_derived_runs_train_on_the_derived_source_in_a_folder_of_their_own(tmp_p
     assert runs.runs_dir == tmp_path / "02" / "runs_shuffled" and runs.src == shuffled and runs.caches == {}
     caption = lambda d: [d.texts[j] for j in d.cap_index[:, 1]]       # noqa: E731  (each meme's caption)
     assert runs.data.ids == stage.data.ids and all(a != b for a, b in zip(caption(runs.data), caption(stage.data)))
+
+
+def _run(right, n=96):
+    """A run's saved predictions on test_seen: right on the memes in `right`."""
+    preds = [{"id": str(i), "split": "test_seen", "label": i % 2, "prediction": i % 2 if i in right else 1 - i % 2}
+             for i in range(n)]
+    return {"eval": {"predictions": preds}}
+
+
+def test_the_trace_claims_table_reads_the_cue_control_and_pools_seeds():
+    from lib.trace.controls import claim_frame
+    runs = {"cls+rel": _run(set(range(60))), "image_text_only": _run(set(range(58))), "cls+con": _run(set(range(55))),
+            "shuffled": _run(set(range(59))), "cue": _run(set(range(90)))}
+    seeds = {"cls+rel": [_run(set(range(61))), _run(set(range(59)))], "image_text_only": [_run(set(range(57)))]}
+    t, per_seed = claim_frame(runs, seeds)
+    ctl = t[t["role"] == "control"]
+    assert list(ctl["verdict"]) == ["control detected", "control detected"]
+    assert list(ctl["A"]) == ["cue_at_effect", "cue_at_effect"]
+    first = t[t["claim"] == "captions help"].iloc[0]
+    assert (first["n"], first["control"]) == (96, "detected") and first["A-B"] == pytest.approx(2 / 96, abs=1e-3)
+    pooled = t[t["claim"] == "captions help (2 seeds pooled)"].iloc[0]
+    assert pooled["runs"] == 2 and len(per_seed) == 2
+    assert t[t["claim"] == "the relevance loss beats the contrastive one"].iloc[0]["control"] == "none ran"
+    runs["cue"] = _run(set(range(58)))                             # cued captions the model cannot use
+    t, _ = claim_frame(runs, seeds)
+    assert t[t["claim"] == "captions help"].iloc[0]["verdict"] == "underpowered"

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lib.compendium.artifacts import write_json
+from lib.evaluation.claims import claim_tests, positive_controls
 from lib.trace.report import TraceRuns
 from lib.trace.runs import load_trace_data, subsample
 
@@ -100,3 +101,44 @@ def derived_runs(stage: TraceRuns, source: str | Path, tag: str) -> TraceRuns:
     data = subsample(load_trace_data(source, stage.columns), stage.max_memes, stage.seed)
     return dataclasses.replace(stage, data=data, src=Path(source), runs_dir=stage.runs_dir.parent / f"runs_{tag}",
                                caches={})
+
+
+# ----------------------------------------------------------------------------- notebook 02's claims table
+#: (claim, A, B, what it isolates): TRACE's claims on FHM's test_seen, the default model against the run that
+#: removes one ingredient. The TRACE paper reports no such ablation on FHM: each is held to the default effect
+TRACE_CLAIMS = (
+    ("captions help", "cls+rel", "image_text_only",
+     "the default model against the same model without captions (image and meme text: no caption, no selection)"),
+    ("what the captions say helps (selection kept)", "cls+rel", "shuffled",
+     "the default model on its captions against the same model on another meme's captions: candidates, "
+     "relevance scorer and Gumbel selection kept"),
+    ("the relevance loss beats the contrastive one", "cls+rel", "cls+con",
+     "the same model and captions, trained with the caption-relevance or the contrastive auxiliary loss"),
+)
+#: each caption claim's positive control: the default model on the cue source (captions that state the true
+#: cue on the share that buys the paper's effect), at the paper's effect against the claim's base arm
+TRACE_CONTROLS = (("captions help", "cue", "image_text_only"),
+                  ("what the captions say helps (selection kept)", "cue", "shuffled"))
+
+
+def run_correct(result: dict[str, Any], split: str = "test_seen") -> dict[str, bool]:
+    """Meme id -> right or wrong of one run on `split` (its saved predictions)."""
+    return {str(p["id"]): p["prediction"] == p["label"] for p in result["eval"]["predictions"] if p["split"] == split}
+
+
+def claim_frame(runs: dict[str, dict[str, Any]], seeds: dict[str, Sequence[dict[str, Any]]] | None = None,
+                split: str = "test_seen", confidence: float = 0.95):
+    """Notebook 02's claims table (the columns of 04's and 05's): each claim of TRACE_CLAIMS whose two runs exist,
+    on the memes of `split`, exact McNemar on the first seed and, where both arms have further seeds (`seeds`:
+    variant -> its replicate runs, in seed order), a row pooled over the seeds both have, clustered by meme;
+    the positive controls' rows first (TRACE_CONTROLS). Returns (claims, per-seed rows)."""
+    import pandas as pd
+    correct = {name: run_correct(r, split) for name, r in runs.items()}
+    for variant, reps in (seeds or {}).items():
+        correct.update({f"{variant}_run{k}": run_correct(r, split) for k, r in enumerate(reps, 1)})
+    truth = {str(p["id"]): int(p["label"]) for r in runs.values() for p in r["eval"]["predictions"] if p["split"] == split}
+    control_rows, detected = positive_controls(TRACE_CONTROLS, correct, truth, confidence, items="memes")
+    rows, per_seed = claim_tests(TRACE_CLAIMS, correct, truth, confidence, controls=detected)
+    for r in rows:                                   # the replicates here are training seeds, not cold runs
+        r["claim"] = r["claim"].replace("cold runs pooled", "seeds pooled")
+    return pd.DataFrame(control_rows + rows), pd.DataFrame(per_seed)
