@@ -40,30 +40,6 @@ def test_the_feature_cache_reads_images_on_loader_threads_with_the_same_features
     assert torch.equal(inline.image_feat, threaded.image_feat) and torch.equal(inline.image_emb, threaded.image_emb)
 
 
-def test_a_picture_met_twice_gets_the_same_features_whatever_its_batch(tiny, monkeypatch):
-    """A meme copy whose text alone changed shares its picture file: the cache gives it the first copy's
-    features bit for bit, even where the encoder's rounding depends on the batch (some CPUs' kernels)."""
-    from dataclasses import replace
-    enc, data = tiny
-    paths = list(data.image_paths)
-    twice = replace(data, ids=data.ids + ["copy"], labels=np.r_[data.labels, data.labels[:1]],
-                    splits=data.splits + data.splits[:1], image_paths=paths + paths[:1],
-                    cap_index=np.r_[data.cap_index, data.cap_index[:1]], meta=[])
-    real = enc.image_features
-    size = lambda pix: len(pix["pixel_values"]) if hasattr(pix, "keys") else len(pix)      # noqa: E731
-    monkeypatch.setattr(enc, "image_features", lambda pix: real(pix) * (1 + 1e-5 * size(pix)))   # batch-dependent
-    cache = FeatureCache(enc, twice, lowest_unfrozen=2, batch_size=7, progress=False)
-    assert len(paths) % 7 != 1                                   # the copy sits in a batch of another size
-    assert torch.equal(cache.image_feat[-1], cache.image_feat[0]) and torch.equal(cache.image_emb[-1], cache.image_emb[0])
-    assert not torch.equal(cache.image_feat[7], real_feature(enc, paths[7]))    # the batch-dependence is real
-
-
-def real_feature(enc, path):
-    from PIL import Image
-    with torch.no_grad():
-        return enc.image_features([Image.open(path).convert("RGB")]).float()[0]
-
-
 def test_half_precision_cache_halves_the_hidden_states_and_stays_close(tiny):
     enc, data = tiny
     full = FeatureCache(enc, data, lowest_unfrozen=1, progress=False)

@@ -78,15 +78,6 @@ class FeatureCache:
             bar.close()
             self.image_feat = torch.cat(feats)
             self.image_emb = torch.cat(embs)
-            # a picture met again (a copy whose text alone changed: notebook 06's injection into the OCR text)
-            # takes its first computation's features exactly. Its batch's make-up moves the float rounding of
-            # an encoder's kernels on some CPUs, and one picture must never become two inputs
-            first: dict[str, int] = {}
-            src = [first.setdefault(p, i) for i, p in enumerate(data.image_paths)]
-            again = [i for i, j in enumerate(src) if i != j]
-            if again:
-                self.image_feat[again] = self.image_feat[[src[i] for i in again]]
-                self.image_emb[again] = self.image_emb[[src[i] for i in again]]
             tok = encoder.tokenize(data.texts)
             self.tokens = {k: v for k, v in tok.items() if hasattr(v, "shape")}
             hs = []
