@@ -93,3 +93,17 @@ def test_the_trace_claims_table_reads_the_cue_control_and_pools_seeds():
     runs["cue"] = _run(set(range(58)))                             # cued captions the model cannot use
     t, _ = claim_frame(runs, seeds)
     assert t[t["claim"] == "captions help"].iloc[0]["verdict"] == "underpowered"
+
+
+def test_the_findings_table_reads_02s_claims_table_once_a_run_wrote_one(tmp_path, monkeypatch):
+    from lib.compendium import findings
+    from lib.trace.controls import claim_frame
+    runs = {"cls+rel": _run(set(range(60))), "image_text_only": _run(set(range(58))), "cue": _run(set(range(90)))}
+    t, _ = claim_frame(runs, {"cls+rel": [_run(set(range(61)))], "image_text_only": [_run(set(range(57)))]})
+    (tmp_path / "02_finetuning").mkdir()
+    (tmp_path / "02_finetuning" / "metrics.json").write_text(json.dumps({"caption_benefit_acc": 0.5}))
+    t.to_csv(tmp_path / "02_finetuning" / "claims.csv", index=False)
+    monkeypatch.setattr(findings, "results_dir", lambda profile: tmp_path)
+    rows = [r for r in findings.findings_rows("embedded") if r["system"] == "TRACE"]
+    assert [r["claim"] for r in rows] == ["captions help", "captions help (2 seeds pooled)"]
+    assert rows[1]["n"] == "96 memes x 2 seeds" and all(r["verdict"] != "—" for r in rows)

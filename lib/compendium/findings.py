@@ -29,7 +29,7 @@ def findings_rows(profile: str, root: Path | None = None) -> list[dict[str, str]
     d = results_dir(profile) if root is None else Path(root)
     rows: list[dict[str, str]] = []
     m2 = read_json(d / "02_finetuning" / "metrics.json") if (d / "02_finetuning" / "metrics.json").exists() else {}
-    if "caption_benefit_acc" in m2:
+    if "caption_benefit_acc" in m2 and not (d / "02_finetuning" / "claims.csv").exists():   # before 02's claims table
         seeds = (f"{m2['caption_benefit_seeds_positive']} of {m2['caption_benefit_n_seeds']} seeds positive"
                  if "caption_benefit_n_seeds" in m2 else "1 seed")
         n = int(m2["caption_benefit_n"])
@@ -52,7 +52,7 @@ def findings_rows(profile: str, root: Path | None = None) -> list[dict[str, str]
                          next(r["n_pairs"] for r in csv.DictReader((d / "03_clip4dm" / "foil_table.csv").open()) if r["benchmark"] == "foil")),
                      "effect": f"{m3['ap_fclipscore'] - m3['ap_clipscore']:+.3f} (AP {m3['ap_fclipscore']:.3f} vs "
                                f"{m3['ap_clipscore']:.3f})", "paper": "—", "mdd": "—", "verdict": "no test"})
-    for stage, system, items in (("03_clip4dm", "CLIP4DM", "captions"),
+    for stage, system, items in (("02_finetuning", "TRACE", "memes"), ("03_clip4dm", "CLIP4DM", "captions"),
                                  ("04_few_shot", "See, Explain, Intervene", "memes"),
                                  ("05_debate", "ARCADE on H-VLI", "posts")):
         f = d / stage / "claims.csv"
@@ -64,7 +64,7 @@ def findings_rows(profile: str, root: Path | None = None) -> list[dict[str, str]
             runs = int(float(r.get("runs") or 1))
             rows.append({"system": system, "claim": r["claim"], "A vs B": f"{r['A']} vs {r['B']}",
                          "n": f"{r['n']} {items}" + (f" of {r['images']} images" if r.get("images") else "")
-                              + (f" x {runs} cold runs" if runs > 1 else ""),
+                              + (f" x {runs} {'seeds' if 'seeds pooled' in r['claim'] else 'cold runs'}" if runs > 1 else ""),
                          "effect": f"{float(r['A-B']):+.3f} {r.get('95% CI A-B', '')}".strip(),
                          "p": f"{_p(r['p'])} ({r.get('test', 'exact McNemar')})",
                          "paper": (f"{float(r['paper A-B']):+.3f} ({r.get(claims.PAPERS_NUMBER, '')})"
