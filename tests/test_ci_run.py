@@ -230,7 +230,7 @@ def test_evaluation_compares_every_method_on_the_common_memes():
     assert len(mc) == k * (k - 1) // 2 and (mc.p_adjusted >= mc.pvalue - 1e-12).all()
     fl = pd.read_csv(out / "injection.csv")
     io = fl[(fl.method == "TRACE memeworld-clip_image_only [OCR text only]") & (fl.copies == "instruction")]
-    assert len(io) == 1 and io.flip_rate.iloc[0] == 0.0
+    assert len(io) == 1 and not (io.flip_rate.iloc[0] > 0 or io.reverse_flip_rate.iloc[0] > 0)   # NaN: none to flip
     for f in ("evaluation_accuracy_forest", "evaluation_per_type", "evaluation_mcnemar", "evaluation_injection"):
         _figure(f)
 

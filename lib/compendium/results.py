@@ -68,7 +68,7 @@ RESULT_FILES: dict[str, tuple[str, ...]] = {
                       "variants.json", "runs/*/result.json", "runs/*/predictions.csv",
                       "runs/*/config.json"),
     "03_clip4dm": ("metrics.json", "settings.json", "ablation.csv", "by_encoder.csv", "epsilon_sweep.csv",
-                   "examples.json", "foil_table.csv", "hard_negatives.csv", "claims.csv", "results_*.csv", "*/results_*.csv",
+                   "examples.json", "foil_table.csv", "hard_negatives.csv", "results_*.csv", "*/results_*.csv",
                    "*/metrics.json"),
     "serving": ("metrics.json", "details.json", "settings.json"),
     "04_few_shot": ("metrics.json", "results.json", "predictions_*.jsonl", "claims.csv", "cold_runs.csv",
