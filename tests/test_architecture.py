@@ -33,7 +33,7 @@ LAYERS = {
         "lib.sei.agents_report", "lib.sei.report", "lib.sei.analysis", "lib.sei.figures",
         "lib.arcade.report", "lib.arcade.figures",
         "lib.data.figures", "lib.models.embedded", "lib.models.serving", "lib.models.smoke", "lib.models.figures",
-        "lib.evaluation.crosseval", "lib.evaluation.figures", "lib.evaluation.figure_kit", "lib.evaluation.recompute",
+        "lib.evaluation.crosseval", "lib.evaluation.figures", "lib.evaluation.figure_kit", "lib.evaluation.recompute", "lib.evaluation.preconditions",
         "lib.compendium.results", "lib.compendium.findings", "lib.compendium.report", "lib.compendium.params", "lib.compendium.param_schemas",
         "lib.compendium.runner", "lib.compendium.stages", "lib.compendium.costs", "lib.compendium.measure", "lib.compendium.nbcheck"},
 }

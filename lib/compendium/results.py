@@ -25,6 +25,7 @@ from lib.compendium.artifacts import ARTIFACTS_ROOT, RESULTS_ROOT, read_json, wr
 from lib.models.chat.cache import ResponseCache, default_cache_path
 from lib.compendium.costs import Assumptions, cost_rows, markdown
 from lib.compendium.findings import findings_block, findings_rows  # noqa: F401  (the README's block; results.findings_rows as before)
+from lib.evaluation.preconditions import precondition_block
 from lib.compendium.params import stages
 
 
@@ -475,7 +476,8 @@ def update_notebook_headers(profile: str = "embedded") -> bool:
 
 #: generated blocks: file -> marker name -> function of the profile (`make results` fills them; the
 #: readings check skips them, tests/test_results.py checks them against their generators)
-BLOCKS = {ROOT / "README.md": {"findings": findings_block, "timings": timings_block},
+BLOCKS = {ROOT / "README.md": {"findings": findings_block, "timings": timings_block,
+                                "preconditions": lambda p: precondition_block(results_dir(p))},
           ROOT / "docs" / "gpu-costs.md": {"costs": lambda _: costs_block("paper")},
           ROOT / "docs" / "models-and-serving.md": {"serving": serving_block}}
 DOCS_RESULTS = ROOT / "docs" / "results.md"

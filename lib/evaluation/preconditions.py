@@ -1,0 +1,113 @@
+"""Each method's precondition, measured on a run's results with an interval, against the value at which the
+method could plausibly work: the table that says whether a null is about the method or about MemeWorld's
+components. Read from the per-item files the notebooks write (results/<profile>/ or artifacts/<profile>/),
+so it is generated wherever those exist.
+
+| method | precondition | measured | threshold, and why |
+|---|---|---|---|
+| TRACE | captions carry what the image encoder cannot read | the caption benefit (default - no-caption accuracy) | its interval above 0: a caption that adds nothing cannot be selected for |
+| See, Explain, Intervene | retrieved exemplars are informative neighbours | exemplar label agreement at n = 4 | at least 0.65 against the 0.50 base rate of a balanced set |
+| few-shot moderator | the model reads a meme at all | zero-shot accuracy on the balanced set | at least the majority line + 0.10 |
+| ARCADE | the judge's verdict varies with the post | the share of the judge's most common label | below 0.95 (claims.NEAR_CONSTANT): a constant judge cannot weigh a debate |
+"""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lib.evaluation.claims import NEAR_CONSTANT
+from lib.evaluation.metrics import mean_ci, proportion_ci
+
+#: the thresholds of the table above
+LABEL_AGREEMENT_MIN = 0.65
+READS_MEMES_MARGIN = 0.10
+
+
+def _row(method: str, precondition: str, measured: str, value: float, lo: float, hi: float, threshold: str,
+         met: bool | None, n: str) -> dict[str, Any]:
+    return {"method": method, "precondition": precondition, "measured": measured, "value": round(value, 3),
+            "95% CI": f"[{lo:.3f}, {hi:.3f}]", "n": n, "threshold": threshold,
+            "status": "not measured" if met is None else ("met" if met else "not met")}
+
+
+def _labels(root: Path) -> dict[str, int]:
+    f = root / "00_data_prep" / "memes.csv"
+    return {r["id"]: int(r["label"]) for r in csv.DictReader(f.open(encoding="utf-8"))} if f.exists() else {}
+
+
+def trace_row(root: Path) -> dict[str, Any] | None:
+    f = root / "02_finetuning" / "metrics.json"
+    m = json.loads(f.read_text()) if f.exists() else {}
+    if "caption_benefit_acc" not in m:
+        return None
+    lo, hi = m["caption_benefit_ci_low"], m["caption_benefit_ci_high"]
+    return _row("TRACE", "captions carry what the image encoder cannot read",
+                "caption benefit: default - no-caption accuracy (test_seen)", m["caption_benefit_acc"], lo, hi,
+                "interval above 0", lo > 0, f"{m['caption_benefit_n']} memes")
+
+
+def retrieval_row(root: Path, n: int = 4) -> dict[str, Any] | None:
+    labels = _labels(root)
+    files = sorted((root / "04_few_shot").glob("exemplars_fhm_*.json"))
+    if not files or not labels:
+        return None
+    ex = json.loads(files[0].read_text())
+    per_query = [np.mean([labels[p] == labels[q] for p, _ in shots[:n]]) for q, shots in ex.items()
+                 if q in labels and all(p in labels for p, _ in shots[:n])]
+    if not per_query:
+        return None
+    mean, lo, hi, _ = mean_ci(per_query)
+    retriever = files[0].stem.removeprefix("exemplars_fhm_")
+    return _row("See, Explain, Intervene", "retrieved exemplars are informative neighbours",
+                f"exemplars sharing the query's label ({retriever}, n = {n}; base rate 0.50)", mean, lo, hi,
+                f">= {LABEL_AGREEMENT_MIN:.2f}", lo >= LABEL_AGREEMENT_MIN, f"{len(per_query)} queries")
+
+
+def moderator_row(root: Path, setting: str = "zero_shot") -> dict[str, Any] | None:
+    f = root / "04_few_shot" / "predictions_fhm.jsonl"
+    if not f.exists():
+        return None
+    rows = [json.loads(x) for x in f.read_text(encoding="utf-8").splitlines() if x.strip()]
+    rows = [r for r in rows if r["setting"] == setting]
+    if not rows:
+        return None
+    right = sum(r["status"] == "ok" and r["label"] == r["gold"] for r in rows)
+    acc, lo, hi = proportion_ci(right, len(rows))
+    share = float(np.mean([r["gold"] for r in rows]))
+    line = max(share, 1 - share) + READS_MEMES_MARGIN
+    return _row("few-shot moderator", "the model reads a meme at all", "zero-shot accuracy (balanced FHM test set)",
+                acc, lo, hi, f">= majority line + {READS_MEMES_MARGIN:.2f} ({line:.2f})", lo >= line, f"{len(rows)} memes")
+
+
+def judge_row(root: Path, variant: str = "arcade") -> dict[str, Any] | None:
+    f = root / "05_debate" / f"results_{variant}.jsonl"
+    if not f.exists():
+        return None
+    labels = [json.loads(x)["label"] for x in f.read_text(encoding="utf-8").splitlines() if x.strip()]
+    if not labels:
+        return None
+    top = max(labels.count(v) for v in set(labels))
+    share, lo, hi = proportion_ci(top, len(labels))
+    return _row("ARCADE", "the judge's verdict varies with the post", "share of the judge's most common label",
+                share, lo, hi, f"< {NEAR_CONSTANT:.2f}", hi < NEAR_CONSTANT, f"{len(labels)} posts")
+
+
+def precondition_rows(root: str | Path) -> list[dict[str, Any]]:
+    """The table's rows that `root` (a folder of stage folders) has the files for, in the order above."""
+    root = Path(root)
+    return [r for r in (trace_row(root), retrieval_row(root), moderator_row(root), judge_row(root)) if r]
+
+
+def precondition_block(root: str | Path) -> str:
+    """The table as markdown (the README's block; each method's notebook reads its own row)."""
+    rows = precondition_rows(root)
+    if not rows:
+        return "_No committed results yet: run `make reproduce`._"
+    out = ["| method | precondition | measured | value [95% CI] | n | threshold | status |", "|---|---|---|---|---|---|---|"]
+    out += [f"| {r['method']} | {r['precondition']} | {r['measured']} | {r['value']:.3f} {r['95% CI']} | {r['n']} | "
+            f"{r['threshold']} | {r['status']} |" for r in rows]
+    return "\n".join(out)

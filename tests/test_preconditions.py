@@ -1,0 +1,45 @@
+"""The precondition table: each method's measured precondition with its interval against its threshold, read
+from the per-item files a run writes; "met" only when the whole interval clears the threshold."""
+import json
+
+import pytest
+
+from lib.evaluation.preconditions import precondition_block, precondition_rows
+
+
+def _root(tmp_path, agree=0.9, zero_right=0.8, judge_ones=0.5, benefit=(0.06, 0.02, 0.10)):
+    n = 100
+    (tmp_path / "00_data_prep").mkdir(parents=True)
+    (tmp_path / "00_data_prep" / "memes.csv").write_text(
+        "id,split,label\n" + "".join(f"{i},x,{i % 2}\n" for i in range(2 * n)))
+    (tmp_path / "04_few_shot").mkdir()
+    # query i (0..n-1) gets 4 exemplars: `agree` of them share its label
+    ex = {str(i): [[str(n + (i % 2 if k < round(4 * agree) else 1 - i % 2) + 2 * k), 0.9] for k in range(4)] for i in range(n)}
+    (tmp_path / "04_few_shot" / "exemplars_fhm_enc.json").write_text(json.dumps(ex))
+    preds = [{"setting": "zero_shot", "gold": i % 2, "status": "ok",
+              "label": i % 2 if i < zero_right * n else 1 - i % 2} for i in range(n)]
+    (tmp_path / "04_few_shot" / "predictions_fhm.jsonl").write_text("\n".join(json.dumps(p) for p in preds))
+    (tmp_path / "05_debate").mkdir()
+    (tmp_path / "05_debate" / "results_arcade.jsonl").write_text(
+        "\n".join(json.dumps({"label": 1 if i < judge_ones * n else 0}) for i in range(n)))
+    (tmp_path / "02_finetuning").mkdir()
+    (tmp_path / "02_finetuning" / "metrics.json").write_text(json.dumps(
+        {"caption_benefit_acc": benefit[0], "caption_benefit_ci_low": benefit[1], "caption_benefit_ci_high": benefit[2],
+         "caption_benefit_n": 500}))
+    return tmp_path
+
+
+def test_each_precondition_is_met_only_when_its_interval_clears_the_threshold(tmp_path):
+    rows = {r["method"]: r for r in precondition_rows(_root(tmp_path / "a"))}
+    assert [r["status"] for r in rows.values()] == ["met"] * 4
+    assert rows["See, Explain, Intervene"]["value"] == pytest.approx(1.0)
+    weak = {r["method"]: r for r in precondition_rows(_root(tmp_path / "b", agree=0.5, zero_right=0.55, judge_ones=0.99,
+                                                            benefit=(0.01, -0.01, 0.03)))}
+    assert [r["status"] for r in weak.values()] == ["not met"] * 4
+    assert weak["ARCADE"]["value"] == pytest.approx(0.99) and weak["See, Explain, Intervene"]["value"] == pytest.approx(0.5)
+    block = precondition_block(tmp_path / "b")
+    assert block.count("\n") == 5 and "| not met |" in block
+
+
+def test_a_run_without_the_files_has_no_rows(tmp_path):
+    assert precondition_rows(tmp_path) == [] and "make reproduce" in precondition_block(tmp_path)
