@@ -47,11 +47,14 @@ def findings_rows(profile: str, root: Path | None = None) -> list[dict[str, str]
                                                m2["caption_benefit_mcnemar_p"], paper.value, mdd, None)})
     m3 = read_json(d / "03_clip4dm" / "metrics.json") if (d / "03_clip4dm" / "metrics.json").exists() else {}
     if "ap_fclipscore" in m3 and not (d / "03_clip4dm" / "claims.csv").exists():    # a run before 03's claims table
+        ft = d / "03_clip4dm" / "foil_table.csv"
+        n = next((r["n_pairs"] for r in csv.DictReader(ft.open(encoding="utf-8")) if r["benchmark"] == "foil"), "—") \
+            if ft.exists() else "—"
         rows.append({"system": "CLIP4DM", "claim": "F-CLIPScore ranks foils better than CLIPScore (FOIL AP)",
-                     "A vs B": "F-CLIPScore vs CLIPScore", "p": "— (no test yet)", "n": "{} caption pairs; 1 trained model".format(
-                         next(r["n_pairs"] for r in csv.DictReader((d / "03_clip4dm" / "foil_table.csv").open()) if r["benchmark"] == "foil")),
+                     "A vs B": "F-CLIPScore vs CLIPScore", "n": f"{n} caption pairs; 1 trained model",
                      "effect": f"{m3['ap_fclipscore'] - m3['ap_clipscore']:+.3f} (AP {m3['ap_fclipscore']:.3f} vs "
-                               f"{m3['ap_clipscore']:.3f})", "paper": "—", "mdd": "—", "verdict": "no test"})
+                               f"{m3['ap_clipscore']:.3f})", "p": "— (no test yet)",
+                     "paper": "—", "mdd": "—", "verdict": "no test"})
     for stage, system, items in (("02_finetuning", "TRACE", "memes"), ("03_clip4dm", "CLIP4DM", "captions"),
                                  ("04_few_shot", "See, Explain, Intervene", "memes"),
                                  ("05_debate", "ARCADE on H-VLI", "posts")):
