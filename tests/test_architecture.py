@@ -17,7 +17,7 @@ LIB = Path(__file__).resolve().parents[1] / "lib"
 #: layer is that of the longest name that holds it.
 LAYERS = {
     0: {"lib", "lib.compendium.artifacts", "lib.compendium.prompts", "lib.compendium.presets",
-        "lib.compendium.envfiles", "lib.evaluation.metrics", "lib.evaluation.claims", "lib.evaluation.plotting", "lib.models.train_memory",
+        "lib.compendium.envfiles", "lib.compendium.numerics", "lib.evaluation.metrics", "lib.evaluation.claims", "lib.evaluation.plotting", "lib.models.train_memory",
         "lib.compendium", "lib.data", "lib.evaluation", "lib.models", "lib.trace", "lib.clip4dm", "lib.sei",
         "lib.arcade"},     # the package files: a docstring each, no imports
     1: {"lib.data.datasets", "lib.data.render", "lib.data.injection", "lib.data.memeworld", "lib.data.memeworld_draw", "lib.data.memeworld_align",

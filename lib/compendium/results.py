@@ -22,6 +22,7 @@ from pathlib import Path
 
 from lib import ROOT
 from lib.compendium.artifacts import ARTIFACTS_ROOT, RESULTS_ROOT, read_json, write_bytes, write_json, write_text
+from lib.compendium import numerics
 from lib.models.chat.cache import ResponseCache, default_cache_path
 from lib.compendium.costs import Assumptions, cost_rows, markdown
 from lib.compendium.findings import findings_block, findings_rows  # noqa: F401  (the README's block; results.findings_rows as before)
@@ -40,7 +41,7 @@ def machine_description() -> str:
         gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     except Exception:  # torch missing or broken: the table still renders
         gpu = "unknown accelerator"
-    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores ({cpu}), {gpu}"
+    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores ({cpu}), {gpu}; {numerics.short()}"
 
 
 def results_dir(profile: str) -> Path:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from lib import ROOT
-from lib.compendium import results
+from lib.compendium import numerics, results
 from lib.compendium.artifacts import ARTIFACTS_ROOT, cli_error, PUBLISHED_PROFILES, read_json, relpath, write_json, write_text
 from lib.models.chat import loopback
 from lib.models.chat.cache import STAGE_ENV, ResponseCache, default_cache_path
@@ -83,7 +83,7 @@ _TQDM = re.compile(r"(\d+it/s|s/it|it/s\]|\|[#█▏▎▍▌▋▊▉ ]+\|)")
 
 
 def run_env() -> dict[str, str]:
-    env = dict(os.environ)
+    env = numerics.pinned_env()                           # every kernel starts with the pinned CPU numerics
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,0 +1,152 @@
+"""CPU numerics pinned to one code path, so that a model trained on one x86-64 CPU has the same bits as
+the same model trained on another.
+
+Why: the embedded profile trains its models on CPU, and their outputs (captions, agents' texts, retrieved
+neighbours) are written into the prompts of the served model, whose answers are cached by request. Left to
+themselves torch (ATen's vector kernels), MKL (its GEMM kernels) and oneDNN (its convolutions, whose
+blocking also follows the cache sizes) each pick the widest instructions the CPU has, and each choice
+sums in another order: weights trained on an AVX-512 CPU differ in the last bits from weights trained on
+an AVX2-only one, the prompts differ, and a fresh clone's `make reproduce` on the other kind of machine
+asks every answer afresh instead of replaying the committed ones.
+
+Pinned (the default) fixes every such choice to one that any x86-64 CPU with AVX2 (every server CPU since
+2013-2015) runs the same way:
+
+- ``ATEN_CPU_CAPABILITY=avx2``: torch's vector kernels use the AVX2 build whatever the CPU offers;
+- ``MKL_CBWR=AVX2``: MKL's conditional numerical reproducibility on its AVX2 branch (same-speed GEMM
+  here; its ``COMPATIBLE`` branch is about three times slower);
+- ``OPENBLAS_CORETYPE=Haswell``: numpy's and scipy's OpenBLAS on its AVX2 kernels;
+- ``ONEDNN_MAX_CPU_ISA=AVX2``, and oneDNN switched off in torch once it is imported (convolutions fall
+  back to torch's own im2col + GEMM, whose order does not depend on cache sizes);
+- torch's intra-op threads fixed to ``PINNED_THREADS`` (a reduction split over more threads sums in another
+  order); a stage that sets its own thread count (the trainers do) keeps it.
+
+``COMPENDIUM_CPU_NUMERICS=native`` leaves every choice to the libraries (faster on a large machine; the
+results then match the committed ones only on the same kind of CPU). GPUs are not affected: on CUDA the
+paper profile's numbers come from cuBLAS and cuDNN as usual.
+
+The environment part must be in place before torch, MKL or OpenBLAS load: `import lib` applies it (it
+imports no heavy package), `make` exports it, and `lib.compendium.stages.run_env` hands it to every
+notebook kernel. A process that imported torch or numpy before `import lib` runs unpinned:
+`check()` says so.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import os
+import sys
+
+#: the switch: "pinned" (default) or "native"
+MODE_ENV = "COMPENDIUM_CPU_NUMERICS"
+#: torch's intra-op threads while pinned (the embedded profile's machine has 2 cores)
+THREADS_ENV = "COMPENDIUM_CPU_THREADS"
+PINNED_THREADS = 2
+
+#: the environment every pinned process starts with
+PINNED_ENV = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_CBWR": "AVX2",
+    "OPENBLAS_CORETYPE": "Haswell",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+}
+
+
+def mode(env=None) -> str:
+    value = (os.environ if env is None else env).get(MODE_ENV, "pinned").strip().lower() or "pinned"
+    if value not in ("pinned", "native"):
+        raise ValueError(f"{MODE_ENV}={value!r}: expected 'pinned' or 'native'")
+    return value
+
+
+def pinned_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """`env` (default: this process's environment) with the pinned choices added, each unless already
+    set (a user's own choice wins, and is visible in the saved record); unchanged in native mode."""
+    out = dict(os.environ if env is None else env)
+    if mode(out) == "pinned":
+        for k, v in PINNED_ENV.items():
+            out.setdefault(k, v)
+    return out
+
+
+def threads() -> int:
+    value = os.environ.get(THREADS_ENV, str(PINNED_THREADS))
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError(f"{THREADS_ENV}={value!r}: expected a whole number of threads") from None
+    if n < 1:
+        raise ValueError(f"{THREADS_ENV}={n}: expected at least 1 thread")
+    return n
+
+
+def pin_torch(torch) -> None:
+    """What cannot be set before torch loads: oneDNN off, the intra-op threads fixed."""
+    if mode() != "pinned":
+        return
+    torch.backends.mkldnn.enabled = False
+    torch.set_num_threads(threads())
+
+
+class _AfterTorch(importlib.abc.MetaPathFinder):
+    """Runs `pin_torch` right after `import torch` finishes, wherever that import happens."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)                       # once; and find_spec below must not find us again
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader = spec.loader
+        run = loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            pin_torch(module)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def apply() -> None:
+    """Pin this process (called by `import lib`): the environment now, torch when it loads (or at once,
+    if it already has)."""
+    if mode() != "pinned":
+        return
+    for k, v in PINNED_ENV.items():
+        os.environ.setdefault(k, v)
+    if "torch" in sys.modules:
+        pin_torch(sys.modules["torch"])
+    elif not any(isinstance(f, _AfterTorch) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterTorch())
+
+
+def check() -> list[str]:
+    """What in this process does not follow the pinned choices (empty when all do, or in native mode):
+    a library loaded before `import lib` set the environment keeps its own choice."""
+    if mode() != "pinned":
+        return []
+    problems = [f"{k}={os.environ.get(k)!r} (pinned: {v!r})" for k, v in PINNED_ENV.items() if os.environ.get(k) != v]
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        cap = torch.backends.cpu.get_cpu_capability()
+        if cap not in ("AVX2", "DEFAULT"):                 # DEFAULT: a CPU without AVX2, which then runs the plain kernels
+            problems.append(f"torch's vector kernels run {cap} (pinned: AVX2): torch was imported before `import lib`")
+        if torch.backends.mkldnn.enabled:
+            problems.append("oneDNN is on in torch (pinned: off)")
+    return problems
+
+
+def describe() -> str:
+    """One line for the measurement records: which numerics this process ran."""
+    if mode() != "pinned":
+        return "native CPU numerics (each library's widest instructions)"
+    problems = check()
+    return "pinned CPU numerics (AVX2 paths, oneDNN off)" + (f"; not in effect: {'; '.join(problems)}" if problems else "")
+
+
+def short() -> str:
+    """A few words for a machine line."""
+    return "pinned CPU numerics" if mode() == "pinned" and not check() else (
+        "native CPU numerics" if mode() != "pinned" else "CPU numerics not fully pinned")
