@@ -7,7 +7,7 @@ import numpy as np
 
 from lib.compendium.artifacts import read_json
 from lib.evaluation.metrics import average_precision, precision_recall_points
-from lib.evaluation.figure_kit import (art_frame, art_path, bar_groups, figure, laid_out, legend_outside, needs, show_image,
+from lib.evaluation.figure_kit import (art_frame, art_path, bar_groups, differences_figure, figure, laid_out, legend_outside, needs, show_image,
                                        subplots, tab10)
 
 
@@ -146,3 +146,9 @@ def draw_clip4dm_score_distributions(profile: str):
     axes[1].set(xlabel="F-CLIPScore (symlog)", ylabel="captions", title="F-CLIPScore by caption kind")
     axes[1].legend(fontsize=8)
     return laid_out(fig)
+
+
+@figure("clip4dm_claims", "notebooks/03_clip4dm.ipynb", ("clip4dm_claims",),
+        "CLIP4DM's claims beside their planted positive controls: AP differences, intervals over images, power")
+def draw_clip4dm_claims(profile: str):
+    return differences_figure(art_path(profile, "clip4dm_claims"), "AP difference A - B (95% interval over images)")

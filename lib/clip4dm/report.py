@@ -104,7 +104,8 @@ def _foil_frame(recs, res) -> pd.DataFrame:
     """results_<foil benchmark>.csv: one row per pair with what its metrics read (the words' counts give the
     LA chance lines; whether the foil word's string repeats tells where LA by string and by position differ)."""
     words = [[w for w, _ in clip4dm._all_words(x)[0]] for x in res]
-    return pd.DataFrame({"id": [r.id for r in recs], "domain": [r.group for r in recs], "is_foil": [r.is_foil for r in recs],
+    return pd.DataFrame({"id": [r.id for r in recs], "image": [f"{Path(r.img_path).parent.name}/{Path(r.img_path).name}" for r in recs],
+                         "domain": [r.group for r in recs], "is_foil": [r.is_foil for r in recs],
                          "foil_word": [r.misaligned_words[0] if r.is_foil else "" for r in recs],
                          "foil_position": [r.misaligned_positions[0] if r.misaligned_positions else None for r in recs],
                          "negative_word": [x["negative_word"] for x in res],

@@ -90,6 +90,7 @@ ARTIFACTS: dict[str, Artifact] = {
     "captioning_examples": Artifact("01_captioning", "examples.json", "make reproduce NB=01"),
     "trace_selected_share": Artifact("02_finetuning", "selected_share.csv", "make reproduce NB=02"),
     "trace_per_type": Artifact("02_finetuning", "per_type.csv", "make reproduce NB=02"),
+    "trace_claims": Artifact("02_finetuning", "claims.csv", "make reproduce NB=02"),
     "clip4dm_epsilon_sweep": Artifact("03_clip4dm", "epsilon_sweep.csv", "make reproduce NB=03"),
     "clip4dm_by_encoder": Artifact("03_clip4dm", "by_encoder.csv", "make reproduce NB=03"),
     "clip4dm_foil_table": Artifact("03_clip4dm", "foil_table.csv", "make reproduce NB=03"),

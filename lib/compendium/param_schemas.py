@@ -334,7 +334,7 @@ SCHEMAS: dict[str, dict[str, Rule]] = {
         "encoders": ListOf(ENC, 1), "benchmarks": ListOf(DatasetName("alignment"), 1), "nli_model": Opt(Type(str)),
         "hard_negative_ablation": Opt(MapOf(Choice("leak_free", "no_hard_negatives"), ENC)),
         "epsilon_from_validation": Opt(Type(str)), "epsilon_grid": ListOf(Range(None, 0), 1),
-        "max_pairs": NONNEG, "batch_size": POS, "speed_pairs": NONNEG, "n_examples": NONNEG, "device": Opt(Type(str)),
+        "max_pairs": NONNEG, "batch_size": POS, "speed_pairs": NONNEG, "n_examples": NONNEG, "claim_resamples": POS, "device": Opt(Type(str)),
     },
     "serving": {
         "served_preset": CHAT, "hf_preset": Preset("chat", allow_empty=True), "concurrency": ListOf(POS, 1),

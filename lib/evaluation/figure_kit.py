@@ -221,3 +221,32 @@ def cold_runs_figure(cold_csv: Path, claims_csv: Path, items: str):
     ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
+
+
+def differences_figure(csv_path: Path, xlabel: str):
+    """Each row of a claims.csv as its difference A - B with the interval (squares: claims; circles: their
+    positive controls), the paper's effect as a diamond and the minimum detectable difference at 80% power
+    as a bar from zero, the verdict beside it: whether a null could have been seen, on one axis."""
+    import pandas as pd
+    c = pd.read_csv(csv_path)
+    fig, ax = subplots(figsize=(9.5, 0.62 * len(c) + 1.5))
+    for k, r in c.iterrows():
+        y = len(c) - 1 - k
+        control = r.get("role") == "control"
+        lo, hi = (float(x) for x in r["95% CI A-B"].strip("[]").split(","))
+        if pd.notna(r.get("MDD (80% power)")):
+            ax.plot([0, r["MDD (80% power)"]], [y - 0.22] * 2, color="tab:purple", lw=3, alpha=0.35,
+                    label="minimum detectable difference (80% power)" if k == 0 else None)
+        ax.errorbar(r["A-B"], y, xerr=[[r["A-B"] - lo], [hi - r["A-B"]]], fmt="o" if control else "s",
+                    color="tab:green" if control else "tab:blue", capsize=3)
+        if pd.notna(r.get("paper A-B")):
+            ax.plot(r["paper A-B"], y, marker="D", color="tab:red", ms=5, ls="none",
+                    label="the paper's effect" if k == 0 else None)
+        ax.text(1.01, y, str(r.get("verdict", "")), va="center", fontsize=7, transform=ax.get_yaxis_transform())
+    ax.axvline(0, color="grey", lw=1, ls="--")
+    ax.set_yticks(range(len(c)), [f"{r['claim']}\n{r['A']} vs {r['B']} (n={r['n']}, p={r['p']:.3g})"
+                                  for _, r in c.iloc[::-1].iterrows()], fontsize=7)
+    ax.set_xlabel(xlabel)
+    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig

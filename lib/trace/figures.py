@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from lib.compendium.artifacts import read_json
-from lib.evaluation.figure_kit import (art_frame, art_path, figure, laid_out, legend_outside, show_image, subplots,
+from lib.evaluation.figure_kit import (art_frame, art_path, claims_figure, figure, laid_out, legend_outside, show_image, subplots,
                                        tab10)
 
 
@@ -119,3 +119,9 @@ def draw_trace_seeds(profile: str):
     axes[1].set_xticks(range(len(variants)), variants, rotation=30, ha="right")
     n = int(t.groupby("variant").size().min())
     return laid_out(fig, f"TRACE over {n} seeds: dots are seeds, squares mean ± sd (bars kept inside [0, 1])")
+
+
+@figure("trace_claims", "notebooks/02_finetuning.ipynb", ("trace_claims",),
+        "TRACE's claims and their positive controls: each arm's accuracy with its interval, the test and its p")
+def draw_trace_claims(profile: str):
+    return claims_figure(art_path(profile, "trace_claims"), "accuracy on test_seen, 95% interval", "memes")
