@@ -51,17 +51,22 @@ def test_the_cue_share_buys_the_papers_effect_from_validation_accuracy():
         cue_share(1.5)
 
 
-def test_derived_runs_train_on_the_derived_source_in_a_folder_of_their_own(tmp_path):
+def _stage(tmp_path, n=12):
+    """A TRACE JSON of `n` memes with real (blank) images and the TraceRuns of notebook 02 over it."""
     from PIL import Image
-    from lib.trace.controls import derived_runs
     from lib.trace.report import TraceRuns
     from lib.trace.runs import load_trace_data
-    src, recs = _source(tmp_path, 12)
+    src, recs = _source(tmp_path, n)
     for r in recs:
         r["img"] = str(tmp_path / f"{r['id']}.png")
         Image.new("RGB", (8, 8)).save(r["img"])
     src.write_text(json.dumps(recs))
-    stage = TraceRuns({}, load_trace_data(src, ["vlm_caption"]), src, ["vlm_caption"], tmp_path / "02" / "runs")
+    return src, recs, TraceRuns({}, load_trace_data(src, ["vlm_caption"]), src, ["vlm_caption"], tmp_path / "02" / "runs")
+
+
+def test_derived_runs_train_on_the_derived_source_in_a_folder_of_their_own(tmp_path):
+    from lib.trace.controls import derived_runs
+    src, recs, stage = _stage(tmp_path)
     shuffled = derive_source(src, tmp_path / "shuffled.json", "shuffled", ["vlm_caption"])
     runs = derived_runs(stage, shuffled, "shuffled")
     assert runs.runs_dir == tmp_path / "02" / "runs_shuffled" and runs.src == shuffled and runs.caches == {}
@@ -107,3 +112,20 @@ def test_the_findings_table_reads_02s_claims_table_once_a_run_wrote_one(tmp_path
     rows = [r for r in findings.findings_rows("embedded") if r["system"] == "TRACE"]
     assert [r["claim"] for r in rows] == ["captions help", "captions help (2 seeds pooled)"]
     assert rows[1]["n"] == "96 memes x 2 seeds" and all(r["verdict"] != "—" for r in rows)
+
+
+def test_control_runs_train_the_default_on_both_sources_for_every_seed(tmp_path, monkeypatch):
+    from lib.trace import controls
+    from lib.trace.report import TraceRuns
+    src, recs, stage = _stage(tmp_path)
+    trained, collected = [], []
+    monkeypatch.setattr(TraceRuns, "train", lambda self, jobs: trained.append((self.runs_dir.name, [j[0].name for j in jobs])))
+    monkeypatch.setattr(TraceRuns, "collect", lambda self, job, types=None: collected.append(job[0]) or {"dir": str(job[0])})
+    accounts = {r["id"]: {"final_reason": f"true cue {r['id']}"} for r in recs}
+    firsts, further, share = controls.control_runs(stage, src, tmp_path / "02", (None, {}, ""), [2, 3], 1, accounts, 0.8)
+    assert share == pytest.approx(0.5) and set(firsts) == set(further) == set(controls.KINDS)
+    assert [name for name, _ in trained] == ["runs_shuffled", "runs_cue"]
+    assert all(len(jobs) == 3 and len(set(jobs)) == 3 for _, jobs in trained)        # this seed and two more, apart
+    assert all(len(v) == 2 for v in further.values()) and len(collected) == 6
+    cue = json.loads((tmp_path / "02" / "trace_captions_cue.json").read_text())
+    assert sum(r["vlm_caption"].startswith("true cue") for r in cue) == 6               # half of each split

@@ -256,7 +256,7 @@ def _trace_recipe(with_backbone: bool = False) -> Rule:
 
 def _court_variant() -> Rule:
     from lib.arcade.court import STAGES, CourtConfig  # lazy: first use only, as every method rule (Lazy)
-    return _dataclass_fields(CourtConfig, samples=Range(0, integer=True), types=ListOf(Type(str), 1),
+    return _dataclass_fields(CourtConfig, samples=Range(0, integer=True), types=ListOf(Type(str), 1), oracle=Type(bool),
                              string_max_length=Opt(Range(1, integer=True)),
                              prompt_layout=Choice("role_first", "definition_first"),
                              class_mode=Choice("multiclass", "binary"), run_mode=Choice("arcade", "none"),
@@ -354,8 +354,8 @@ SCHEMAS: dict[str, dict[str, Rule]] = {
         "intervention_input": Choice("generated", "gold"), "retrievers": ListOf(ENC, 1), "shots": ListOf(POS, 1),
         "order": Choice("most_similar_last", "most_similar_first"),
         "controls": MapOf(Type(str), Struct({"n": NONNEG, "retriever": Type(str),
-                                             "exemplars": Choice("retrieved", "random", "shuffled_labels"),
-                                             "structured": Type(bool)})),
+                                             "exemplars": Choice("retrieved", "random", "shuffled_labels", "same_type"),
+                                             "structured": Type(bool), "labels_only": Type(bool)})),
         "knn_n": POS, "exemplar_texts": Choice("silver", "gold"), "models": ListOf(CHAT, 1),
         "serve_preset": Opt(CHAT), "prompt_dir": Folder(), "temperature": Range(0, 2), "max_new_tokens": POS,
         "parser": Choice("strict", "lenient"), "explanation_refs": DatasetName("explanation"),

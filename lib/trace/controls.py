@@ -142,3 +142,26 @@ def claim_frame(runs: dict[str, dict[str, Any]], seeds: dict[str, Sequence[dict[
     for r in rows:                                   # the replicates here are training seeds, not cold runs
         r["claim"] = r["claim"].replace("cold runs pooled", "seeds pooled")
     return pd.DataFrame(control_rows + rows), pd.DataFrame(per_seed)
+
+
+def control_runs(stage: TraceRuns, src: str | Path, out_dir: str | Path, default: tuple[str, dict[str, Any], str],
+                 seeds: Sequence[int], seed: int, accounts: dict[str, dict[str, Any]], no_caption_val_acc: float,
+                 types: dict[str, str] | None = None):
+    """Notebook 02's two derived sources (KINDS), each trained as the `default` variant (ablation_variants'
+    (backbone, overrides, tag)) on this notebook's seed and on every further seed in `seeds`: returns
+    ({kind: first-seed run}, {kind: [the further seeds' runs]}, the cue's share). Sources are written to
+    `out_dir` (trace_captions_<kind>.json); the cue's share comes from the no-caption model's validation
+    accuracy (cue_share). Finished runs are read back, never retrained."""
+    from lib.trace.report import seed_replicates
+    share = cue_share(no_caption_val_acc)
+    firsts, further = {}, {}
+    for kind in KINDS:
+        derived = derive_source(src, Path(out_dir) / f"trace_captions_{kind}.json", kind, stage.columns, seed=seed,
+                                accounts=accounts if kind == "cue" else None, share=share if kind == "cue" else None)
+        runs = derived_runs(stage, derived, kind)
+        first = runs.job(*default)
+        reps = seed_replicates(runs, {kind: default}, [kind], seeds)
+        runs.train([first] + [j for _, j in reps])
+        firsts[kind] = runs.collect(first, types)
+        further[kind] = [runs.collect(j, types) for _, j in reps]
+    return firsts, further, share
