@@ -43,3 +43,15 @@ def test_each_precondition_is_met_only_when_its_interval_clears_the_threshold(tm
 
 def test_a_run_without_the_files_has_no_rows(tmp_path):
     assert precondition_rows(tmp_path) == [] and "make reproduce" in precondition_block(tmp_path)
+
+
+def test_every_retriever_and_the_oracle_judge_get_a_row_the_image_only_retriever_first(tmp_path):
+    root = _root(tmp_path)
+    ex = json.loads((root / "04_few_shot" / "exemplars_fhm_enc.json").read_text())
+    (root / "04_few_shot" / "exemplars_fhm_enc+text.json").write_text(json.dumps(ex))
+    (root / "05_debate" / "results_oracle.jsonl").write_text("\n".join(json.dumps({"label": 1}) for _ in range(50)))
+    rows = precondition_rows(root)
+    sei = [r["measured"] for r in rows if r["method"] == "See, Explain, Intervene"]
+    assert len(sei) == 2 and "(enc, n = 4" in sei[0] and "(enc+text, n = 4" in sei[1]
+    judge = [r for r in rows if r["method"] == "ARCADE"]
+    assert len(judge) == 2 and "oracle" in judge[1]["measured"] and judge[1]["status"] == "not met"

@@ -611,3 +611,41 @@ def test_an_accuracy_interval_counts_every_meme_evaluated():
     from lib.sei.report import evaluated
     assert evaluated({"n": 5, "n_ok": 5, "n_unparseable": 19, "n_refused": 0}) == 24
     assert evaluated({"n": 7}) == 7
+
+
+def test_a_text_retriever_embeds_the_picture_beside_the_memes_text_and_caches_by_both(tmp_path, monkeypatch):
+    import torch
+    from PIL import Image
+    from lib.sei import retrieval
+    from lib.sei.fewshot import Meme
+    calls = []
+
+    class Fake:
+        def encode_images(self, ims):
+            calls.append(("images", len(ims)))
+            return torch.nn.functional.normalize(torch.tensor([[1.0, 0.0]] * len(ims)), dim=-1)
+
+        def encode_texts(self, texts):
+            calls.append(("texts", list(texts)))
+            return torch.tensor([[0.0, 1.0] if t == "a" else [1.0, 0.0] for t in texts])
+
+    monkeypatch.setattr(retrieval, "load_encoder", lambda name: Fake())
+    enc_dir = tmp_path / "enc"
+    enc_dir.mkdir()
+    memes = []
+    for i, text in enumerate(["a", "b", "a"]):
+        Image.new("RGB", (4, 4)).save(tmp_path / f"{i}.png")
+        memes.append(Meme(str(i), tmp_path / f"{i}.png", text))
+    assert retrieval.split_retriever(f"{enc_dir}+text") == (str(enc_dir), True)
+    cache = tmp_path / "emb.npz"
+    e = retrieval.embed_memes(f"{enc_dir}+text", memes, cache, progress=False)
+    assert all(np.linalg.norm(v) == pytest.approx(1.0) for v in e.values())
+    assert float(e["0"] @ e["2"]) == pytest.approx(1.0) and float(e["0"] @ e["1"]) == pytest.approx(0.5)   # mean of the two cosines
+    calls.clear()
+    retrieval.embed_memes(f"{enc_dir}+text", memes, cache, progress=False)
+    assert calls == []                                                                  # all cached
+    memes[1].ocr = "a"                                                                  # a meme whose text changed
+    retrieval.embed_memes(f"{enc_dir}+text", memes, cache, progress=False)
+    assert calls == [("images", 1), ("texts", ["a"])]
+    plain = retrieval.embed_memes(str(enc_dir), memes, tmp_path / "plain.npz", progress=False)
+    assert plain["0"].shape == (2,) and float(plain["0"] @ plain["1"]) == pytest.approx(1.0)

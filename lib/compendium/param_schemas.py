@@ -284,6 +284,18 @@ def _agent_name() -> Rule:
 
 
 ENC = Preset("encoders")
+
+
+class Retriever(Preset):
+    """An encoder preset or folder, optionally with "+text" (lib.sei.retrieval.TEXT_SUFFIX: the meme's text
+    embedded beside its picture)."""
+    def __init__(self):
+        super().__init__("encoders")
+
+    def check(self, v, path):
+        return super().check(v[: -len("+text")] if isinstance(v, str) and v.endswith("+text") else v, path)
+
+
 CHAT = Preset("chat")
 PROB = Range(0, 1)
 POS = Range(1, integer=True)
@@ -351,7 +363,7 @@ SCHEMAS: dict[str, dict[str, Rule]] = {
         "agent_base": CHAT, "agent_recipe": Lazy(_agent_recipe),
         "agent_overrides": Lazy(lambda: MapOf(_agent_name(), _agent_recipe())),
         "agent_prompt_dir": Folder(), "agent_eval_n": NONNEG, "agent_max_new_tokens": POS,
-        "intervention_input": Choice("generated", "gold"), "retrievers": ListOf(ENC, 1), "shots": ListOf(POS, 1),
+        "intervention_input": Choice("generated", "gold"), "retrievers": ListOf(Retriever(), 1), "shots": ListOf(POS, 1),
         "order": Choice("most_similar_last", "most_similar_first"),
         "controls": MapOf(Type(str), Struct({"n": NONNEG, "retriever": Type(str),
                                              "exemplars": Choice("retrieved", "random", "shuffled_labels", "same_type"),

@@ -50,21 +50,23 @@ def trace_row(root: Path) -> dict[str, Any] | None:
                 "interval above 0", lo > 0, f"{m['caption_benefit_n']} memes")
 
 
-def retrieval_row(root: Path, n: int = 4) -> dict[str, Any] | None:
+def retrieval_rows(root: Path, n: int = 4) -> list[dict[str, Any]]:
+    """One row per retriever notebook 04 ran (exemplars_fhm_<retriever>.json), the image-only one first."""
     labels = _labels(root)
-    files = sorted((root / "04_few_shot").glob("exemplars_fhm_*.json"))
-    if not files or not labels:
-        return None
-    ex = json.loads(files[0].read_text())
-    per_query = [np.mean([labels[p] == labels[q] for p, _ in shots[:n]]) for q, shots in ex.items()
-                 if q in labels and all(p in labels for p, _ in shots[:n])]
-    if not per_query:
-        return None
-    mean, lo, hi, _ = mean_ci(per_query)
-    retriever = files[0].stem.removeprefix("exemplars_fhm_")
-    return _row("See, Explain, Intervene", "retrieved exemplars are informative neighbours",
-                f"exemplars sharing the query's label ({retriever}, n = {n}; base rate 0.50)", mean, lo, hi,
-                f">= {LABEL_AGREEMENT_MIN:.2f}", lo >= LABEL_AGREEMENT_MIN, f"{len(per_query)} queries")
+    files = sorted((root / "04_few_shot").glob("exemplars_fhm_*.json"), key=lambda f: ("+" in f.stem, f.stem))
+    out = []
+    for f in files if labels else []:
+        ex = json.loads(f.read_text())
+        per_query = [np.mean([labels[p] == labels[q] for p, _ in shots[:n]]) for q, shots in ex.items()
+                     if q in labels and all(p in labels for p, _ in shots[:n])]
+        if not per_query:
+            continue
+        mean, lo, hi, _ = mean_ci(per_query)
+        retriever = f.stem.removeprefix("exemplars_fhm_")
+        out.append(_row("See, Explain, Intervene", "retrieved exemplars are informative neighbours",
+                        f"exemplars sharing the query's label ({retriever}, n = {n}; base rate 0.50)", mean, lo, hi,
+                        f">= {LABEL_AGREEMENT_MIN:.2f}", lo >= LABEL_AGREEMENT_MIN, f"{len(per_query)} queries"))
+    return out
 
 
 def moderator_row(root: Path, setting: str = "zero_shot") -> dict[str, Any] | None:
@@ -83,7 +85,12 @@ def moderator_row(root: Path, setting: str = "zero_shot") -> dict[str, Any] | No
                 acc, lo, hi, f">= majority line + {READS_MEMES_MARGIN:.2f} ({line:.2f})", lo >= line, f"{len(rows)} memes")
 
 
-def judge_row(root: Path, variant: str = "arcade") -> dict[str, Any] | None:
+#: the judge rows: (variant, how the measured quantity reads): the court as run, and with oracle debaters
+JUDGE_VARIANTS = (("arcade", "share of the judge's most common label"),
+                  ("oracle", "the same, with debaters that state the post's true cue (oracle)"))
+
+
+def judge_row(root: Path, variant: str = "arcade", measured: str = JUDGE_VARIANTS[0][1]) -> dict[str, Any] | None:
     f = root / "05_debate" / f"results_{variant}.jsonl"
     if not f.exists():
         return None
@@ -92,14 +99,14 @@ def judge_row(root: Path, variant: str = "arcade") -> dict[str, Any] | None:
         return None
     top = max(labels.count(v) for v in set(labels))
     share, lo, hi = proportion_ci(top, len(labels))
-    return _row("ARCADE", "the judge's verdict varies with the post", "share of the judge's most common label",
-                share, lo, hi, f"< {NEAR_CONSTANT:.2f}", hi < NEAR_CONSTANT, f"{len(labels)} posts")
+    return _row("ARCADE", "the judge's verdict varies with the post", measured, share, lo, hi, f"< {NEAR_CONSTANT:.2f}", hi < NEAR_CONSTANT, f"{len(labels)} posts")
 
 
 def precondition_rows(root: str | Path) -> list[dict[str, Any]]:
     """The table's rows that `root` (a folder of stage folders) has the files for, in the order above."""
     root = Path(root)
-    return [r for r in (trace_row(root), retrieval_row(root), moderator_row(root), judge_row(root)) if r]
+    rows = [trace_row(root), *retrieval_rows(root), moderator_row(root), *(judge_row(root, v, m) for v, m in JUDGE_VARIANTS)]
+    return [r for r in rows if r]
 
 
 def precondition_block(root: str | Path) -> str:

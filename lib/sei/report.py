@@ -300,7 +300,7 @@ class FewShotModerator:
             mine, theirs = (retrieval.embeddings_file(d, s.retriever) for d in (self.out_dir, self.stage04))
             if not mine.exists() and theirs.exists():       # start from 04's embeddings: only new memes are embedded
                 write_bytes(mine, theirs.read_bytes())
-            emb = retrieval.embed_images(s.retriever, list(self.pool) + list(memes), mine, progress=self.progress)
+            emb = retrieval.embed_memes(s.retriever, list(self.pool) + list(memes), mine, progress=self.progress)
             ranked[s.retriever] = retrieval.rank(emb, [m.id for m in memes], [m.id for m in self.pool], s.n)[0]
         plan = sei.plan_exemplars(s, memes, self.pool, ranked, self.p["order"], self.p["seed"])
         silver = make_silver(self.pool, sei.silver_needs([plan]), self.agents, self.agent_tpl, self.cache,
@@ -332,7 +332,7 @@ def retrieve_exemplars(dataset: str, memes: Sequence[Meme], train_split: str, te
     ranked, rows = {}, []
     for r in retrievers:
         e = emb[r] if all(m.id in emb[r] for m in pool + queries) else \
-            retrieval.embed_images(r, pool + queries, retrieval.embeddings_file(out_dir, r))
+            retrieval.embed_memes(r, pool + queries, retrieval.embeddings_file(out_dir, r))
         idx, sims = retrieval.rank(e, [m.id for m in queries], [m.id for m in pool], len(pool) if whole_ranking else max(ns))
         ranked[r] = idx
         write_json(out_dir / f"exemplars_{dataset}_{r.replace('/', '_')}.json",
@@ -419,20 +419,26 @@ def prediction_correct(preds: Sequence[Prediction]) -> dict[str, bool]:
 
 
 def claim_frame(preds: dict[str, Sequence[Prediction]], main_name: str, retriever: str,
-                confidence: float = 0.95, spread: bool = False):
+                confidence: float = 0.95, spread: bool = False, others: Sequence[str] = ()):
     """One row per claim in FEWSHOT_CLAIMS whose two settings ran (`preds`: setting name ->
     predictions, the knn vote included): both accuracies with Wilson intervals on the memes both
     answered, the difference with its bootstrap interval, the exact McNemar test on the discordant
     memes, and those memes' majority line; a claim whose settings have cold runs (`<name>_run<k>`)
     gets a second row pooled over the runs, clustered by meme (metrics.claim_tests). Same columns as
-    notebook 05's claims.csv. `spread`: also return the per-run rows (cold_runs.csv)."""
+    notebook 05's claims.csv. `spread`: also return the per-run rows (cold_runs.csv). `others`: further
+    retrievers (a named option beside the paper's), each with the first claim retested on its exemplars
+    at the main setting's n."""
     import pandas as pd
     truth = {p.id: p.gold for v in preds.values() for p in v}
     claims = [(claim, *(x.replace("<main>", main_name).replace("<retriever>", retriever) for x in (a, b)), what, *paper)
               for claim, a, b, what, *paper in FEWSHOT_CLAIMS]
+    first, _, base, what, *paper = FEWSHOT_CLAIMS[0]
+    n_main = main_name.rsplit("/", 1)[-1]
+    claims += [(f"{first} ({r})", f"{r}/{n_main}", base, f"{what}; exemplars by {r}", *paper) for r in others]
     answers = {k: {p.id: p.label for p in v} for k, v in preds.items()}
     correct = {k: prediction_correct(v) for k, v in preds.items()}
     control_rows, detected = positive_controls(FEWSHOT_CONTROLS, correct, truth, confidence, items="memes")
+    detected.update({f"{first} ({r})": detected[first] for r in others if first in detected})   # the same test and n
     rows, runs = claim_tests(claims, correct, truth, confidence, answers, controls=detected)
     return (pd.DataFrame(control_rows + rows), pd.DataFrame(runs)) if spread else pd.DataFrame(control_rows + rows)
 

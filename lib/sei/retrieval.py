@@ -1,5 +1,5 @@
-"""Exemplar retrieval for few-shot prompting: image embeddings cached per file list, the top n training
-memes per query, how often they share the query's label or type, and the k-nearest-neighbour vote
+"""Exemplar retrieval for few-shot prompting: meme embeddings (the image, or the image with its text)
+cached per file list, the top n training memes per query, how often they share the query's label or type, and the k-nearest-neighbour vote
 (the retriever alone, as a baseline).
 """
 from __future__ import annotations
@@ -21,32 +21,53 @@ from lib.sei.fewshot import Meme
 
 
 # ----------------------------------------------------------------------------- retrieval
-def embed_images(encoder: str, memes: Sequence[Meme], cache_file: str | Path, batch_size: int = 64,
-                 progress: bool = True) -> dict[str, np.ndarray]:
-    """L2-normalised image embeddings per meme id, cached in an .npz keyed by the encoder's
-    identity and the image files (name and size); only missing ids are computed."""
+#: a retriever named "<encoder>+text" reads the picture together with the meme's own text: each meme's
+#: vector is its image embedding and the embedding of its text, each L2-normalised, side by side and scaled
+#: to unit length, so that the cosine of two memes is the mean of their image cosine and their text cosine
+#: (a named option of the embedded profile: MemeWorld's labels live in how the text and the picture combine,
+#: which an image-only neighbour cannot share; SigLIP, the paper's retriever, reads the picture with its text)
+TEXT_SUFFIX = "+text"
+
+
+def split_retriever(retriever: str) -> tuple[str, bool]:
+    """(the encoder preset or folder, whether the meme's text is embedded beside its picture)."""
+    if retriever.endswith(TEXT_SUFFIX):
+        return retriever[: -len(TEXT_SUFFIX)], True
+    return retriever, False
+
+
+def embed_memes(retriever: str, memes: Sequence[Meme], cache_file: str | Path, batch_size: int = 64,
+                progress: bool = True) -> dict[str, np.ndarray]:
+    """L2-normalised embeddings per meme id (its image; with "+text", its image and its text: TEXT_SUFFIX),
+    cached in an .npz keyed by the encoder's identity, the retriever and the memes (image name and size, and
+    the text where it is embedded); only missing ids are computed."""
     import torch
+    encoder, with_text = split_retriever(retriever)
     try:
         ident = get_preset("encoders", encoder).identity()
     except Exception:                                   # a local folder
         ident = folder_identity(encoder)
-    key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps([ident, with_text], sort_keys=True, default=str).encode()).hexdigest()[:16]
     cache_file = Path(cache_file)
     have: dict[str, np.ndarray] = {}
     if cache_file.exists():
         z = np.load(cache_file, allow_pickle=False)
         if str(z["key"]) == key:
             have = {i: v for i, v in zip(z["ids"].tolist(), z["emb"])}
-    sig = {m.id: f"{m.id}|{Path(m.img_path).name}|{Path(m.img_path).stat().st_size}" for m in memes}
+    sig = {m.id: f"{m.id}|{Path(m.img_path).name}|{Path(m.img_path).stat().st_size}"
+           + (f"|{hashlib.sha256(m.ocr.encode()).hexdigest()[:12]}" if with_text else "") for m in memes}
     todo = [m for m in memes if sig[m.id] not in have]
     if todo:
         enc = load_encoder(encoder)
-        bar = tqdm(total=len(todo), desc=f"embed images ({encoder})", disable=not progress)
+        bar = tqdm(total=len(todo), desc=f"embed memes ({retriever})", disable=not progress)
         for k in range(0, len(todo), batch_size):
             chunk = todo[k:k + batch_size]
             ims = [Image.open(m.img_path).convert("RGB") for m in chunk]
             with torch.no_grad():
                 e = enc.encode_images(ims).float().cpu().numpy()
+                if with_text:
+                    t = enc.encode_texts([m.ocr for m in chunk]).float().cpu().numpy()
+                    e = np.concatenate([e, t], axis=1) / np.sqrt(2.0)
             for m, v in zip(chunk, e):
                 have[sig[m.id]] = v
             bar.update(len(chunk))
@@ -60,7 +81,7 @@ def embed_images(encoder: str, memes: Sequence[Meme], cache_file: str | Path, ba
 
 
 def embeddings_file(folder: str | Path, encoder: str) -> Path:
-    """Where a stage keeps one encoder's image embeddings (`embed_images`' cache)."""
+    """Where a stage keeps one retriever's embeddings (`embed_memes`' cache)."""
     return Path(folder) / f"embeddings_{encoder.replace('/', '_')}.npz"
 
 

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 from lib.compendium.artifacts import write_json
 from lib.evaluation.claims import claim_tests, positive_controls
-from lib.trace.report import TraceRuns
+from lib.trace.report import TraceRuns, seed_replicates
 from lib.trace.runs import load_trace_data, subsample
 
 KINDS = ("shuffled", "cue")
@@ -152,7 +152,6 @@ def control_runs(stage: TraceRuns, src: str | Path, out_dir: str | Path, default
     ({kind: first-seed run}, {kind: [the further seeds' runs]}, the cue's share). Sources are written to
     `out_dir` (trace_captions_<kind>.json); the cue's share comes from the no-caption model's validation
     accuracy (cue_share). Finished runs are read back, never retrained."""
-    from lib.trace.report import seed_replicates
     share = cue_share(no_caption_val_acc)
     firsts, further = {}, {}
     for kind in KINDS:
