@@ -100,6 +100,7 @@ ARTIFACTS: dict[str, Artifact] = {
     "clip4dm_claims": Artifact("03_clip4dm", "claims.csv", "make reproduce NB=03"),
     "sei_coherence": Artifact("04_few_shot", "coherence.csv", "make reproduce NB=04"),
     "sei_claims": Artifact("04_few_shot", "claims.csv", "make reproduce NB=04"),
+    "sei_retrieval": Artifact("04_few_shot", "retrieval.csv", "make reproduce NB=04"),
     "sei_cold_runs": Artifact("04_few_shot", "cold_runs.csv", "make reproduce NB=04"),
     "debate_eval": Artifact("05_debate", "eval_{variant}.json", "make reproduce NB=05"),
     "debate_claims": Artifact("05_debate", "claims.csv", "make reproduce NB=05"),

@@ -10,6 +10,7 @@ import numpy as np
 from lib.evaluation import textmetrics as tm
 from lib.compendium.artifacts import read_json, read_jsonl
 from lib.evaluation.metrics import mean_ci
+from lib.evaluation.preconditions import LABEL_AGREEMENT_MIN
 from lib.sei import analysis
 from lib.sei.analysis import plot_controls
 from lib.sei.fewshot import Prediction, main_setting_name
@@ -130,3 +131,27 @@ def draw_few_shot_claims(profile: str):
 def draw_few_shot_cold_runs(profile: str):
     return cold_runs_figure(art_path(profile, "sei_cold_runs"), art_path(profile, "sei_claims"),
                              "memes")
+
+
+@figure("few_shot_retrieval", "notebooks/04_few_shot.ipynb", ("sei_retrieval",),
+        "How informative the retrieved exemplars are: label and type agreement with the query at each k, per retriever")
+def draw_few_shot_retrieval(profile: str):
+    t = art_frame(profile, "sei_retrieval")
+    cols = [c for c in ("label", "type") if f"{c}_agreement" in t.columns and t[f"{c}_agreement"].notna().any()]
+    fig, axes = subplots(1, len(cols), figsize=(5.2 * len(cols), 3.6), squeeze=False)
+    for ax, c in zip(axes[0], cols):
+        for k, ((ds, r), g) in enumerate(t.groupby(["dataset", "retriever"], sort=False)):
+            g = g.sort_values("n")
+            ax.plot(g["n"], g[f"{c}_agreement"], marker="o", color=f"C{k}", label=f"{r} ({ds})")
+            ax.axhline(g[f"{c}_base_rate"].iloc[0], color=f"C{k}", ls=":", lw=1)
+        if c == "label":
+            ax.axhline(LABEL_AGREEMENT_MIN, color="grey", ls="--", lw=1, label=f"precondition ({LABEL_AGREEMENT_MIN:.2f})")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(t["n"].unique()), [str(n) for n in sorted(t["n"].unique())])
+        ax.set_xlabel("k exemplars")
+        ax.set_ylabel(f"exemplars with the query's {c}")
+        ax.set_title(f"{c} agreement (dotted: base rate)", fontsize=9)
+        ax.set_ylim(0, 1)
+    axes[0][0].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
