@@ -109,8 +109,9 @@ def test_the_oracle_control_feeds_the_claims_verdict():
     claim = t[t["claim"] == "debate beats a direct judge"].iloc[0]
     assert claim["control"] == "detected" and claim["verdict"] in ("not reproduced", "inconclusive", "underpowered")
     t = claim_frame(_runs({"arcade": 0.45, "direct": 0.40, "oracle": 0.40}))    # the judge ignores the truth
-    assert t[t["claim"].str.startswith("control:")].iloc[0]["verdict"] == "control not detected"
-    assert t[t["claim"] == "debate beats a direct judge"].iloc[0]["verdict"] == "underpowered"
+    assert t[t["claim"].str.startswith("control:")].iloc[0]["verdict"] == "oracle short of the effect"
+    claim = t[t["claim"] == "debate beats a direct judge"].iloc[0]
+    assert claim["control"] == "oracle short of the effect" and claim["verdict"] == "mechanism absent in MemeWorld"
     assert not claim_frame(_runs({"arcade": 0.45, "direct": 0.40}))["claim"].str.startswith("control:").any()
 
 

@@ -162,7 +162,11 @@ def test_the_oracle_retrievers_control_feeds_the_retrieval_claims_verdict():
     assert claim["control"] == "detected" and claim["verdict"] != "no test"
     weak = [_pred(i, g, g if i < 48 else 1 - g, "same_type_4") for i, g in enumerate(gold)]   # a moderator that ignores them
     c = rep.claim_frame({"enc/4": main, "random_4": rnd, "same_type_4": weak}, "enc/4", "enc")
-    assert c[c["claim"] == "retrieved exemplars beat random ones"].iloc[0]["verdict"] == "underpowered"
+    assert c[c["claim"] == "retrieved exemplars beat random ones"].iloc[0]["verdict"] == "mechanism absent in MemeWorld"
+    c = rep.claim_frame({"enc/4": main, "random_4": rnd, "same_type_4": oracle, "enc+text/4": oracle}, "enc/4", "enc",
+                        others=["enc+text"])
+    row = c[c["claim"] == "retrieved exemplars beat random ones (enc+text)"].iloc[0]
+    assert (row["A"], row["B"], row["control"]) == ("enc+text/4", "random_4", "detected") and row["verdict"] == "reproduced"
 
 
 def test_a_labels_only_setting_shows_each_exemplar_with_its_label_alone():

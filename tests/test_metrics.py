@@ -313,3 +313,19 @@ def test_a_claims_row_carries_the_papers_effect_its_power_and_its_verdict():
     assert plain["MDD (80% power)"] == round(mcnemar_mdd(96, 0.75), 3) and 0 < plain["MDD (80% power)"] < 0.75
     flagged, _ = claim_tests(claims[:1], {"a": a, "b": b}, truth, answers=answers)
     assert flagged[0]["flag"] != "none" and flagged[0]["verdict"] == "near-constant arm"
+
+
+def test_a_control_the_test_misses_reads_underpowered_and_one_whose_oracle_falls_short_reads_mechanism_absent():
+    from lib.evaluation.claims import SHORT, positive_controls
+    truth = {str(i): i % 2 for i in range(20)}
+    base = {str(i): i < 10 for i in range(20)}
+    strong = {str(i): True for i in range(20)}                       # reaches the effect: 2 items of 20 flip
+    rows, detected = positive_controls([("c", "oracle", "base")], {"oracle": strong, "base": base}, truth)
+    assert detected["c"] is False and rows[0]["verdict"] == "control not detected"   # p = 0.5 at n = 20
+    weak = {str(i): i < 11 for i in range(20)}                       # +0.05 on every item: short of 0.10
+    rows, detected = positive_controls([("c", "oracle", "base")], {"oracle": weak, "base": base}, truth)
+    assert detected["c"] == SHORT and rows[0]["verdict"] == "oracle short of the effect"
+    from lib.evaluation.claims import verdict
+    assert verdict(-0.05, (-0.08, -0.02), 0.001, 0.10, 0.03, SHORT) == "mechanism absent in MemeWorld"
+    assert verdict(0.05, (0.02, 0.08), 0.001, 0.10, 0.03, SHORT) == "reproduced, no control"
+    assert verdict(-0.05, (-0.08, -0.02), 0.001, 0.10, 0.03, False) == "underpowered"

@@ -55,3 +55,11 @@ def test_every_retriever_and_the_oracle_judge_get_a_row_the_image_only_retriever
     assert len(sei) == 2 and "(enc, n = 4" in sei[0] and "(enc+text, n = 4" in sei[1]
     judge = [r for r in rows if r["method"] == "ARCADE"]
     assert len(judge) == 2 and "oracle" in judge[1]["measured"] and judge[1]["status"] == "not met"
+    (root / "05_debate" / "results_oracle.jsonl").write_text("\n".join(
+        json.dumps({"label": i % 3, "gt": i % 3, "status": "ok"}) for i in range(60)))
+    told = [r for r in precondition_rows(root) if r["precondition"] == "the judge can tell the categories from a debate"]
+    assert len(told) == 1 and told[0]["value"] == pytest.approx(1.0) and told[0]["status"] == "met"
+    (root / "05_debate" / "results_oracle.jsonl").write_text("\n".join(
+        json.dumps({"label": 1, "gt": i % 3, "status": "ok"}) for i in range(60)))    # one label whatever the cue
+    told = [r for r in precondition_rows(root) if r["precondition"] == "the judge can tell the categories from a debate"]
+    assert told[0]["value"] == pytest.approx(1 / 3, abs=0.01) and told[0]["status"] == "not met"

@@ -97,7 +97,7 @@ def test_the_trace_claims_table_reads_the_cue_control_and_pools_seeds():
     assert t[t["claim"] == "the relevance loss beats the contrastive one"].iloc[0]["control"] == "none ran"
     runs["cue"] = _run(set(range(58)))                             # cued captions the model cannot use
     t, _ = claim_frame(runs, seeds)
-    assert t[t["claim"] == "captions help"].iloc[0]["verdict"] == "underpowered"
+    assert t[t["claim"] == "captions help"].iloc[0]["verdict"] == "mechanism absent in MemeWorld"
 
 
 def test_the_findings_table_reads_02s_claims_table_once_a_run_wrote_one(tmp_path, monkeypatch):

@@ -73,6 +73,10 @@ VERDICTS = {
     "not reproduced": "the positive control was detected and the difference's interval excludes the paper's effect",
     "underpowered": "the positive control was not detected, or the minimum detectable difference exceeds the "
                     "paper's effect",
+    "mechanism absent in MemeWorld": "the positive control's variant, where the ingredient carries the answer, falls "
+                                     "short of the paper's effect itself: the method does not use the ingredient even "
+                                     "then, so the claim cannot show here whatever the test's power (a finding about "
+                                     "the method on MemeWorld's components)",
     "inconclusive": "none of the above: the interval holds both no effect and the paper's effect",
     "reproduced, no control": "the effect is in the paper's direction with p < 0.05, but no positive control ran",
     "no test": "no positive control ran for this claim and p >= 0.05 (or the effect goes the other way): a null "
@@ -81,16 +85,18 @@ VERDICTS = {
 
 
 def verdict(difference: float, ci_difference: tuple[float, float], p: float, paper_effect: float,
-            mdd: float, control_detected: bool | None, near_constant: bool = False) -> str:
+            mdd: float, control_detected: bool | str | None, near_constant: bool = False) -> str:
     """A claim's verdict from its paired test (the difference A - B, its interval and p), the paper's
     effect (signed, in the same units; A is the paper's better arm, so it is positive), the test's minimum
     detectable difference, whether the positive control at the same n was detected (None: no
-    control ran) and whether an arm is a near-constant predictor. The rules are VERDICTS', checked in
-    that order."""
+    control ran; SHORT: its oracle variant falls short of the paper's effect) and whether an arm is a
+    near-constant predictor. The rules are VERDICTS', checked in that order."""
     if near_constant:
         return "near-constant arm"
-    if control_detected is None:
-        return "reproduced, no control" if difference > 0 and p < 0.05 else "no test"
+    if control_detected is None or control_detected == SHORT:
+        if difference > 0 and p < 0.05:
+            return "reproduced, no control"
+        return "no test" if control_detected is None else "mechanism absent in MemeWorld"
     if control_detected and difference > 0 and p < 0.05:
         return "reproduced"
     if control_detected and not (ci_difference[0] <= paper_effect <= ci_difference[1]):
@@ -98,6 +104,10 @@ def verdict(difference: float, ci_difference: tuple[float, float], p: float, pap
     if not control_detected or not (mdd <= abs(paper_effect)):
         return "underpowered"
     return "inconclusive"
+
+
+#: a positive control whose oracle variant falls short of the paper's effect on every item (`control_at_effect`)
+SHORT = "short"
 
 
 #: an arm giving one answer on at least this share of a claim's items is a near-constant predictor
@@ -161,7 +171,8 @@ def claim_row(claim: str, a: str, b: str, t: dict[str, Any], what: str, flag: st
             "test": t.get("test", "exact McNemar"), "p": float(f"{t['p']:.3g}"),
             "MDD (80% power)": mdd, "majority line": round(t["majority_acc"], 3), "flag": flag or "none",
             "paper A-B": round(paper.value, 3), PAPERS_NUMBER: paper.said,
-            "control": "none ran" if control is None else "detected" if control else "not detected",
+            "control": "none ran" if control is None else "oracle short of the effect" if control == SHORT
+                       else "detected" if control else "not detected",
             "verdict": verdict(t["difference"], ci, t["p"], paper.value, mdd, control, near_constant=bool(flag)),
             "what it isolates": what}
 
@@ -291,7 +302,8 @@ def positive_controls(controls: Sequence[tuple[str, str, str]], correct: dict[st
     (the exact McNemar test's p < 0.05 in the oracle's direction), for each (claim, oracle arm, base arm) of
     `controls` whose two arms ran ("a|b": the first that ran): the base arm's answers with the oracle's on the
     fewest items that reach DEFAULT_PAPER_EFFECT (`control_at_effect`), tested against the base arm on the same
-    items. An oracle arm short of that effect on every item is the control at its own effect."""
+    items. An oracle arm short of that effect on every item is the control at its own effect; unless the test
+    still detects it, the claim's control reads SHORT (the variant did not produce the effect: no test could)."""
     rows, detected = [], {}
     for claim, oracle, base in controls:
         o, b = first_present(oracle, correct), first_present(base, correct)
@@ -299,10 +311,12 @@ def positive_controls(controls: Sequence[tuple[str, str, str]], correct: dict[st
             continue
         arm, k = control_at_effect(correct[o], correct[b], DEFAULT_PAPER_EFFECT)
         t = paired_accuracy_test(arm, {i: correct[b][i] for i in arm}, truth, confidence)
-        detected[claim] = bool(t["difference"] > 0 and t["p"] < 0.05)
+        short = k == len(arm) and t["difference"] < DEFAULT_PAPER_EFFECT - 1e-9
+        detected[claim] = bool(t["difference"] > 0 and t["p"] < 0.05) or (SHORT if short else False)
         row = claim_row(f"control: {claim}", f"{o}_at_effect", b, t,
                         f"{b}'s answers with {o}'s on {k} of {len(arm)} {items}: the fewest that lift it by the "
                         f"paper's effect (all of them: the oracle falls short of it)")
         rows.append({**row, "role": "control", "control": "—",
-                     "verdict": "control detected" if detected[claim] else "control not detected"})
+                     "verdict": "control detected" if detected[claim] is True else
+                                "oracle short of the effect" if detected[claim] == SHORT else "control not detected"})
     return rows, detected

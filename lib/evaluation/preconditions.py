@@ -8,7 +8,8 @@ so it is generated wherever those exist.
 | TRACE | captions carry what the image encoder cannot read | the caption benefit (default - no-caption accuracy) | its interval above 0: a caption that adds nothing cannot be selected for |
 | See, Explain, Intervene | retrieved exemplars are informative neighbours | exemplar label agreement at n = 4 | at least 0.65 against the 0.50 base rate of a balanced set |
 | few-shot moderator | the model reads a meme at all | zero-shot accuracy on the balanced set | at least the majority line + 0.10 |
-| ARCADE | the judge's verdict varies with the post | the share of the judge's most common label | below 0.95 (claims.NEAR_CONSTANT): a constant judge cannot weigh a debate |
+| ARCADE | the judge's verdict varies with the post | the share of the judge's most common label (as run, and with oracle debaters) | below 0.95 (claims.NEAR_CONSTANT): a constant judge cannot weigh a debate |
+| ARCADE | the judge can tell the categories from a debate | its accuracy when the debaters state the true cue | at least the majority line + 0.10 |
 """
 from __future__ import annotations
 
@@ -102,10 +103,30 @@ def judge_row(root: Path, variant: str = "arcade", measured: str = JUDGE_VARIANT
     return _row("ARCADE", "the judge's verdict varies with the post", measured, share, lo, hi, f"< {NEAR_CONSTANT:.2f}", hi < NEAR_CONSTANT, f"{len(labels)} posts")
 
 
+def oracle_judge_row(root: Path, variant: str = "oracle") -> dict[str, Any] | None:
+    """The judge given the right arguments: its accuracy when the debaters state each post's true cue (the
+    `oracle` variant), against the posts' majority line + READS_MEMES_MARGIN."""
+    f = root / "05_debate" / f"results_{variant}.jsonl"
+    if not f.exists():
+        return None
+    rows = [json.loads(x) for x in f.read_text(encoding="utf-8").splitlines() if x.strip()]
+    rows = [r for r in rows if r.get("gt") is not None]
+    if not rows:
+        return None
+    right = sum(r.get("status") == "ok" and r.get("label") == r["gt"] for r in rows)
+    acc, lo, hi = proportion_ci(right, len(rows))
+    gts = [r["gt"] for r in rows]
+    line = max(gts.count(g) for g in set(gts)) / len(gts) + READS_MEMES_MARGIN
+    return _row("ARCADE", "the judge can tell the categories from a debate",
+                "judge accuracy when the debaters state the true cue (oracle)", acc, lo, hi,
+                f">= majority line + {READS_MEMES_MARGIN:.2f} ({line:.2f})", lo >= line, f"{len(rows)} posts")
+
+
 def precondition_rows(root: str | Path) -> list[dict[str, Any]]:
     """The table's rows that `root` (a folder of stage folders) has the files for, in the order above."""
     root = Path(root)
-    rows = [trace_row(root), *retrieval_rows(root), moderator_row(root), *(judge_row(root, v, m) for v, m in JUDGE_VARIANTS)]
+    rows = [trace_row(root), *retrieval_rows(root), moderator_row(root), *(judge_row(root, v, m) for v, m in JUDGE_VARIANTS),
+            oracle_judge_row(root)]
     return [r for r in rows if r]
 
 
