@@ -129,3 +129,22 @@ def test_control_runs_train_the_default_on_both_sources_for_every_seed(tmp_path,
     assert all(len(v) == 2 for v in further.values()) and len(collected) == 6
     cue = json.loads((tmp_path / "02" / "trace_captions_cue.json").read_text())
     assert sum(r["vlm_caption"].startswith("true cue") for r in cue) == 6               # half of each split
+
+
+def test_the_cue_breakdown_splits_each_runs_accuracy_by_whether_the_cue_was_shown(tmp_path):
+    from lib.trace.controls import cue_breakdown
+    src, recs = _source(tmp_path, 60)
+    accounts = {r["id"]: {"final_reason": f"true cue {r['id']}"} for r in recs}
+    cue = derive_source(src, tmp_path / "c.json", "cue", ["vlm_caption"], accounts=accounts, share=0.5)
+    cued = {r["id"] for r in json.loads(cue.read_text()) if r["vlm_caption"].startswith("true cue")}
+    test = [r for r in recs if r["split"] == "test_seen"]
+
+    def run(right):                                  # a run right exactly on the memes `right` says
+        return {"eval": {"predictions": [{"id": r["id"], "split": "test_seen", "label": r["label"],
+                                          "prediction": r["label"] if right(r["id"]) else 1 - r["label"]}
+                                         for r in test]}}
+    runs = {"cue": run(lambda i: i in cued), "image_text_only": run(lambda i: True)}
+    t = cue_breakdown(runs, cue, ["vlm_caption"], src)
+    assert t.loc["memes with the cue", "cue"] == 1.0 and t.loc["memes without it", "cue"] == 0.0
+    assert (t["image_text_only"] == 1.0).all() and "cls+rel" not in t.columns
+    assert t["n"].sum() == len(test) and t.loc["memes with the cue", "n"] == len(cued & {r["id"] for r in test})

@@ -138,14 +138,6 @@ def check() -> list[str]:
     return problems
 
 
-def describe() -> str:
-    """One line for the measurement records: which numerics this process ran."""
-    if mode() != "pinned":
-        return "native CPU numerics (each library's widest instructions)"
-    problems = check()
-    return "pinned CPU numerics (AVX2 paths, oneDNN off)" + (f"; not in effect: {'; '.join(problems)}" if problems else "")
-
-
 def short() -> str:
     """A few words for a machine line."""
     return "pinned CPU numerics" if mode() == "pinned" and not check() else (

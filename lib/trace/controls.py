@@ -164,3 +164,28 @@ def control_runs(stage: TraceRuns, src: str | Path, out_dir: str | Path, default
         firsts[kind] = runs.collect(first, types)
         further[kind] = [runs.collect(j, types) for _, j in reps]
     return firsts, further, share
+
+
+def cue_breakdown(runs: dict[str, dict[str, Any]], cue_source: str | Path, columns: Sequence[str],
+                  original: str | Path, names: Sequence[str] = ("cue", "cls+rel", "image_text_only"),
+                  split: str = "test_seen"):
+    """Where the cue control's accuracy comes from: each run of `names` on the memes whose first caption the cue
+    replaced and on the others (`cue_source` against the `original` TRACE JSON, column `columns[0]`). A model that
+    uses the cue is right on nearly every cue meme; one that leans on it alone loses the others. Returns a frame
+    with one row per group (n and each run's accuracy)."""
+    import pandas as pd
+    col = columns[0]
+    before = {str(r.get("id")): r.get(col) for r in json.loads(Path(original).read_text(encoding="utf-8"))}
+    cued = {str(r.get("id")): r.get(col) != before.get(str(r.get("id")))
+            for r in json.loads(Path(cue_source).read_text(encoding="utf-8"))}
+    rows = []
+    for group, flag in (("memes with the cue", True), ("memes without it", False)):
+        row: dict[str, Any] = {"memes": group}
+        for name in names:
+            if name not in runs:
+                continue
+            right = [ok for i, ok in run_correct(runs[name], split).items() if cued.get(i) is flag]
+            row["n"] = len(right)
+            row[name] = round(sum(right) / len(right), 3) if right else float("nan")
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("memes")
