@@ -322,9 +322,12 @@ def test_a_control_the_test_misses_reads_underpowered_and_one_whose_oracle_falls
     strong = {str(i): True for i in range(20)}                       # reaches the effect: 2 items of 20 flip
     rows, detected = positive_controls([("c", "oracle", "base")], {"oracle": strong, "base": base}, truth)
     assert detected["c"] is False and rows[0]["verdict"] == "control not detected"   # p = 0.5 at n = 20
+    import re
+    assert re.search(r"on \d+ of 20 items: the fewest", rows[0]["what it isolates"]) and "short" not in rows[0]["what it isolates"]
     weak = {str(i): i < 11 for i in range(20)}                       # +0.05 on every item: short of 0.10
     rows, detected = positive_controls([("c", "oracle", "base")], {"oracle": weak, "base": base}, truth)
     assert detected["c"] == SHORT and rows[0]["verdict"] == "oracle short of the effect"
+    assert "on all 20 items: the oracle falls short" in rows[0]["what it isolates"]
     from lib.evaluation.claims import verdict
     assert verdict(-0.05, (-0.08, -0.02), 0.001, 0.10, 0.03, SHORT) == "mechanism absent in MemeWorld"
     assert verdict(0.05, (0.02, 0.08), 0.001, 0.10, 0.03, SHORT) == "reproduced, no control"

@@ -313,9 +313,10 @@ def positive_controls(controls: Sequence[tuple[str, str, str]], correct: dict[st
         t = paired_accuracy_test(arm, {i: correct[b][i] for i in arm}, truth, confidence)
         short = k == len(arm) and t["difference"] < DEFAULT_PAPER_EFFECT - 1e-9
         detected[claim] = bool(t["difference"] > 0 and t["p"] < 0.05) or (SHORT if short else False)
-        row = claim_row(f"control: {claim}", f"{o}_at_effect", b, t,
-                        f"{b}'s answers with {o}'s on {k} of {len(arm)} {items}: the fewest that lift it by the "
-                        f"paper's effect (all of them: the oracle falls short of it)")
+        how = (f"{b}'s answers with {o}'s on all {len(arm)} {items}: the oracle falls short of the paper's effect"
+               if short else f"{b}'s answers with {o}'s on {k} of {len(arm)} {items}: the fewest that lift it by the "
+               f"paper's effect")
+        row = claim_row(f"control: {claim}", f"{o}_at_effect", b, t, how)
         rows.append({**row, "role": "control", "control": "—",
                      "verdict": "control detected" if detected[claim] is True else
                                 "oracle short of the effect" if detected[claim] == SHORT else "control not detected"})
