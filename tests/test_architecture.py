@@ -24,7 +24,7 @@ LAYERS = {
         "lib.data.memeworld_files", "lib.data.records", "lib.data.readers", "lib.data.prep"},
     2: {"lib.models.chat", "lib.models.encoders", "lib.models.serve", "lib.models.llm_adapt",
         "lib.models.memeworld_vlm", "lib.models.nli", "lib.evaluation.textmetrics"},
-    3: {"lib.trace.captioning", "lib.trace.model", "lib.trace.features", "lib.trace.training",
+    3: {"lib.trace.captioning", "lib.trace.model", "lib.trace.features", "lib.trace.training", "lib.trace.probe",
         "lib.clip4dm.method", "lib.clip4dm.runs", "lib.clip4dm.claims",
         "lib.sei.agents", "lib.sei.fewshot", "lib.sei.retrieval",
         "lib.arcade.court", "lib.arcade.oracle", "lib.arcade.scoring"},

@@ -63,3 +63,16 @@ def test_every_retriever_and_the_oracle_judge_get_a_row_the_image_only_retriever
         json.dumps({"label": 1, "gt": i % 3, "status": "ok"}) for i in range(60)))    # one label whatever the cue
     told = [r for r in precondition_rows(root) if r["precondition"] == "the judge can tell the categories from a debate"]
     assert told[0]["value"] == pytest.approx(1 / 3, abs=0.01) and told[0]["status"] == "not met"
+
+
+def test_trace_reads_the_probe_per_caption_source_before_the_trained_benefit(tmp_path):
+    root = _root(tmp_path)
+    m = json.loads((root / "02_finetuning" / "metrics.json").read_text())
+    m.update({"probe_captions_label_gain": -0.003, "probe_captions_label_ci_low": -0.02, "probe_captions_label_ci_high": 0.015,
+              "probe_captions_label_n": 998, "probe_cue_label_gain": 0.2, "probe_cue_label_ci_low": 0.17,
+              "probe_cue_label_ci_high": 0.23, "probe_cue_label_n": 998})
+    (root / "02_finetuning" / "metrics.json").write_text(json.dumps(m))
+    trace = [r for r in precondition_rows(root) if r["method"] == "TRACE"]
+    assert [r["status"] for r in trace] == ["not met", "met"]
+    assert "the run's captions" in trace[0]["measured"] and "cue captions" in trace[1]["measured"]
+    assert trace[0]["n"] == "998 memes" and trace[1]["value"] == pytest.approx(0.2)

@@ -69,7 +69,7 @@ RESULT_FILES: dict[str, tuple[str, ...]] = {
     "02_finetuning": ("metrics.json", "ablation.csv", "per_type.csv", "seeds.csv", "selected_share.csv",
                       "variants.json", "runs/*/result.json", "runs/*/predictions.csv",
                       "runs/*/config.json", "claims.csv", "runs_*/*/result.json", "runs_*/*/predictions.csv",
-                      "runs_*/*/config.json"),
+                      "runs_*/*/config.json", "probe.csv", "probe_items.csv"),
     "03_clip4dm": ("metrics.json", "settings.json", "ablation.csv", "by_encoder.csv", "epsilon_sweep.csv",
                    "examples.json", "foil_table.csv", "hard_negatives.csv", "claims.csv", "results_*.csv", "*/results_*.csv",
                    "*/metrics.json"),
@@ -86,7 +86,7 @@ RESULT_FILES: dict[str, tuple[str, ...]] = {
 #: per-item files committed gzipped (results/<profile>/<stage>/<name>.gz; pandas and the checks read either):
 #: the large tables no figure reads
 RESULT_GZIP: dict[str, tuple[str, ...]] = {
-    "02_finetuning": ("runs/*/predictions.csv", "runs_*/*/predictions.csv"),
+    "02_finetuning": ("runs/*/predictions.csv", "runs_*/*/predictions.csv", "probe_items.csv"),
     "03_clip4dm": ("results_hat.csv", "results_richhf.csv", "results_seetrue.csv"),
 }
 

@@ -5,7 +5,7 @@ so it is generated wherever those exist.
 
 | method | precondition | measured | threshold, and why |
 |---|---|---|---|
-| TRACE | captions carry what the image encoder cannot read | the caption benefit (default - no-caption accuracy) | its interval above 0: a caption that adds nothing cannot be selected for |
+| TRACE | captions carry what the image encoder cannot read | the label accuracy a linear probe on the frozen encoder gains when the captions join its image and meme-text embeddings (per caption source; the trained models' caption benefit where no probe ran) | its interval above 0: a caption that adds nothing the encoder lacks leaves selection nothing to find |
 | See, Explain, Intervene | retrieved exemplars are informative neighbours | exemplar label agreement at n = 4 | at least 0.65 against the 0.50 base rate of a balanced set |
 | few-shot moderator | the model reads a meme at all | zero-shot accuracy on the balanced set | at least the majority line + 0.10 |
 | ARCADE | the judge's verdict varies with the post | the share of the judge's most common label (as run, and with oracle debaters) | below 0.95 (claims.NEAR_CONSTANT): a constant judge cannot weigh a debate |
@@ -40,15 +40,31 @@ def _labels(root: Path) -> dict[str, int]:
     return {r["id"]: int(r["label"]) for r in csv.DictReader(f.open(encoding="utf-8"))} if f.exists() else {}
 
 
-def trace_row(root: Path) -> dict[str, Any] | None:
+#: notebook 02's caption sources as the probe names them (lib.trace.probe): the real captions first
+PROBE_SOURCES = (("captions", "the run's captions"), ("cue", "cue captions (the positive control's source)"))
+
+
+def trace_rows(root: Path) -> list[dict[str, Any]]:
+    """TRACE's rows: the captions' gain in a linear probe of the label on the frozen encoder (notebook 02's
+    probe_captions_label_* metrics, one row per caption source), or, from a run before the probe, the caption
+    benefit of the trained models."""
     f = root / "02_finetuning" / "metrics.json"
     m = json.loads(f.read_text()) if f.exists() else {}
-    if "caption_benefit_acc" not in m:
-        return None
+    rows = []
+    for source, what in PROBE_SOURCES:
+        k = f"probe_{source}_label"
+        if f"{k}_gain" in m:
+            lo, hi = m[f"{k}_ci_low"], m[f"{k}_ci_high"]
+            rows.append(_row("TRACE", "captions carry what the image encoder cannot read",
+                             f"label accuracy a linear probe on the frozen encoder gains when {what} join the image "
+                             f"and meme text (test_seen)", m[f"{k}_gain"], lo, hi, "interval above 0", lo > 0,
+                             f"{m[f'{k}_n']} memes"))
+    if rows or "caption_benefit_acc" not in m:
+        return rows
     lo, hi = m["caption_benefit_ci_low"], m["caption_benefit_ci_high"]
-    return _row("TRACE", "captions carry what the image encoder cannot read",
-                "caption benefit: default - no-caption accuracy (test_seen)", m["caption_benefit_acc"], lo, hi,
-                "interval above 0", lo > 0, f"{m['caption_benefit_n']} memes")
+    return [_row("TRACE", "captions carry what the image encoder cannot read",
+                 "caption benefit: default - no-caption accuracy (test_seen)", m["caption_benefit_acc"], lo, hi,
+                 "interval above 0", lo > 0, f"{m['caption_benefit_n']} memes")]
 
 
 def retrieval_rows(root: Path, n: int = 4) -> list[dict[str, Any]]:
@@ -125,7 +141,7 @@ def oracle_judge_row(root: Path, variant: str = "oracle") -> dict[str, Any] | No
 def precondition_rows(root: str | Path) -> list[dict[str, Any]]:
     """The table's rows that `root` (a folder of stage folders) has the files for, in the order above."""
     root = Path(root)
-    rows = [trace_row(root), *retrieval_rows(root), moderator_row(root), *(judge_row(root, v, m) for v, m in JUDGE_VARIANTS),
+    rows = [*trace_rows(root), *retrieval_rows(root), moderator_row(root), *(judge_row(root, v, m) for v, m in JUDGE_VARIANTS),
             oracle_judge_row(root)]
     return [r for r in rows if r]
 

@@ -29,7 +29,7 @@ from lib.compendium.artifacts import read_json, read_jsonl
 from lib.compendium.results import TIMING
 from lib.trace.captioning import caption_quality_from_scores
 from lib.evaluation.metrics import metrics_at, per_type_accuracy, pr_best_f1_threshold
-from lib.trace import report as trace_report
+from lib.trace import probe as trace_probe, report as trace_report
 from lib.clip4dm.method import _norm, average_precision
 from lib.clip4dm.report import NOCAPS_DOMAIN_KEYS, pick_epsilon
 from lib.clip4dm import claims as c4claims, method as clip4dm
@@ -214,6 +214,9 @@ def _trace(d: Path, root: Path) -> dict[str, Any]:
             mo["multioff_majority_accuracy"] = float(max(y.mean(), 1 - y.mean()))
     out = trace_report.stage_metrics(by_name, default, {"cached": float("nan"), "uncached": float("nan")},
                                      seed_tab, bool(types), mo)
+    items = next((f for f in (d / "probe_items.csv", d / "probe_items.csv.gz") if f.exists()), None)
+    if items is not None:                                             # the captions' gain in a linear probe
+        out.update(trace_probe.probe_metrics(pd.read_csv(items, dtype={"id": str})))
     return {k: v for k, v in out.items() if not k.startswith("epoch_s")}
 
 
