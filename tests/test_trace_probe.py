@@ -45,6 +45,6 @@ def test_a_probe_without_its_inputs_names_what_is_missing():
 
 def test_embed_sources_names_the_record_and_field_it_lacks(tmp_path):
     from lib.trace.probe import embed_sources
-    recs = [{"id": "7", "img": str(tmp_path / "7.png"), "text": "t"}]
-    with pytest.raises(ProbeError, match=r"record 0 \(id '7'\).*'vlm_caption'"):
+    recs = [{"id": "7", "img": str(tmp_path / "7.png")}]
+    with pytest.raises(ProbeError, match=r"record 0 \(id '7'\).*'text'"):
         embed_sources("memeworld-clip", recs, ["vlm_caption"], tmp_path / "e.npz")

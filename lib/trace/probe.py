@@ -33,15 +33,15 @@ class ProbeError(ValueError):
 def embed_sources(encoder: str, recs: Sequence[dict[str, Any]], columns: Sequence[str], cache_file: str | Path,
                   batch_size: int = 128) -> dict[str, np.ndarray]:
     """L2-normalised embeddings of each record's image ("image"), meme text ("text") and caption `columns`
-    (one array each, rows in `recs` order), cached in `cache_file` keyed by the encoder, the images' files and
+    (one array each, rows in `recs` order; a column a record lacks embeds as empty text), cached in `cache_file` keyed by the encoder, the images' files and
     every text embedded: a rerun on the same inputs embeds nothing."""
     import torch
-    for k, r in enumerate(recs):
-        for field in ("id", "img", "text", *columns):
+    for k, r in enumerate(recs):                      # a missing caption column reads as empty, as TRACE's loader reads it
+        for field in ("id", "img", "text"):
             if field not in r:
                 raise ProbeError(f"embed_sources: record {k} (id {r.get('id')!r}) has no field {field!r}")
     sig = [[encoder, list(columns)]] + [[str(r["id"]), Path(r["img"]).name, Path(r["img"]).stat().st_size,
-                                         str(r["text"]), *[str(r[c] or "") for c in columns]] for r in recs]
+                                         str(r["text"]), *[str(r.get(c) or "") for c in columns]] for r in recs]
     key = hashlib.sha256(json.dumps(sig).encode()).hexdigest()[:20]
     cache_file = Path(cache_file)
     if cache_file.exists():
@@ -60,7 +60,7 @@ def embed_sources(encoder: str, recs: Sequence[dict[str, Any]], columns: Sequenc
     feats = {"image": run(lambda ch: enc.encode_images([Image.open(r["img"]).convert("RGB") for r in ch]), list(recs)),
              "text": run(lambda ch: enc.encode_texts([str(r["text"]) for r in ch]), list(recs))}
     for c in columns:
-        feats[c] = run(lambda ch, c=c: enc.encode_texts([str(r[c] or "") for r in ch]), list(recs))
+        feats[c] = run(lambda ch, c=c: enc.encode_texts([str(r.get(c) or "") for r in ch]), list(recs))
     with atomic_path(cache_file) as tmp:
         with open(tmp, "wb") as fh:
             np.savez(fh, key=np.array(key), **feats)
@@ -100,7 +100,7 @@ def probe_table(feats: dict[str, np.ndarray], recs: Sequence[dict[str, Any]], ta
             right[view] = {i: bool(p == t) for i, p, t in zip(np.array(ids)[te], pred, y[te])}
             items += [{"target": target, "features": view, "id": i, "correct": ok} for i, ok in right[view].items()]
             rows.append({"target": target, "features": view, "accuracy": round(float(np.mean(pred == y[te])), 3),
-                         "n": int(te.sum()), "classes": len(set(y[tr]))})
+                         "n": int(te.sum()), "classes": len(set(y[tr])), "95% CI": "", "p": ""})
         gains[target] = test = _gain(right, confidence)
         rows.append({"target": target, "features": "gain from the captions", "accuracy": round(test["difference"], 3),
                      "n": test["n"], "classes": len(set(y[tr])),
