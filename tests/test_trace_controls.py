@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from lib.trace.controls import ControlError, cue_share, derive_source
+from lib.trace.controls import ControlError, derive_source
 
 
 def _source(tmp_path, n=40):
@@ -42,13 +42,6 @@ def test_the_cue_states_the_generators_account_on_the_share_of_each_split(tmp_pa
         derive_source(src, tmp_path / "d.json", "cue", ["vlm_caption"], accounts={}, share=1.0)
     with pytest.raises(ControlError, match="kind"):
         derive_source(src, tmp_path / "e.json", "oracle", ["vlm_caption"])
-
-
-def test_the_cue_share_buys_the_papers_effect_from_validation_accuracy():
-    assert cue_share(0.60) == pytest.approx(0.25)              # 0.25 of the 0.40 it gets wrong: +0.10
-    assert cue_share(0.95) == 1.0 and cue_share(0.0) == pytest.approx(0.10)
-    with pytest.raises(ControlError):
-        cue_share(1.5)
 
 
 def _stage(tmp_path, n=12):
@@ -122,29 +115,16 @@ def test_control_runs_train_the_default_on_both_sources_for_every_seed(tmp_path,
     monkeypatch.setattr(TraceRuns, "train", lambda self, jobs: trained.append((self.runs_dir.name, [j[0].name for j in jobs])))
     monkeypatch.setattr(TraceRuns, "collect", lambda self, job, types=None: collected.append(job[0]) or {"dir": str(job[0])})
     accounts = {r["id"]: {"final_reason": f"true cue {r['id']}"} for r in recs}
-    firsts, further, share = controls.control_runs(stage, src, tmp_path / "02", (None, {}, ""), [2, 3], 1, accounts, 0.8)
-    assert share == pytest.approx(0.5) and set(firsts) == set(further) == set(controls.KINDS)
+    firsts, further = controls.control_runs(stage, src, tmp_path / "02", (None, {}, ""), [2, 3], 1, accounts)
+    assert set(firsts) == set(further) == set(controls.KINDS)
     assert [name for name, _ in trained] == ["runs_shuffled", "runs_cue"]
     assert all(len(jobs) == 3 and len(set(jobs)) == 3 for _, jobs in trained)        # this seed and two more, apart
     assert all(len(v) == 2 for v in further.values()) and len(collected) == 6
     cue = json.loads((tmp_path / "02" / "trace_captions_cue.json").read_text())
-    assert sum(r["vlm_caption"].startswith("true cue") for r in cue) == 6               # half of each split
+    assert all(r["vlm_caption"] == f"true cue {r['id']}" for r in cue)                 # every meme states its cue
+    controls.control_runs(stage, src, tmp_path / "03", (None, {}, ""), [], 1, accounts, share=0.5)
+    half = json.loads((tmp_path / "03" / "trace_captions_cue.json").read_text())
+    assert sum(r["vlm_caption"].startswith("true cue") for r in half) == len(half) // 2
+    with pytest.raises(ControlError, match="share"):
+        controls.control_runs(stage, src, tmp_path / "04", (None, {}, ""), [], 1, accounts, share=0.0)
 
-
-def test_the_cue_breakdown_splits_each_runs_accuracy_by_whether_the_cue_was_shown(tmp_path):
-    from lib.trace.controls import cue_breakdown
-    src, recs = _source(tmp_path, 60)
-    accounts = {r["id"]: {"final_reason": f"true cue {r['id']}"} for r in recs}
-    cue = derive_source(src, tmp_path / "c.json", "cue", ["vlm_caption"], accounts=accounts, share=0.5)
-    cued = {r["id"] for r in json.loads(cue.read_text()) if r["vlm_caption"].startswith("true cue")}
-    test = [r for r in recs if r["split"] == "test_seen"]
-
-    def run(right):                                  # a run right exactly on the memes `right` says
-        return {"eval": {"predictions": [{"id": r["id"], "split": "test_seen", "label": r["label"],
-                                          "prediction": r["label"] if right(r["id"]) else 1 - r["label"]}
-                                         for r in test]}}
-    runs = {"cue": run(lambda i: i in cued), "image_text_only": run(lambda i: True)}
-    t = cue_breakdown(runs, cue, ["vlm_caption"], src)
-    assert t.loc["memes with the cue", "cue"] == 1.0 and t.loc["memes without it", "cue"] == 0.0
-    assert (t["image_text_only"] == 1.0).all() and "cls+rel" not in t.columns
-    assert t["n"].sum() == len(test) and t.loc["memes with the cue", "n"] == len(cued & {r["id"] for r in test})
