@@ -167,6 +167,12 @@ def test_the_oracle_retrievers_control_feeds_the_retrieval_claims_verdict():
                         others=["enc+text"])
     row = c[c["claim"] == "retrieved exemplars beat random ones (enc+text)"].iloc[0]
     assert (row["A"], row["B"], row["control"]) == ("enc+text/4", "random_4", "detected") and row["verdict"] == "reproduced"
+    c = rep.claim_frame({"enc/4": main, "random_4": rnd, "same_type_4": oracle, "enc+text/4": oracle}, "enc/4", "enc",
+                        others=["enc+text"], preconditions={"enc": False, "enc+text": True})
+    first = c[c["claim"] == "retrieved exemplars beat random ones"].iloc[0]
+    assert (first["precondition"], first["verdict"]) == ("not met", "mechanism absent in MemeWorld")
+    row = c[c["claim"] == "retrieved exemplars beat random ones (enc+text)"].iloc[0]
+    assert (row["precondition"], row["verdict"]) == ("met", "reproduced")
 
 
 def test_a_labels_only_setting_shows_each_exemplar_with_its_label_alone():

@@ -332,3 +332,9 @@ def test_a_control_the_test_misses_reads_underpowered_and_one_whose_oracle_falls
     assert verdict(-0.05, (-0.08, -0.02), 0.001, 0.10, 0.03, SHORT) == "mechanism absent in MemeWorld"
     assert verdict(0.05, (0.02, 0.08), 0.001, 0.10, 0.03, SHORT) == "reproduced, no control"
     assert verdict(-0.05, (-0.08, -0.02), 0.001, 0.10, 0.03, False) == "underpowered"
+    # an unmet precondition reads "mechanism absent" unless the claim reproduces; not measured changes nothing
+    assert verdict(-0.05, (-0.08, -0.02), 0.001, 0.10, 0.03, True, precondition=False) == "mechanism absent in MemeWorld"
+    assert verdict(-0.05, (-0.08, -0.02), 0.001, 0.10, 0.03, True, precondition=None) == "not reproduced"
+    assert verdict(0.12, (0.05, 0.19), 0.001, 0.10, 0.03, True, precondition=False) == "reproduced"
+    assert verdict(0.01, (-0.05, 0.07), 0.6, 0.10, 0.03, None, precondition=False) == "mechanism absent in MemeWorld"
+    assert verdict(0.01, (-0.05, 0.07), 0.6, 0.10, 0.03, None) == "no test"

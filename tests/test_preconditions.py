@@ -76,3 +76,13 @@ def test_trace_reads_the_probe_per_caption_source_before_the_trained_benefit(tmp
     assert [r["status"] for r in trace] == ["not met", "met"]
     assert "the run's captions" in trace[0]["measured"] and "cue captions" in trace[1]["measured"]
     assert trace[0]["n"] == "998 memes" and trace[1]["value"] == pytest.approx(0.2)
+
+
+def test_retrieval_status_names_each_retriever_for_the_claims_table(tmp_path):
+    from lib.evaluation.preconditions import retrieval_status
+    root = _root(tmp_path)
+    ex = json.loads((root / "04_few_shot" / "exemplars_fhm_enc.json").read_text())
+    weak = {q: [[str(100 + (1 - int(q) % 2) + 2 * k), 0.9] for k in range(4)] for q in ex}     # never the label
+    (root / "04_few_shot" / "exemplars_fhm_enc+text.json").write_text(json.dumps(weak))
+    assert retrieval_status(root) == {"enc": True, "enc+text": False}
+    assert all("component" not in r for r in precondition_rows(root))

@@ -91,6 +91,12 @@ def test_the_trace_claims_table_reads_the_cue_control_and_pools_seeds():
     runs["cue"] = _run(set(range(58)))                             # cued captions the model cannot use
     t, _ = claim_frame(runs, seeds)
     assert t[t["claim"] == "captions help"].iloc[0]["verdict"] == "mechanism absent in MemeWorld"
+    runs["cue"] = _run(set(range(90)))
+    t, _ = claim_frame(runs, seeds, captions_precondition=False)   # the run's captions carry nothing the encoder lacks
+    rows = t[t["claim"].str.startswith(("captions help", "what the captions say"))]
+    assert set(rows["precondition"]) == {"not met"} and set(rows["verdict"]) == {"mechanism absent in MemeWorld"}
+    loss = t[t["claim"] == "the relevance loss beats the contrastive one"].iloc[0]
+    assert loss["precondition"] == "not measured" and loss["verdict"] != "mechanism absent in MemeWorld"
 
 
 def test_the_findings_table_reads_02s_claims_table_once_a_run_wrote_one(tmp_path, monkeypatch):

@@ -73,10 +73,11 @@ VERDICTS = {
     "not reproduced": "the positive control was detected and the difference's interval excludes the paper's effect",
     "underpowered": "the positive control was not detected, or the minimum detectable difference exceeds the "
                     "paper's effect",
-    "mechanism absent in MemeWorld": "the positive control's variant, where the ingredient carries the answer, falls "
-                                     "short of the paper's effect itself: the method does not use the ingredient even "
-                                     "then, so the claim cannot show here whatever the test's power (a finding about "
-                                     "the method on MemeWorld's components)",
+    "mechanism absent in MemeWorld": "the method's precondition on MemeWorld's components is not met "
+                                     "(lib/evaluation/preconditions.py: e.g. the captions carry nothing the encoder "
+                                     "lacks), or the positive control's variant, where the ingredient carries the "
+                                     "answer, falls short of the paper's effect itself: either way the claim cannot "
+                                     "show here whatever the test's power (a finding about MemeWorld's components)",
     "inconclusive": "none of the above: the interval holds both no effect and the paper's effect",
     "reproduced, no control": "the effect is in the paper's direction with p < 0.05, but no positive control ran",
     "no test": "no positive control ran for this claim and p >= 0.05 (or the effect goes the other way): a null "
@@ -85,20 +86,25 @@ VERDICTS = {
 
 
 def verdict(difference: float, ci_difference: tuple[float, float], p: float, paper_effect: float,
-            mdd: float, control_detected: bool | str | None, near_constant: bool = False) -> str:
+            mdd: float, control_detected: bool | str | None, near_constant: bool = False,
+            precondition: bool | None = None) -> str:
     """A claim's verdict from its paired test (the difference A - B, its interval and p), the paper's
     effect (signed, in the same units; A is the paper's better arm, so it is positive), the test's minimum
     detectable difference, whether the positive control at the same n was detected (None: no
-    control ran; SHORT: its oracle variant falls short of the paper's effect) and whether an arm is a
-    near-constant predictor. The rules are VERDICTS', checked in that order."""
+    control ran; SHORT: its oracle variant falls short of the paper's effect), whether an arm is a
+    near-constant predictor and whether the method's precondition holds for the components the claim ran on
+    (None: not measured). The rules are VERDICTS', checked in that order; an unmet precondition outranks every
+    verdict but a reproduction."""
     if near_constant:
         return "near-constant arm"
     if control_detected is None or control_detected == SHORT:
         if difference > 0 and p < 0.05:
             return "reproduced, no control"
-        return "no test" if control_detected is None else "mechanism absent in MemeWorld"
+        return "no test" if control_detected is None and precondition is not False else "mechanism absent in MemeWorld"
     if control_detected and difference > 0 and p < 0.05:
         return "reproduced"
+    if precondition is False:
+        return "mechanism absent in MemeWorld"
     if control_detected and not (ci_difference[0] <= paper_effect <= ci_difference[1]):
         return "not reproduced"
     if not control_detected or not (mdd <= abs(paper_effect)):
@@ -152,14 +158,16 @@ class PaperEffect:
 
 
 def claim_row(claim: str, a: str, b: str, t: dict[str, Any], what: str, flag: str = "",
-              paper: PaperEffect | None = None, control: bool | None = None) -> dict[str, Any]:
+              paper: PaperEffect | None = None, control: bool | None = None,
+              precondition: bool | None = None) -> dict[str, Any]:
     """One row of a claims table (notebooks 04 and 05): a paired test's result `t`
     (paired_accuracy_test, or pooled_paired_test over cold runs) for settings `a` and `b`, rounded
     for reading, the intervals as "[lo, hi]", the test's minimum detectable difference at 80% power
     (`mcnemar_mdd`: NaN where no difference of the observed discordance reaches it), `flag`
     (`constant_arm`: an arm that answers one label almost always), the paper's effect (`paper`; none:
     DEFAULT_PAPER_EFFECT) and the verdict (`verdict`; `control`: whether the claim's positive control
-    was detected at the same n, None where none ran)."""
+    was detected at the same n, None where none ran; `precondition`: whether the method's precondition holds
+    for the components this claim ran on, None where not measured)."""
     ci = t.get("ci_difference", (float("nan"), float("nan")))
     paper = paper or PaperEffect()
     mdd = _mdd_of(t)
@@ -173,7 +181,9 @@ def claim_row(claim: str, a: str, b: str, t: dict[str, Any], what: str, flag: st
             "paper A-B": round(paper.value, 3), PAPERS_NUMBER: paper.said,
             "control": "none ran" if control is None else "oracle short of the effect" if control == SHORT
                        else "detected" if control else "not detected",
-            "verdict": verdict(t["difference"], ci, t["p"], paper.value, mdd, control, near_constant=bool(flag)),
+            "precondition": "not measured" if precondition is None else "met" if precondition else "not met",
+            "verdict": verdict(t["difference"], ci, t["p"], paper.value, mdd, control, near_constant=bool(flag),
+                               precondition=precondition),
             "what it isolates": what}
 
 
@@ -208,17 +218,19 @@ def first_present(arm: str, names) -> str | None:
 
 def claim_tests(claims: Sequence[tuple], correct: dict[str, dict[str, bool]],
                 truth: dict[str, int], confidence: float = 0.95, answers: dict[str, dict[str, Any]] | None = None,
-                controls: dict[str, bool] | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                controls: dict[str, bool] | None = None, preconditions: dict[str, bool] | None = None
+                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Claims tables' rows (notebooks 04 and 05). `claims`: (claim, A, B, what it isolates[, PaperEffect])
     with A and B names in `correct` (item -> right or wrong; "a|b": the first of them that ran); `controls`:
-    claim -> whether its positive control was detected (absent: none ran). Each claim whose two arms ran gets its paired test
+    claim -> whether its positive control was detected (absent: none ran); `preconditions`: claim -> whether
+    the method's precondition holds for its components (absent: not measured). Each claim whose two arms ran gets its paired test
     on one run (exact McNemar); where both arms also have cold runs (`<name>_run<k>`), a second row
     pools the k runs both have, clustered by item (pooled_paired_test), and the second list gets one
     row per run (run_spread) with the claim's name: the distribution one run draws from. `answers`
     (name -> item -> the answer given, None for none): an arm answering one label almost always is
     flagged in the row (`constant_arm`)."""
     rows, spread = [], []
-    answers, controls = answers or {}, controls or {}
+    answers, controls, preconditions = answers or {}, controls or {}, preconditions or {}
     for claim, a, b, what, *rest in claims:
         paper = rest[0] if rest else None
         a, b = first_present(a, correct), first_present(b, correct)
@@ -226,15 +238,16 @@ def claim_tests(claims: Sequence[tuple], correct: dict[str, dict[str, bool]],
             continue
         items = [i for i in correct[a] if i in correct[b]]
         flag = "; ".join(f for f in (constant_arm(a, answers.get(a), items), constant_arm(b, answers.get(b), items)) if f)
-        control = controls.get(claim)
+        control, pre = controls.get(claim), preconditions.get(claim)
         rows.append(claim_row(claim, a, b, paired_accuracy_test(correct[a], correct[b], truth, confidence), what, flag,
-                              paper, control))
+                              paper, control, pre))
         ra, rb = cold_runs_of(a, list(correct)), cold_runs_of(b, list(correct))
         k = min(len(ra), len(rb))
         if k > 1:
             runs_a, runs_b = [correct[x] for x in ra[:k]], [correct[x] for x in rb[:k]]
             rows.append(claim_row(f"{claim} ({k} cold runs pooled)", a, b,
-                                  pooled_paired_test(runs_a, runs_b, truth, confidence), what, flag, paper, control))
+                                  pooled_paired_test(runs_a, runs_b, truth, confidence), what, flag, paper, control,
+                                  pre))
             spread += [{"claim": claim, "A": a, "B": b, **r} for r in run_spread(runs_a, runs_b, truth, confidence)]
     return rows, spread
 

@@ -80,10 +80,17 @@ def retrieval_rows(root: Path, n: int = 4) -> list[dict[str, Any]]:
             continue
         mean, lo, hi, _ = mean_ci(per_query)
         retriever = f.stem.removeprefix("exemplars_fhm_")
-        out.append(_row("See, Explain, Intervene", "retrieved exemplars are informative neighbours",
-                        f"exemplars sharing the query's label ({retriever}, n = {n}; base rate 0.50)", mean, lo, hi,
-                        f">= {LABEL_AGREEMENT_MIN:.2f}", lo >= LABEL_AGREEMENT_MIN, f"{len(per_query)} queries"))
+        out.append({**_row("See, Explain, Intervene", "retrieved exemplars are informative neighbours",
+                           f"exemplars sharing the query's label ({retriever}, n = {n}; base rate 0.50)", mean, lo, hi,
+                           f">= {LABEL_AGREEMENT_MIN:.2f}", lo >= LABEL_AGREEMENT_MIN, f"{len(per_query)} queries"),
+                    "component": retriever})
     return out
+
+
+def retrieval_status(root: str | Path, n: int = 4) -> dict[str, bool]:
+    """Retriever -> whether its exemplars meet the See-Explain-Intervene precondition (retrieval_rows), for
+    notebook 04's claims table."""
+    return {r["component"]: r["status"] == "met" for r in retrieval_rows(Path(root), n)}
 
 
 def moderator_row(root: Path, setting: str = "zero_shot") -> dict[str, Any] | None:
@@ -143,7 +150,7 @@ def precondition_rows(root: str | Path) -> list[dict[str, Any]]:
     root = Path(root)
     rows = [*trace_rows(root), *retrieval_rows(root), moderator_row(root), *(judge_row(root, v, m) for v, m in JUDGE_VARIANTS),
             oracle_judge_row(root)]
-    return [r for r in rows if r]
+    return [{k: v for k, v in r.items() if k != "component"} for r in rows if r]
 
 
 def precondition_block(root: str | Path) -> str:

@@ -419,7 +419,8 @@ def prediction_correct(preds: Sequence[Prediction]) -> dict[str, bool]:
 
 
 def claim_frame(preds: dict[str, Sequence[Prediction]], main_name: str, retriever: str,
-                confidence: float = 0.95, spread: bool = False, others: Sequence[str] = ()):
+                confidence: float = 0.95, spread: bool = False, others: Sequence[str] = (),
+                preconditions: dict[str, bool] | None = None):
     """One row per claim in FEWSHOT_CLAIMS whose two settings ran (`preds`: setting name ->
     predictions, the knn vote included): both accuracies with Wilson intervals on the memes both
     answered, the difference with its bootstrap interval, the exact McNemar test on the discordant
@@ -427,7 +428,8 @@ def claim_frame(preds: dict[str, Sequence[Prediction]], main_name: str, retrieve
     gets a second row pooled over the runs, clustered by meme (metrics.claim_tests). Same columns as
     notebook 05's claims.csv. `spread`: also return the per-run rows (cold_runs.csv). `others`: further
     retrievers (a named option beside the paper's), each with the first claim retested on its exemplars
-    at the main setting's n."""
+    at the main setting's n. `preconditions`: retriever -> whether its exemplars are informative neighbours
+    (lib.evaluation.preconditions.retrieval_status; absent: not measured), read by every claim on its exemplars."""
     import pandas as pd
     truth = {p.id: p.gold for v in preds.values() for p in v}
     claims = [(claim, *(x.replace("<main>", main_name).replace("<retriever>", retriever) for x in (a, b)), what, *paper)
@@ -439,7 +441,10 @@ def claim_frame(preds: dict[str, Sequence[Prediction]], main_name: str, retrieve
     correct = {k: prediction_correct(v) for k, v in preds.items()}
     control_rows, detected = positive_controls(FEWSHOT_CONTROLS, correct, truth, confidence, items="memes")
     detected.update({f"{first} ({r})": detected[first] for r in others if first in detected})   # the same test and n
-    rows, runs = claim_tests(claims, correct, truth, confidence, answers, controls=detected)
+    pre = {c[0]: (preconditions or {}).get(retriever) for c in claims[:len(FEWSHOT_CLAIMS)]}
+    pre.update({f"{first} ({r})": (preconditions or {}).get(r) for r in others})
+    rows, runs = claim_tests(claims, correct, truth, confidence, answers, controls=detected,
+                             preconditions={k: v for k, v in pre.items() if v is not None})
     return (pd.DataFrame(control_rows + rows), pd.DataFrame(runs)) if spread else pd.DataFrame(control_rows + rows)
 
 

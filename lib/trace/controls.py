@@ -119,18 +119,21 @@ def run_correct(result: dict[str, Any], split: str = "test_seen") -> dict[str, b
 
 
 def claim_frame(runs: dict[str, dict[str, Any]], seeds: dict[str, Sequence[dict[str, Any]]] | None = None,
-                split: str = "test_seen", confidence: float = 0.95):
+                split: str = "test_seen", confidence: float = 0.95, captions_precondition: bool | None = None):
     """Notebook 02's claims table (the columns of 04's and 05's): each claim of TRACE_CLAIMS whose two runs exist,
     on the memes of `split`, exact McNemar on the first seed and, where both arms have further seeds (`seeds`:
     variant -> its replicate runs, in seed order), a row pooled over the seeds both have, clustered by meme;
-    the positive controls' rows first (TRACE_CONTROLS). Returns (claims, per-seed rows)."""
+    the positive controls' rows first (TRACE_CONTROLS); `captions_precondition`: whether the run's captions carry
+    what the encoder cannot read (lib.trace.probe; None: not measured), for the caption claims. Returns (claims,
+    per-seed rows)."""
     import pandas as pd
     correct = {name: run_correct(r, split) for name, r in runs.items()}
     for variant, reps in (seeds or {}).items():
         correct.update({f"{variant}_run{k}": run_correct(r, split) for k, r in enumerate(reps, 1)})
     truth = {str(p["id"]): int(p["label"]) for r in runs.values() for p in r["eval"]["predictions"] if p["split"] == split}
     control_rows, detected = positive_controls(TRACE_CONTROLS, correct, truth, confidence, items="memes")
-    rows, per_seed = claim_tests(TRACE_CLAIMS, correct, truth, confidence, controls=detected)
+    pre = {claim: captions_precondition for claim, *_ in TRACE_CONTROLS}         # the caption claims
+    rows, per_seed = claim_tests(TRACE_CLAIMS, correct, truth, confidence, controls=detected, preconditions=pre)
     for r in rows:                                   # the replicates here are training seeds, not cold runs
         r["claim"] = r["claim"].replace("cold runs pooled", "seeds pooled")
     return pd.DataFrame(control_rows + rows), pd.DataFrame(per_seed)
