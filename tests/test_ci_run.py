@@ -172,7 +172,9 @@ def test_few_shot_settings_cold_runs_and_claims_recompute():
     assert [p.exemplar_ids for p in by[main]] == [p.exemplar_ids for p in by[f"{main}_run1"]]
     assert [p.exemplar_ids for p in by["random_4"]] != [p.exemplar_ids for p in by["random_4_run1"]]
     claims = pd.read_csv(RUN / "04_few_shot" / "claims.csv")
-    again, cold = claim_frame(by, main, sec["retrievers"][0], spread=True)
+    from lib.evaluation.preconditions import retrieval_status
+    again, cold = claim_frame(by, main, sec["retrievers"][0], spread=True, others=sec["retrievers"][1:],
+                              preconditions=retrieval_status(RUN))
     tested = claims[claims.B != "knn_vote"].reset_index(drop=True)
     again = again[again.B != "knn_vote"].reset_index(drop=True)
     pd.testing.assert_frame_equal(tested, again.astype(tested.dtypes.to_dict()), check_exact=False, atol=1e-3)

@@ -42,6 +42,7 @@ from lib.arcade.report import claim_frame, results_from_jsonl, seed_spread, stag
 from collections import Counter
 from lib.evaluation import crosseval as ce
 from lib.evaluation.metrics import pairwise_mcnemar
+from lib.evaluation.preconditions import retrieval_status
 from lib.compendium.params import load_profile
 
 #: stage -> function(folder of results/<profile>/<stage>/, results/<profile>/) -> recomputed metrics
@@ -374,7 +375,8 @@ def _fewshot(d: Path, root: Path) -> dict[str, Any]:
     quality = pd.DataFrame([{"dataset": "fhm", "retriever": retriever,
                              **retrieval.retrieval_quality(ranked[:, :n], pool, queries)}
                             for n in sorted(set(settings["shots"]) | {knn_n})])
-    claims, cold = rep.claim_frame({**by, "knn_vote": knn}, main, retriever, spread=True)
+    claims, cold = rep.claim_frame({**by, "knn_vote": knn}, main, retriever, spread=True,
+                                   others=settings["retrievers"][1:], preconditions=retrieval_status(root))
     rows3 = rep.table3_rows(read_jsonl(_file(d) / "agent_outputs.jsonl"), settings["semsim_model"], bs)
     committed = read_json(_file(d) / "metrics.json")
     maj = max(np.mean([q.label for q in queries]), 1 - np.mean([q.label for q in queries]))
