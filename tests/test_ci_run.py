@@ -206,8 +206,9 @@ def test_debate_variants_cold_runs_and_claims_recompute():
     assert {r.id for r in runs["arcade_run1"]["results"]} == {r.id for r in runs["arcade"]["results"]}
     assert all(r.type == "001" for r in runs["track2_transcript"]["results"])
     claims = pd.read_csv(RUN / "05_debate" / "claims.csv")
-    again, cold = claim_frame(runs, sec["class_mode"], spread=True)
-    cols = ["claim", "A", "B", "n", "runs", "only A right", "only B right"]
+    from lib.evaluation.preconditions import judge_status
+    again, cold = claim_frame(runs, sec["class_mode"], spread=True, precondition=judge_status(RUN))
+    cols = ["claim", "A", "B", "n", "runs", "only A right", "only B right", "precondition", "verdict"]
     tested = claims[claims.p.notna()]
     assert tested[cols].reset_index(drop=True).equals(again[again.p.notna()][cols].reset_index(drop=True).astype(
         tested[cols].dtypes.to_dict()))

@@ -155,6 +155,20 @@ def test_claim_frame_pairs_variants_on_the_posts_both_judged_and_feeds_the_metri
     assert cf.loc["the gate sends emergent hate to the right track", "n"] == 6
     assert "the gate saves calls" in cf.index
     assert "Track II with the transcript vs blind debaters" not in cf.index     # track2_blind did not run
+    assert set(cf["precondition"].dropna()) == {"not measured"}
+    # a judge that fails its precondition (it cannot tell the categories even from oracle debaters): every
+    # claim it decides reads 'mechanism absent' unless flagged near-constant first
+    absent = claim_frame(runs, precondition=False).set_index("claim")
+    assert absent.loc["Track II's debate reads emergent hate (type 001)", "precondition"] == "not met"
+    assert absent.loc["debate beats a direct judge", "verdict"] == "near-constant arm"
+    varied = {k: {**v, "results": [result(i, 1, i % 3 if k == "direct" else (2 if i % 4 else 1), type_="001")
+                                   for i in range(40)]} for k, v in runs.items()}
+    t2 = "Track II's debate reads emergent hate (type 001)"
+    row = claim_frame(varied, precondition=False).set_index("claim").loc[t2]
+    assert row["flag"] == "none" and row["verdict"] == "mechanism absent in MemeWorld"
+    assert claim_frame(varied).set_index("claim").loc[t2, "verdict"] == "no test"      # no control, nothing measured
+    assert claim_frame(runs, precondition=True).set_index("claim").loc[
+        "Track II's debate reads emergent hate (type 001)", "precondition"] == "met"
     m = stage_metrics(runs, 0.5, 0, claim_frame(runs))
     assert m["claim_arcade_vs_direct_n"] == 12 and m["claim_track2_transcript_vs_direct_acc_a"] == 1.0
     assert m["n_track2_transcript"] == 6

@@ -86,3 +86,14 @@ def test_retrieval_status_names_each_retriever_for_the_claims_table(tmp_path):
     (root / "04_few_shot" / "exemplars_fhm_enc+text.json").write_text(json.dumps(weak))
     assert retrieval_status(root) == {"enc": True, "enc+text": False}
     assert all("component" not in r for r in precondition_rows(root))
+
+
+def test_judge_status_reads_the_oracle_judge_for_the_debate_claims(tmp_path):
+    from lib.evaluation.preconditions import judge_status
+    root = _root(tmp_path)
+    assert judge_status(root) is None                                     # no oracle variant ran: not measured
+    oracle = root / "05_debate" / "results_oracle.jsonl"
+    oracle.write_text("\n".join(json.dumps({"label": i % 3, "gt": i % 3, "status": "ok"}) for i in range(60)))
+    assert judge_status(root) is True
+    oracle.write_text("\n".join(json.dumps({"label": 1, "gt": i % 3, "status": "ok"}) for i in range(60)))
+    assert judge_status(root) is False

@@ -288,18 +288,21 @@ CONTROLS = (("debate beats a direct judge", "oracle", "direct"),
 
 
 def claim_frame(runs: dict[str, dict[str, Any]], class_mode: str = "multiclass",
-                confidence: float = 0.95, spread: bool = False):
+                confidence: float = 0.95, spread: bool = False, precondition: bool | None = None):
     """One row per claim in CLAIMS whose two variants ran: the paired test on the posts both judged
     (and, where both variants have cold runs `<variant>_run<k>`, a row pooled over the runs,
     clustered by post: metrics.claim_tests), then the gate's saving on the arcade run (no test: a
-    count of calls). `spread`: also return the per-run rows (cold_runs.csv)."""
+    count of calls). `spread`: also return the per-run rows (cold_runs.csv). `precondition`: whether the
+    judge meets its precondition (lib.evaluation.preconditions.judge_status; None: not measured), read by
+    every claim, since the judge decides each of them."""
     import pandas as pd
     correct = {k: post_correct(v["results"], class_mode) for k, v in runs.items()}
     truth = {r.id: (int(r.gt > 0) if class_mode == "binary" else r.gt) for v in runs.values() for r in v["results"]}
     answers = {k: {r.id: (r.label if r.label is not None and r.label >= 0 else None) for r in v["results"]}
                for k, v in runs.items()}
     control_rows, detected = positive_controls(CONTROLS, correct, truth, confidence, items="posts")
-    rows, per_run = claim_tests(CLAIMS, correct, truth, confidence, answers, controls=detected)
+    pre = {} if precondition is None else {c[0]: precondition for c in CLAIMS}
+    rows, per_run = claim_tests(CLAIMS, correct, truth, confidence, answers, controls=detected, preconditions=pre)
     rows = control_rows + rows
     if "arcade" in runs:
         cost = runs["arcade"]["cost"]

@@ -145,6 +145,14 @@ def oracle_judge_row(root: Path, variant: str = "oracle") -> dict[str, Any] | No
                 f">= majority line + {READS_MEMES_MARGIN:.2f} ({line:.2f})", lo >= line, f"{len(rows)} posts")
 
 
+def judge_status(root: str | Path) -> bool | None:
+    """Whether ARCADE's judge meets its precondition (oracle_judge_row: it tells the categories when the
+    debaters state each post's true cue), for notebook 05's claims table: every claim there is decided by
+    that judge. None where no oracle variant ran."""
+    row = oracle_judge_row(Path(root))
+    return None if row is None else row["status"] == "met"
+
+
 def precondition_rows(root: str | Path) -> list[dict[str, Any]]:
     """The table's rows that `root` (a folder of stage folders) has the files for, in the order above."""
     root = Path(root)

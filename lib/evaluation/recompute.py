@@ -42,7 +42,7 @@ from lib.arcade.report import claim_frame, results_from_jsonl, seed_spread, stag
 from collections import Counter
 from lib.evaluation import crosseval as ce
 from lib.evaluation.metrics import pairwise_mcnemar
-from lib.evaluation.preconditions import retrieval_status
+from lib.evaluation.preconditions import judge_status, retrieval_status
 from lib.compendium.params import load_profile
 
 #: stage -> function(folder of results/<profile>/<stage>/, results/<profile>/) -> recomputed metrics
@@ -404,7 +404,7 @@ def _debate(d: Path, root: Path) -> dict[str, Any]:
     main = runs.get("arcade") or next(iter(runs.values()))
     gts = [r.gt for r in main["results"]]
     chance = Counter(gts).most_common(1)[0][1] / len(gts)
-    claims, cold = claim_frame(runs, settings["class_mode"], spread=True)
+    claims, cold = claim_frame(runs, settings["class_mode"], spread=True, precondition=judge_status(root))
     committed = read_json(_file(d) / "metrics.json")
     return stage_metrics(runs, chance, committed.get("rerun_calls", 0), claims, seed_spread(runs), cold)
 
