@@ -34,7 +34,7 @@ LAYERS = {
         "lib.arcade.report", "lib.arcade.figures",
         "lib.data.figures", "lib.models.embedded", "lib.models.serving", "lib.models.smoke", "lib.models.figures",
         "lib.evaluation.crosseval", "lib.evaluation.figures", "lib.evaluation.figure_kit", "lib.evaluation.recompute", "lib.evaluation.preconditions",
-        "lib.compendium.results", "lib.compendium.findings", "lib.compendium.report", "lib.compendium.params", "lib.compendium.param_schemas",
+        "lib.compendium.results", "lib.compendium.compare", "lib.compendium.findings", "lib.compendium.report", "lib.compendium.params", "lib.compendium.param_schemas",
         "lib.compendium.runner", "lib.compendium.stages", "lib.compendium.costs", "lib.compendium.measure", "lib.compendium.nbcheck"},
 }
 #: the largest a lib file may grow: past it, a file holds more than one concern
