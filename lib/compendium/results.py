@@ -76,7 +76,7 @@ RESULT_FILES: dict[str, tuple[str, ...]] = {
     "serving": ("metrics.json", "details.json", "settings.json"),
     "04_few_shot": ("metrics.json", "results.json", "predictions_*.jsonl", "claims.csv", "cold_runs.csv",
                     "table3.json", "agent_outputs.jsonl", "references_*.json", "settings.json", "coherence.csv",
-                    "exemplars_*.json", "retrieval.csv"),
+                    "exemplars_*.json", "retrieval.csv", "adapted.json", "claims_adapted.csv"),
     "05_debate": ("metrics.json", "settings.json", "results_*.jsonl", "eval_*.json", "claims.csv", "cold_runs.csv"),
     "06_evaluation": ("metrics.json", "comparison.csv", "predictions_common.csv", "mcnemar*.csv", "injection*.csv", "confounders.csv",
                       "common.json", "gallery.json"),
