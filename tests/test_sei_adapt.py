@@ -88,21 +88,21 @@ def test_a_trained_adapter_is_read_back_and_a_changed_recipe_retrains(tmp_path, 
     assert calls == [len(ex), len(ex)]
 
 
-def test_training_memes_carry_the_prompt_caption_and_the_gold_texts_balanced_by_type():
+def test_training_memes_carry_the_gold_texts_balanced_by_type_and_look_only_at_the_pool():
     pool = [Meme(str(i), f"{i}.png", f"t{i}", label=i % 2, type=f"{i % 4:03b}") for i in range(40)]
-    captions = {j: f"silver caption {j}" for j in range(0, 40, 1) if j != 5}
     gold = {"explanation": {str(i): [f"why {i}", "another"] for i in range(40) if i != 6},
-            "intervention": {str(i): [f"stop {i}"] for i in range(40) if i % 2 and i != 7}}
-    ms = adapt.training_memes(pool, captions, gold, n=16, seed=1)
-    assert len(ms) == 16 and {"5", "6", "7"}.isdisjoint(m.id for m in ms)   # no caption / explanation / intervention
+            "intervention": {str(i): [f"stop {i}"] for i in range(40) if i % 2 and i != 7},
+            "unused": {"99": ["a test meme's text"]}}
+    ms = adapt.training_memes(pool, gold, n=16, seed=1)
+    assert len(ms) == 16 and {"6", "7"}.isdisjoint(m.id for m in ms)        # no explanation / no intervention
     assert Counter(m.type for m in ms) == Counter({t: 4 for t in ("000", "001", "010", "011")})
     m = next(m for m in ms if m.label == 1)
-    assert m.caption == f"silver caption {m.id}" and m.explanation == f"why {m.id}" and m.intervention == f"stop {m.id}"
+    assert m.explanation == f"why {m.id}" and m.intervention == f"stop {m.id}" and m.caption == ""
     assert all(x.intervention == "" for x in ms if x.label == 0)
-    assert ms == adapt.training_memes(pool, captions, gold, n=16, seed=1)
-    assert len(adapt.training_memes(pool, captions, gold, n=1000)) == 37
+    assert ms == adapt.training_memes(pool, gold, n=16, seed=1)
+    assert len(adapt.training_memes(pool, gold, n=1000)) == 38
     with pytest.raises(AdaptError, match="no training meme"):
-        adapt.training_memes(pool, {}, gold, n=4)
+        adapt.training_memes(pool, {}, n=4)
 
 
 def test_the_preset_says_where_the_adapter_lives():

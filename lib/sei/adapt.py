@@ -14,7 +14,7 @@ on the same memes with the labels shuffled (`shuffle_labels`): the format withou
 the memes. Both are scored on memes the adapter never saw.
 
     spec = served_adapter("smollm2-135m-instruct-compact-moderator+memeworld-captions")
-    memes = training_memes(pool, captions, gold, n=400, seed=0)
+    memes = training_memes(pool, gold, n=400, seed=0)        # then each meme's caption set, as for a query
     examples = adaptation_examples(memes, tpl, "memeworld", chat.backend.describe, string_max_length=64)
     info = train_adapter(spec["adapter"], examples, LoraRecipe(epochs=1), spec["base"])
     # then serve(spec["served"]) starts llama.cpp with the base and the adapter
@@ -68,24 +68,21 @@ def text_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
     return out
 
 
-def training_memes(pool: Sequence[Meme], captions: dict[int, str], gold: dict[str, dict[str, list[str]]],
-                   n: int, seed: int = 0) -> list[Meme]:
-    """The adapter's training memes: `n` of the pool's memes (the train split) that carry a caption
-    (`captions`: pool index -> the captioner agent's silver caption, what a prompt shows for a meme) and a
-    gold explanation (`gold["explanation"]`: meme id -> texts), a hateful one also a gold intervention,
-    balanced over interaction types where the pool has them (seeded); each with its caption and the first
-    gold text of each kind."""
+def training_memes(pool: Sequence[Meme], gold: dict[str, dict[str, list[str]]], n: int, seed: int = 0) -> list[Meme]:
+    """The adapter's training memes: `n` of the pool's memes (the train split), drawn seeded and balanced over
+    interaction types where the pool has them, among those with a gold label and a gold explanation
+    (`gold["explanation"]`: meme id -> texts), a hateful one also a gold intervention; each with the first
+    gold text of each kind. The draw looks at nothing but the pool: no test meme decides which memes train
+    the adapter. Their captions (what a prompt shows beside the image) are the notebook's to set."""
     usable = []
-    for j, caption in sorted(captions.items()):
-        m = pool[j]
+    for m in pool:
         expl = (gold.get("explanation") or {}).get(m.id) or []
         interv = (gold.get("intervention") or {}).get(m.id) or []
         if m.label not in (0, 1) or not expl or (m.label == 1 and not interv):
             continue
-        usable.append(Meme(**{**m.__dict__, "caption": caption, "explanation": expl[0],
-                              "intervention": interv[0] if m.label == 1 else ""}))
+        usable.append(Meme(**{**m.__dict__, "explanation": expl[0], "intervention": interv[0] if m.label == 1 else ""}))
     if not usable:
-        raise AdaptError("no training meme has a caption, a gold label and a gold explanation")
+        raise AdaptError("no training meme has a gold label and a gold explanation")
     by = "type" if all(m.type for m in usable) else "label"
     return balanced_subset(usable, min(n, len(usable)), seed, by=by) if n < len(usable) else usable
 
