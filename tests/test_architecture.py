@@ -26,7 +26,7 @@ LAYERS = {
         "lib.models.memeworld_vlm", "lib.models.nli", "lib.evaluation.textmetrics"},
     3: {"lib.trace.captioning", "lib.trace.model", "lib.trace.features", "lib.trace.training", "lib.trace.probe",
         "lib.clip4dm.method", "lib.clip4dm.runs", "lib.clip4dm.claims",
-        "lib.sei.agents", "lib.sei.fewshot", "lib.sei.retrieval",
+        "lib.sei.agents", "lib.sei.fewshot", "lib.sei.retrieval", "lib.sei.adapt",
         "lib.arcade.court", "lib.arcade.oracle", "lib.arcade.scoring"},
     4: {"lib.trace.runs", "lib.trace.report", "lib.trace.controls", "lib.trace.figures",
         "lib.clip4dm.report", "lib.clip4dm.figures",

@@ -240,7 +240,7 @@ def test_the_ci_profile_changes_sizes_only():
     ci, emb = params.load_profile("ci"), params.load_profile("embedded")
     size_keys = re.compile(r"(_n|_n_multioff|epochs|_memes|_pairs|samples|n_llm|n_trace|seeds|runs|_repeats|"
                            r"concurrency|requests|max_new_tokens|prompts|trials|resamples|max_train|patience|"
-                           r"per_type|index_profiles|nli_model|eval_n|rounds|max_length)$")
+                           r"per_type|index_profiles|nli_model|eval_n|rounds|max_length|n_train)$")
 
     def leaves(d, prefix=""):
         for k, v in d.items():

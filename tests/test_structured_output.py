@@ -2,6 +2,7 @@
 the backend has it, parse-and-retry where it does not; and the captioned adapter that lets a text-only
 model take image parts."""
 import hashlib
+import io
 import json
 import threading
 
@@ -10,7 +11,7 @@ import pytest
 from PIL import Image
 
 from lib.models.chat import (CaptionedBackend, Chat, ChatResult, GenParams, OpenAICompatibleBackend, ResponseCache,
-                      extract_json, image_bytes, parse_structured, prompt_template, user)
+                      extract_json, image, image_bytes, parse_structured, prompt_template, text, user)
 from lib.compendium.presets import PresetError
 
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string", "enum": ["hateful", "non-hateful"]},
@@ -194,6 +195,32 @@ def test_captioned_adapter_replaces_images_by_cached_captions(tmp_path):
     assert other.key(convs[0], GenParams()) != chat.key(convs[0], GenParams())
     ident = chat.backend.identity()
     assert ident["adapter"] == "captioned" and ident["captioner"] == {"model": "scripted"}
+
+
+def test_the_captioner_sees_an_image_given_as_a_file_path_wherever_the_checkout_lies(tmp_path):
+    # the notebooks pass images as file paths: each must reach the captioner as an image part (a bare
+    # path string would be a text part: the captioner would read the path, not the picture), and the
+    # same picture in two folders is one request with one key
+    png = io.BytesIO()
+    _img(7).save(png, format="PNG")
+    paths = []
+    for d in ("checkout_a", "somewhere/else/checkout_b"):
+        (tmp_path / d).mkdir(parents=True)
+        (tmp_path / d / "1.png").write_bytes(png.getvalue())
+        paths.append(tmp_path / d / "1.png")
+    digest = hashlib.sha256(png.getvalue()).hexdigest()[:6]
+    keys = []
+    for i, form in enumerate((str(paths[0]), paths[1])):
+        cap = Captioner([])
+        chat = Chat(CaptionedBackend(TextOnly([]), Chat(cap, tmp_path / f"c{i}.sqlite")), None)
+        described = chat.backend.describe([user(image(form), text("q"))])
+        parts = cap.sent[0][0]["content"]
+        assert [p["type"] for p in parts] == ["image", "text"]
+        assert str(form) not in _text_of(cap.sent[0][0])
+        assert f"scene {digest}" in _text_of(described[0])
+        keys.append(chat.backend.captioner.key(cap.sent[0], chat.backend.caption_params))
+    assert keys[0] == keys[1]
+    assert chat.backend.identity()["captioner_sees"] == "image"
 
 
 def test_a_caption_that_fails_fails_the_request_without_caching_it(tmp_path):

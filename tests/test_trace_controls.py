@@ -81,13 +81,13 @@ def test_the_trace_claims_table_reads_the_cue_control_and_pools_seeds():
     seeds = {"cls+rel": [_run(set(range(61))), _run(set(range(59)))], "image_text_only": [_run(set(range(57)))]}
     t, per_seed = claim_frame(runs, seeds)
     ctl = t[t["role"] == "control"]
-    assert list(ctl["verdict"]) == ["control detected", "control detected"]
-    assert list(ctl["A"]) == ["cue_at_effect", "cue_at_effect"]
+    assert list(ctl["verdict"]) == ["control detected"] * 3
+    assert list(ctl["A"]) == ["cue_at_effect"] * 3 and list(ctl["B"]) == ["image_text_only", "shuffled", "cls+con"]
     first = t[t["claim"] == "captions help"].iloc[0]
     assert (first["n"], first["control"]) == (96, "detected") and first["A-B"] == pytest.approx(2 / 96, abs=1e-3)
     pooled = t[t["claim"] == "captions help (2 seeds pooled)"].iloc[0]
     assert pooled["runs"] == 2 and len(per_seed) == 2
-    assert t[t["claim"] == "the relevance loss beats the contrastive one"].iloc[0]["control"] == "none ran"
+    assert t[t["claim"] == "the relevance loss beats the contrastive one"].iloc[0]["control"] == "detected"
     runs["cue"] = _run(set(range(58)))                             # cued captions the model cannot use
     t, _ = claim_frame(runs, seeds)
     assert t[t["claim"] == "captions help"].iloc[0]["verdict"] == "mechanism absent in MemeWorld"

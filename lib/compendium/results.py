@@ -76,7 +76,7 @@ RESULT_FILES: dict[str, tuple[str, ...]] = {
     "serving": ("metrics.json", "details.json", "settings.json"),
     "04_few_shot": ("metrics.json", "results.json", "predictions_*.jsonl", "claims.csv", "cold_runs.csv",
                     "table3.json", "agent_outputs.jsonl", "references_*.json", "settings.json", "coherence.csv",
-                    "exemplars_*.json", "retrieval.csv"),
+                    "exemplars_*.json", "retrieval.csv", "adapted.json", "claims_adapted.csv"),
     "05_debate": ("metrics.json", "settings.json", "results_*.jsonl", "eval_*.json", "claims.csv", "cold_runs.csv"),
     "06_evaluation": ("metrics.json", "comparison.csv", "predictions_common.csv", "mcnemar*.csv", "injection*.csv", "confounders.csv",
                       "common.json", "gallery.json"),
@@ -367,6 +367,8 @@ def timings_block(profile: str = "embedded") -> str:
                    + f", against a budget of 4 hours"
                    + (f"; a fresh clone's `make reproduce`, every model trained and run here with the committed model "
                       f"answers replayed: {_minutes(sum(v for v in fresh.values() if v is not None))}"
+                      + (f" for the stages measured so ({', '.join(n for n in names if fresh[n] is None)} not yet)"
+                         if any(v is None for v in fresh.values()) else "")
                       if replayed else "")
                    + f"; the latest run, whatever it reused of earlier runs' models and answers: "
                    f"{_minutes(sum(v['wall_s'] for v in last.values()))}.\n")

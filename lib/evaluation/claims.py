@@ -76,10 +76,14 @@ VERDICTS = {
     "mechanism absent in MemeWorld": "the method's precondition on MemeWorld's components is not met "
                                      "(lib/evaluation/preconditions.py: e.g. the captions carry nothing the encoder "
                                      "lacks), or the positive control's variant, where the ingredient carries the "
-                                     "answer, falls short of the paper's effect itself: either way the claim cannot "
-                                     "show here whatever the test's power (a finding about MemeWorld's components)",
+                                     "answer, falls short of the paper's effect itself and the claim's own "
+                                     "difference is no significant one in the paper's direction: either way the "
+                                     "claim cannot show here whatever the test's power (a finding about "
+                                     "MemeWorld's components)",
     "inconclusive": "none of the above: the interval holds both no effect and the paper's effect",
-    "reproduced, no control": "the effect is in the paper's direction with p < 0.05, but no positive control ran",
+    "reproduced, no control": "the effect is in the paper's direction with p < 0.05, but no positive control backs "
+                              "it: none ran, or its oracle variant fell short of the paper's effect (then read the "
+                              "difference with its arms: it is not the mechanism's, whose oracle could not make it)",
     "no test": "no positive control ran for this claim and p >= 0.05 (or the effect goes the other way): a null "
                "cannot be read either way",
 }

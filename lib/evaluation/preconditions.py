@@ -7,7 +7,7 @@ so it is generated wherever those exist.
 |---|---|---|---|
 | TRACE | captions carry what the image encoder cannot read | the label accuracy a linear probe on the frozen encoder gains when the captions join its image and meme-text embeddings (per caption source; the trained models' caption benefit where no probe ran) | its interval above 0: a caption that adds nothing the encoder lacks leaves selection nothing to find |
 | See, Explain, Intervene | retrieved exemplars are informative neighbours | exemplar label agreement at n = 4 | at least 0.65 against the 0.50 base rate of a balanced set |
-| few-shot moderator | the model reads a meme at all | zero-shot accuracy on the balanced set | at least the majority line + 0.10 |
+| few-shot moderator | the model reads a meme at all | zero-shot accuracy on the balanced set (as served; adapted to MemeWorld and its shuffled-label control where notebook 04 trained them) | at least the majority line + 0.10 |
 | ARCADE | the judge's verdict varies with the post | the share of the judge's most common label (as run, and with oracle debaters) | below 0.95 (claims.NEAR_CONSTANT): a constant judge cannot weigh a debate |
 | ARCADE | the judge can tell the categories from a debate | its accuracy when the debaters state the true cue | at least the majority line + 0.10 |
 """
@@ -93,20 +93,34 @@ def retrieval_status(root: str | Path, n: int = 4) -> dict[str, bool]:
     return {r["component"]: r["status"] == "met" for r in retrieval_rows(Path(root), n)}
 
 
-def moderator_row(root: Path, setting: str = "zero_shot") -> dict[str, Any] | None:
-    f = root / "04_few_shot" / "predictions_fhm.jsonl"
+def moderator_row(root: Path, setting: str = "zero_shot", file: str = "predictions_fhm.jsonl",
+                  where: dict[str, Any] | None = None, method: str = "few-shot moderator") -> dict[str, Any] | None:
+    """The moderator's precondition from notebook 04's per-meme answers (`file`, rows matching `where`):
+    zero-shot accuracy with its Wilson interval, met when the interval's lower end reaches the majority line
+    + READS_MEMES_MARGIN."""
+    f = root / "04_few_shot" / file
     if not f.exists():
         return None
     rows = [json.loads(x) for x in f.read_text(encoding="utf-8").splitlines() if x.strip()]
-    rows = [r for r in rows if r["setting"] == setting]
+    rows = [r for r in rows if r["setting"] == setting and all(r.get(k) == v for k, v in (where or {}).items())]
     if not rows:
         return None
     right = sum(r["status"] == "ok" and r["label"] == r["gold"] for r in rows)
     acc, lo, hi = proportion_ci(right, len(rows))
     share = float(np.mean([r["gold"] for r in rows]))
     line = max(share, 1 - share) + READS_MEMES_MARGIN
-    return _row("few-shot moderator", "the model reads a meme at all", "zero-shot accuracy (balanced FHM test set)",
+    return _row(method, "the model reads a meme at all", "zero-shot accuracy (balanced FHM test set)",
                 acc, lo, hi, f">= majority line + {READS_MEMES_MARGIN:.2f} ({line:.2f})", lo >= line, f"{len(rows)} memes")
+
+
+#: notebook 04's adapted moderator (lib.sei.adapt) and its shuffled-label control, where the run trained them
+ADAPTED_MODERATORS = (("model", "few-shot moderator, adapted to MemeWorld (LoRA)"),
+                      ("control", "few-shot moderator, adapter trained on shuffled labels (control)"))
+
+
+def adapted_moderator_rows(root: Path) -> list[dict[str, Any]]:
+    return [r for r in (moderator_row(root, file="predictions_adapted.jsonl", where={"role": role}, method=method)
+                        for role, method in ADAPTED_MODERATORS) if r]
 
 
 #: the judge rows: (variant, how the measured quantity reads): the court as run, and with oracle debaters
@@ -156,7 +170,8 @@ def judge_status(root: str | Path) -> bool | None:
 def precondition_rows(root: str | Path) -> list[dict[str, Any]]:
     """The table's rows that `root` (a folder of stage folders) has the files for, in the order above."""
     root = Path(root)
-    rows = [*trace_rows(root), *retrieval_rows(root), moderator_row(root), *(judge_row(root, v, m) for v, m in JUDGE_VARIANTS),
+    rows = [*trace_rows(root), *retrieval_rows(root), moderator_row(root), *adapted_moderator_rows(root),
+            *(judge_row(root, v, m) for v, m in JUDGE_VARIANTS),
             oracle_judge_row(root)]
     return [{k: v for k, v in r.items() if k != "component"} for r in rows if r]
 

@@ -385,6 +385,14 @@ def _fewshot(d: Path, root: Path) -> dict[str, Any]:
         return results.get(name) or {}
     out = rep.stage_metrics(results, row, main, maj, quality, retriever, knn_n, "fhm", rows3,
                             "expl_bertscore_f1_proxy" in committed, committed.get("rerun_calls", 0), claims, cold)
+    if (_file(d) / "predictions_adapted.jsonl").exists():      # the adapted moderator and its control (lib.sei.adapt)
+        ad: dict[str, dict[str, list]] = {}
+        for r in read_jsonl(_file(d) / "predictions_adapted.jsonl"):
+            ad.setdefault(r["role"], {}).setdefault(r["setting"], []).append(
+                Prediction(**{k: v for k, v in r.items() if k not in ("model", "role")}))
+        ad_claims = rep.claim_frame({**ad.get("model", {}), "knn_vote": knn}, main, retriever,
+                                    preconditions=retrieval_status(root))
+        out.update(rep.adapted_metrics(ad, read_json(_file(d) / "adapted.json")["training"], ad_claims))
     return out
 
 

@@ -249,7 +249,7 @@ SETTINGS_KEYS = ("datasets", "train_split", "agent_base", "agent_recipe", "agent
                  "agent_max_new_tokens", "retrievers", "shots", "order", "controls", "models", "serve_preset",
                  "images", "prompt_dir", "temperature", "max_new_tokens", "parser", "seed", "answer_format",
                  "string_max_length", "knn_n", "eval_n", "eval_balance", "cold_runs", "semsim_model", "bertscore",
-                 "rouge_stemmer", "explanation_refs", "intervention_refs", "ci_resamples", "ci_method")
+                 "rouge_stemmer", "explanation_refs", "intervention_refs", "ci_resamples", "ci_method", "adapted")
 
 
 class FewShotModerator:
@@ -518,3 +518,28 @@ def stage_metrics(results: dict[str, dict[str, Any]], row, main_name: str, major
         if k != main_name and "acc" in r:
             m[f"acc_{k.replace('/', '_').replace(':', '_')}"] = r["acc"]
     return {k: (float(v) if isinstance(v, (np.floating, float)) else v) for k, v in m.items()}
+
+
+# ----------------------------------------------------------------------------- the adapted moderator (lib.sei.adapt)
+#: predictions_adapted.jsonl's roles: the adapter trained on the gold labels, and its shuffled-label control
+ADAPTED_ROLES = {"model": "adapted", "control": "adapted_control"}
+
+
+def adapted_metrics(preds: dict[str, dict[str, Sequence[Prediction]]], training: dict[str, dict[str, Any]],
+                    claims=None) -> dict[str, Any]:
+    """metrics.json keys of the adapted moderator (`preds`: role -> setting -> predictions): each setting's
+    accuracy (Wilson interval, n) and hateful share per role, the adapters' training examples, and the claims
+    re-tested on the adapted moderator (`claims`: claim_frame's table) as adapted_claim_... keys."""
+    m: dict[str, Any] = {}
+    for role, by in preds.items():
+        tag = ADAPTED_ROLES[role]
+        for name, ps in by.items():
+            c = sei.classification(ps)
+            key = f"{tag}_{name.replace('/', '_')}_acc"
+            m[key] = c["acc"]
+            m.update(interval_keys(key, c["acc"], evaluated(c)))
+            m[f"{tag}_{name.replace('/', '_')}_pred_hateful_share"] = c["pred_hateful_share"]
+        if training.get(role):
+            m[f"{tag}_n_train"] = int(training[role]["n_examples"])
+    m.update({f"adapted_{k}": v for k, v in claim_metrics(claims).items()})
+    return m

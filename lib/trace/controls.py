@@ -107,10 +107,14 @@ TRACE_CLAIMS = (
     ("the relevance loss beats the contrastive one", "cls+rel", "cls+con",
      "the same model and captions, trained with the caption-relevance or the contrastive auxiliary loss"),
 )
-#: each caption claim's positive control: the default model on the cue source (captions that state the true
-#: cue), its answers on the fewest memes that give the paper's effect against the claim's base arm
+#: each claim's positive control: the default model on the cue source (captions that state the true cue), its
+#: answers on the fewest memes that give the paper's effect against the claim's base arm. The loss claim's
+#: control shows that the same test, on the same memes against the contrastive arm, detects that effect
 TRACE_CONTROLS = (("captions help", "cue", "image_text_only"),
-                  ("what the captions say helps (selection kept)", "cue", "shuffled"))
+                  ("what the captions say helps (selection kept)", "cue", "shuffled"),
+                  ("the relevance loss beats the contrastive one", "cue", "cls+con"))
+#: the claims whose mechanism is the captions themselves (lib.trace.probe's precondition applies to them)
+CAPTION_CLAIMS = ("captions help", "what the captions say helps (selection kept)")
 
 
 def run_correct(result: dict[str, Any], split: str = "test_seen") -> dict[str, bool]:
@@ -132,7 +136,7 @@ def claim_frame(runs: dict[str, dict[str, Any]], seeds: dict[str, Sequence[dict[
         correct.update({f"{variant}_run{k}": run_correct(r, split) for k, r in enumerate(reps, 1)})
     truth = {str(p["id"]): int(p["label"]) for r in runs.values() for p in r["eval"]["predictions"] if p["split"] == split}
     control_rows, detected = positive_controls(TRACE_CONTROLS, correct, truth, confidence, items="memes")
-    pre = {claim: captions_precondition for claim, *_ in TRACE_CONTROLS}         # the caption claims
+    pre = {claim: captions_precondition for claim in CAPTION_CLAIMS}
     rows, per_seed = claim_tests(TRACE_CLAIMS, correct, truth, confidence, controls=detected, preconditions=pre)
     for r in rows:                                   # the replicates here are training seeds, not cold runs
         r["claim"] = r["claim"].replace("cold runs pooled", "seeds pooled")

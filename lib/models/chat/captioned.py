@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lib.models.chat.core import Chat, ChatBackend
-from lib.models.chat.messages import ChatResult, GenParams, image_bytes, parts_of, text, user
+from lib.models.chat.messages import ChatResult, GenParams, image, image_bytes, parts_of, text, user
 from lib.models.chat.registry import load_backend, load_chat, register_backend
 from lib.compendium.presets import Preset, PresetError, get_preset, options_from
 from lib.compendium.prompts import prompt_line, prompt_template
@@ -62,17 +62,23 @@ class CaptionedBackend:
                    caption_params=GenParams(temperature=0.0, max_new_tokens=o.caption_max_new_tokens))
 
     def identity(self) -> dict[str, Any]:
+        # "captioner_sees": answers cached while the captioner was sent an image's file path as text
+        # (not the image) have keys without it, so none of them is ever replayed
         return {**self.inner.identity(), "adapter": "captioned", "captioner": self.captioner.backend.identity(),
+                "captioner_sees": "image",
                 "caption_prompt": self.caption_prompt, "caption_params": {k: v for k, v in asdict(self.caption_params).items() if k != "replicate"},
                 "image_template": self.image_template}
 
     def caption_images(self, images: Sequence[Any]) -> list[ChatResult]:
-        """Captions for images (cached per image by content), batched through the captioner."""
+        """Captions for images (cached per image by content), batched through the captioner. Each
+        image goes to the captioner as an image part whatever its form (path, bytes, PIL image): a
+        bare path string would be a text part, the captioner would read the path instead of the
+        picture, and the request's key would depend on where the checkout lies."""
         digests = [hashlib.sha256(image_bytes(im)).hexdigest() for im in images]
         with self._lock:
             todo = {d: im for d, im in zip(digests, images) if d not in self._captions}
         if todo:
-            res = self.captioner.generate_many([[user(im, self.caption_prompt)] for im in todo.values()],
+            res = self.captioner.generate_many([[user(image(im), self.caption_prompt)] for im in todo.values()],
                                                self.caption_params, progress=False)
             with self._lock:
                 self._captions.update(zip(todo, res))

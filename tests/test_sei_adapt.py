@@ -1,0 +1,117 @@
+"""lib.sei.adapt: the moderator's LoRA examples are what the served model reads for a zero-shot request and
+the answer its constrained decoder would write; the shuffled-label control keeps the format and the label
+rate; a trained adapter is read back, not retrained."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import jsonschema
+import pytest
+
+from lib.models.llm_adapt import AdaptError, LoraRecipe
+from lib.sei import adapt
+from lib.sei.fewshot import LABELS, Meme, SeiTemplates, answer_schema
+
+TPL = SeiTemplates.load("params/prompts/sei")
+
+
+def _memes(n=12):
+    return [Meme(str(i), f"/data/img/{i}.png", f"text {i}", label=i % 2, caption=f"caption {i}",
+                 explanation=f"The meme {i} is {'hateful' if i % 2 else 'not hateful'}: reason number {i} " * 3,
+                 intervention=f"Please do not share meme {i}, it hurts people." if i % 2 else "")
+            for i in range(n)]
+
+
+def _describe(conv):
+    return [{"role": m["role"], "content": [p if p["type"] == "text" else {"type": "text", "text": f"[IMG {p['image']}]\n"}
+                                            for p in m["content"]]} for m in conv]
+
+
+def test_the_answer_is_the_compact_json_the_grammar_writes():
+    a = adapt.compact_answer(1, "word " * 40, "stop " * 40, 64)
+    obj = json.loads(a)
+    jsonschema.validate(obj, answer_schema(64))
+    assert list(obj) == ["label", "explanation", "intervention"] and obj["label"] == "hateful"
+    assert a == json.dumps(obj, separators=(",", ":")) and ": " not in a
+    assert len(obj["explanation"]) <= 64 and obj["explanation"].endswith("word")     # cut at a word boundary
+    assert json.loads(adapt.compact_answer(0, "fine", "unused", 64))["intervention"] == ""
+    with pytest.raises(AdaptError):
+        adapt.compact_answer(None, "x", "", 64)
+
+
+def test_examples_are_the_zero_shot_request_as_the_text_model_reads_it():
+    memes = _memes()
+    ex = adapt.adaptation_examples(memes, TPL, "memeworld", _describe, string_max_length=64)
+    assert len(ex) == len(memes)
+    for m, (msgs, ans) in zip(memes, ex):
+        assert [x["role"] for x in msgs] == ["system", "user"] and all(isinstance(x["content"], str) for x in msgs)
+        assert msgs[0]["content"] == TPL.system_prompt("memeworld")
+        assert msgs[1]["content"].startswith(f"[IMG {m.img_path}]") and m.ocr in msgs[1]["content"]
+        assert json.loads(ans)["label"] == LABELS[m.label]
+    with pytest.raises(AdaptError, match="describe"):
+        adapt.adaptation_examples(memes, TPL, "memeworld", None)
+    with pytest.raises(AdaptError, match="still holds an image"):
+        adapt.adaptation_examples(memes, TPL, "memeworld", lambda c: c)
+    no_text = _memes(2)
+    no_text[1].explanation = " "
+    with pytest.raises(AdaptError, match="meme 1: no gold explanation"):
+        adapt.adaptation_examples(no_text, TPL, "memeworld", _describe)
+
+
+def test_the_shuffled_control_keeps_format_and_label_rate_and_breaks_the_tie_to_the_meme():
+    memes = _memes(40)
+    real = adapt.adaptation_examples(memes, TPL, "memeworld", _describe, 64)
+    ctl = adapt.adaptation_examples(memes, TPL, "memeworld", _describe, 64, shuffle_labels=True, seed=3)
+    assert [m for m, _ in ctl] == [m for m, _ in real]                        # the same prompts
+    assert Counter(a for _, a in ctl) == Counter(a for _, a in real)          # the same answers, permuted
+    moved = sum(json.loads(a)["label"] != LABELS[m.label] for m, (_, a) in zip(memes, ctl))
+    assert moved >= 10
+    assert ctl == adapt.adaptation_examples(memes, TPL, "memeworld", _describe, 64, shuffle_labels=True, seed=3)
+
+
+def test_a_trained_adapter_is_read_back_and_a_changed_recipe_retrains(tmp_path, monkeypatch):
+    from lib.models import llm_adapt
+    calls = []
+    monkeypatch.setattr(llm_adapt, "load_base", lambda gguf: ("model", "tok"))
+    monkeypatch.setattr(llm_adapt, "train_lora", lambda m, t, ex, r, progress=True: calls.append(len(ex)) or m)
+    monkeypatch.setattr(llm_adapt, "write_adapter_gguf", lambda m, p: p.parent.mkdir(parents=True, exist_ok=True)
+                        or p.write_bytes(b"gguf") or p)
+    ex = adapt.adaptation_examples(_memes(), TPL, "memeworld", _describe, 64)
+    path = tmp_path / "a" / "adapter.gguf"
+    first = adapt.train_adapter(path, ex, LoraRecipe(), "base.gguf", progress=False)
+    again = adapt.train_adapter(path, ex, LoraRecipe(), "base.gguf", progress=False)
+    assert (first["cached"], again["cached"]) == (False, True) and calls == [len(ex)]
+    assert first["n_examples"] == len(ex) and first["hateful_share"] == 0.5 and path.exists()
+    assert (tmp_path / "a" / "training.json").exists()
+    adapt.train_adapter(path, ex, LoraRecipe(epochs=2), "base.gguf", progress=False)
+    assert calls == [len(ex), len(ex)]
+
+
+def test_training_memes_carry_the_gold_texts_balanced_by_type_and_look_only_at_the_pool():
+    pool = [Meme(str(i), f"{i}.png", f"t{i}", label=i % 2, type=f"{i % 4:03b}") for i in range(40)]
+    gold = {"explanation": {str(i): [f"why {i}", "another"] for i in range(40) if i != 6},
+            "intervention": {str(i): [f"stop {i}"] for i in range(40) if i % 2 and i != 7},
+            "unused": {"99": ["a test meme's text"]}}
+    ms = adapt.training_memes(pool, gold, n=16, seed=1)
+    assert len(ms) == 16 and {"6", "7"}.isdisjoint(m.id for m in ms)        # no explanation / no intervention
+    assert Counter(m.type for m in ms) == Counter({t: 4 for t in ("000", "001", "010", "011")})
+    m = next(m for m in ms if m.label == 1)
+    assert m.explanation == f"why {m.id}" and m.intervention == f"stop {m.id}" and m.caption == ""
+    assert all(x.intervention == "" for x in ms if x.label == 0)
+    assert ms == adapt.training_memes(pool, gold, n=16, seed=1)
+    assert len(adapt.training_memes(pool, gold, n=1000)) == 38
+    with pytest.raises(AdaptError, match="no training meme"):
+        adapt.training_memes(pool, {}, n=4)
+
+
+def test_the_preset_says_where_the_adapter_lives():
+    from lib.compendium.presets import PresetError
+    spec = adapt.served_adapter("smollm2-135m-instruct-compact-moderator+memeworld-captions")
+    assert spec["served"] == "smollm2-135m-instruct-compact-moderator"
+    assert spec["adapter"].name == "adapter.gguf" and spec["adapter"].parent.name == "moderator_adapter"
+    assert spec["base"].endswith(".gguf")
+    assert adapt.served_adapter("smollm2-135m-instruct-compact-shuffled")["adapter"].parent.name == \
+        "moderator_adapter_shuffled"
+    with pytest.raises(PresetError, match="lora"):
+        adapt.served_adapter("smollm2-135m-instruct-compact+memeworld-captions")
