@@ -320,3 +320,39 @@ def test_a_replayed_answer_reads_back_exactly_as_it_was_given(tmp_path, monkeypa
     again = fresh.get("k").parsed
     assert again == parsed and json.dumps(again) == json.dumps(parsed)       # same keys in the same order
     assert json.dumps(again) != json.dumps(parsed, sort_keys=True)            # (an order sorting would change)
+
+
+def test_a_run_of_some_stages_keeps_the_other_stages_committed_answers(sandbox, monkeypatch):
+    """A fresh clone's `make reproduce NB=02` marks only its own stage's answers as used: publishing must not
+    drop the committed answers of the stages it did not run; a run of every stage writes exactly what it used."""
+    import contextlib
+    tmp, ran, _ = sandbox
+    monkeypatch.setattr(stages_mod, "profile_services", lambda profile: contextlib.nullcontext())
+    monkeypatch.setattr(stages_mod, "update_readme", lambda path: None)
+    monkeypatch.setattr(results, "ROOT", tmp)                   # publish_run prints paths relative to the root
+    committed = results.cache_export_path("embedded")
+    seed = ResponseCache(tmp / "seed.sqlite")
+    monkeypatch.setenv("COMPENDIUM_STAGE", "04_few_shot")
+    seed.put("k-other-stage", _answer("an answer 04 used"))
+    monkeypatch.delenv("COMPENDIUM_STAGE")
+    seed.export(committed)
+
+    def stage(st, profile, params=None):          # each stage asks one answer of its own
+        ran.append(st.name)
+        (tmp / "artifacts" / profile / st.name).mkdir(parents=True, exist_ok=True)
+        c = ResponseCache(stages_mod.default_cache_path(profile))
+        if c.get(f"new-{st.name}") is None:
+            c.put(f"new-{st.name}", _answer("asked"))
+    monkeypatch.setattr(stages_mod, "run_notebook", stage)
+    monkeypatch.setattr(stages_mod, "run_module", lambda st, p: stage(st, p))
+    monkeypatch.setattr(results, "publish_stage", lambda profile, name: [])
+    results.timings_path("embedded").write_text(json.dumps({"stages": {}, "last_run": {"04_few_shot": {"wall_s": 60.0}}}))
+    assert stages_mod.reproduce("embedded", "02", publish=True) == 0
+    keys = {json.loads(x)["key"] for x in gzip.open(committed, "rt")}
+    assert keys == {"k-other-stage", "new-02_finetuning"}
+    last = read_json(results.timings_path("embedded"))["last_run"]
+    assert set(last) == {"04_few_shot", "02_finetuning"}      # the other stages' latest times stay
+    assert stages_mod.reproduce("embedded", None, force=True, publish=True) == 0
+    keys = {json.loads(x)["key"] for x in gzip.open(committed, "rt")}
+    assert "k-other-stage" not in keys and len(keys) == len(stages())
+    assert set(read_json(results.timings_path("embedded"))["last_run"]) == {s.name for s in stages()}

@@ -173,6 +173,12 @@ def test_captioning_levels():
     m = _metrics("01_captioning")
     assert m["n_unreadable"] == 0 and m["rouge_l_vlm_caption"] >= 0.6
     assert m["n_boxes_scored"] > 1000 and m["box_position_accuracy"] > 1 / 3 + 0.05
+    # the interplay captioner (TRACE's component, a named option): checked alone on held-out memes, far above
+    # the majority lines, on at least 500 memes
+    if P["01_captioning"].get("interplay_captioner"):
+        assert m["interplay_check_n"] >= 500
+        assert m["interplay_account_ci_low"] > m["interplay_account_majority"] + 0.2
+        assert m["interplay_label_ci_low"] > m["interplay_label_majority"] + 0.2
 
 
 def test_trace_levels_and_seeds():
@@ -187,6 +193,12 @@ def test_trace_levels_and_seeds():
     assert (seeds.groupby("variant").seed.nunique() >= 5).all()
     assert seeds.groupby("variant").accuracy.std().max() > 0
     assert m["caption_benefit_n_seeds"] >= 5
+    # each caption option: its own runs at every seed, its probe source, and its claim in the claims table
+    claims = pd.read_csv(RES / "02_finetuning" / "claims.csv")
+    for opt in sec.get("caption_options") or {}:
+        assert len(list((RES / "02_finetuning" / f"runs_{opt}").glob("*/result.json"))) == 1 + len(sec["seeds"])
+        assert f"probe_{opt}_label_gain" in m
+        assert {f"{opt} captions help", f"control: {opt} captions help"} <= set(claims.claim)
     # frozen parts computed once: an epoch is at least 3x faster than the full backbone's
     assert m["epoch_s_uncached"] >= 3 * m["epoch_s_cached"]
 

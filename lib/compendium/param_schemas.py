@@ -278,6 +278,12 @@ def _agent_recipe() -> Rule:
                              batch_size=Range(1, integer=True), warmup_share=Range(0, 1))
 
 
+def _interplay_recipe() -> Rule:
+    from lib.trace.interplay import InterplayConfig  # lazy: the captioner's module loads the VLM code
+    return _dataclass_fields(InterplayConfig, lr=Range(0, 1), epochs=Range(1, integer=True),
+                             batch_size=Range(1, integer=True), max_train=Range(0, integer=True))
+
+
 def _agent_name() -> Rule:
     from lib.sei.agents import AGENTS  # lazy: the agent trainer loads torch
     return Choice(*AGENTS)
@@ -331,6 +337,9 @@ SCHEMAS: dict[str, dict[str, Rule]] = {
                                       "box_threshold": PROB, "text_threshold": PROB})})),
         "captioners": MapOf(Type(str), Struct({"preset": CHAT, "grounded": Type(bool)}, required=("preset",))),
         "max_new_tokens": POS, "max_memes": NONNEG, "device": Opt(Type(str)),
+        "interplay_captioner": Opt(Struct({"column": Type(str), "preset": CHAT, "base": CHAT, "dataset": DatasetName("meme"),
+                                           "check_split": Type(str), "recipe": Lazy(_interplay_recipe)},
+                                          required=("column", "preset", "base"))),
     },
     "02_finetuning": {
         "backbones": ListOf(ENC, 1), "recipes": MapOf(ENC, Lazy(_trace_recipe)),
@@ -341,6 +350,7 @@ SCHEMAS: dict[str, dict[str, Rule]] = {
         "lr": Range(0, 1), "epochs": POS, "batch_size": POS, "grad_accum": POS, "patience": POS,
         "lora_rank": NONNEG, "hidden": POS, "device": Opt(Type(str)), "train_workers": POS,
         "seeds": ListOf(NONNEG), "seed_variants": ListOf(Type(str)),   # run names; checked against the runs by seed_replicates
+        "caption_options": MapOf(Type(str), ListOf(Type(str), 1)),    # option name -> the default model's candidate columns
     },
     "03_clip4dm": {
         "encoders": ListOf(ENC, 1), "benchmarks": ListOf(DatasetName("alignment"), 1), "nli_model": Opt(Type(str)),

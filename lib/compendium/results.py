@@ -65,7 +65,8 @@ def timings_path(profile: str) -> Path:
 RESULT_FILES: dict[str, tuple[str, ...]] = {
     "00_data_prep": ("metrics.json", "counts.csv", "memes.csv", "gallery.json", "memeworld/datasheet.json"),
     "models": ("metrics.json", "models.json", "*/training.json", "eval_*.jsonl"),
-    "01_captioning": ("metrics.json", "examples.json", "captioned.csv", "caption_scores.csv", "box_scores.csv"),
+    "01_captioning": ("metrics.json", "examples.json", "captioned.csv", "caption_scores.csv", "box_scores.csv",
+                      "interplay_check.csv"),
     "02_finetuning": ("metrics.json", "ablation.csv", "per_type.csv", "seeds.csv", "selected_share.csv",
                       "variants.json", "runs/*/result.json", "runs/*/predictions.csv",
                       "runs/*/config.json", "claims.csv", "runs_*/*/result.json", "runs_*/*/predictions.csv",
@@ -141,13 +142,16 @@ def publish_stage(profile: str, stage: str) -> list[str]:
     return sorted(written)
 
 
-def publish_run(profile: str) -> None:
+def publish_run(profile: str, partial: bool = False) -> None:
     """After a run: the answers its stages used (results/<profile>/cache/), the stage timings and the
     machine (results/<profile>/timings.json), the digests of the saved notebooks' code and outputs
-    (results/<profile>/notebooks.json: the notebooks that go with these results); then the size check."""
+    (results/<profile>/notebooks.json: the notebooks that go with these results); then the size check.
+    `partial`: the run covered some stages only (e.g. `make reproduce NB=02` on a fresh clone): the committed
+    answers stay beside the ones it used (it has not used the other stages' answers and must not drop them) and
+    the other stages' latest times stay in timings.json; a run of every stage writes exactly what it used."""
     cache = default_cache_path(profile)
     if cache.exists():
-        n = ResponseCache(cache).export(cache_export_path(profile))
+        n = ResponseCache(cache).export(cache_export_path(profile), keep=partial)
         print(f">> {n} model answers the stages used -> {cache_export_path(profile).relative_to(ROOT)}")
     run_timings = ARTIFACTS_ROOT / profile / "timings.json"
     if run_timings.exists():                # a stage's cold time replaces the committed one; a warm rerun's does not
@@ -160,7 +164,8 @@ def publish_run(profile: str) -> None:
         replayed = {**old.get("replayed", {}), **new.get("replayed", {})}
         write_json(timings_path(profile), {"machine": new.get("machine", machine_description()), "stages": stages_,
                                            **({"replayed": replayed} if replayed else {}),
-                                           "last_run": new.get("last_run", {})})
+                                           "last_run": {**(old.get("last_run", {}) if partial else {}),
+                                                        **new.get("last_run", {})}})
     write_json(results_dir(profile) / "notebooks.json", notebook_digests(profile))
     size = sum(f.stat().st_size for f in results_dir(profile).rglob("*") if f.is_file()) / 2 ** 20
     note = "" if size <= SIZE_CAP_MB else f" (over the {SIZE_CAP_MB} MB cap: commit fewer per-item files)"

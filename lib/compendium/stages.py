@@ -422,7 +422,7 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
         if publish:
             results.publish_stage(profile, st.name)
     if publish:
-        results.publish_run(profile)
+        results.publish_run(profile, partial=len(chosen) < len(stages()))   # some stages: keep the others' answers, times
         if profile in README_PROFILES:      # the README's results table; a smoke run must not rewrite it
             update_readme(ROOT / "README.md")
     _print_timings(rows, time.time() - t_all)

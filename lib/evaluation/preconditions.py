@@ -5,7 +5,7 @@ so it is generated wherever those exist.
 
 | method | precondition | measured | threshold, and why |
 |---|---|---|---|
-| TRACE | captions carry what the image encoder cannot read | the label accuracy a linear probe on the frozen encoder gains when the captions join its image and meme-text embeddings (per caption source; the trained models' caption benefit where no probe ran) | its interval above 0: a caption that adds nothing the encoder lacks leaves selection nothing to find |
+| TRACE | captions carry what the image encoder cannot read | the label accuracy a linear probe on the frozen encoder gains when the captions join its image and meme-text embeddings (per caption source: the run's captions, each caption option's, the cue; the trained models' caption benefit where no probe ran) | its interval above 0: a caption that adds nothing the encoder lacks leaves selection nothing to find |
 | See, Explain, Intervene | retrieved exemplars are informative neighbours | exemplar label agreement at n = 4 | at least 0.65 against the 0.50 base rate of a balanced set |
 | few-shot moderator | the model reads a meme at all | zero-shot accuracy on the balanced set (as served; adapted to MemeWorld and its shuffled-label control where notebook 04 trained them) | at least the majority line + 0.10 |
 | ARCADE | the judge's verdict varies with the post | the share of the judge's most common label (as run, and with oracle debaters) | below 0.95 (claims.NEAR_CONSTANT): a constant judge cannot weigh a debate |
@@ -41,7 +41,8 @@ def _labels(root: Path) -> dict[str, int]:
 
 
 #: notebook 02's caption sources as the probe names them (lib.trace.probe): the real captions first
-PROBE_SOURCES = (("captions", "the run's captions"), ("cue", "cue captions (the positive control's source)"))
+PROBE_SOURCES = (("captions", "the run's captions"), ("interplay", "the interplay captioner's captions (a caption option)"),
+                 ("cue", "cue captions (the positive control's source)"))
 
 
 def trace_rows(root: Path) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ from lib.compendium.artifacts import read_json, read_jsonl
 from lib.compendium.results import TIMING
 from lib.trace.captioning import caption_quality_from_scores
 from lib.evaluation.metrics import metrics_at, per_type_accuracy, pr_best_f1_threshold
-from lib.trace import probe as trace_probe, report as trace_report
+from lib.trace import interplay as trace_interplay, probe as trace_probe, report as trace_report
 from lib.clip4dm.method import _norm, average_precision
 from lib.clip4dm.report import NOCAPS_DOMAIN_KEYS, pick_epsilon
 from lib.clip4dm import claims as c4claims, method as clip4dm
@@ -139,6 +139,9 @@ def _captioning(d: Path, root: Path) -> dict[str, Any]:
         scores = pd.read_csv(_file(d) / "caption_scores.csv", dtype={"id": str})
         boxes = pd.read_csv(_file(d) / "box_scores.csv", dtype={"id": str})
         m.update(caption_quality_from_scores(scores, boxes))
+    if (d / "interplay_check.csv").exists():                          # TRACE's interplay captioner, checked alone
+        m.update(trace_interplay.check_from_items(pd.read_csv(d / "interplay_check.csv", dtype={"id": str, "type": str},
+                                                              keep_default_na=False)))
     return m
 
 

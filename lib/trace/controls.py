@@ -122,22 +122,68 @@ def run_correct(result: dict[str, Any], split: str = "test_seen") -> dict[str, b
     return {str(p["id"]): p["prediction"] == p["label"] for p in result["eval"]["predictions"] if p["split"] == split}
 
 
+def option_variant(default: str, option: str) -> str:
+    """The run name of the default model with a caption option's candidates ("cls+rel (interplay captions)")."""
+    return f"{default} ({option} captions)"
+
+
+def option_claims(options: Sequence[str], default: str = "cls+rel") -> tuple[tuple, tuple]:
+    """(claims, controls) of the caption options: each option's captions against the model without captions,
+    the claim "captions help" with the option's candidates; its positive control is the caption claim's."""
+    claims = tuple((f"{o} captions help", option_variant(default, o), "image_text_only",
+                    f"the default model with the {o} option's candidates against the same model without captions")
+                   for o in options)
+    return claims, tuple((c[0], "cue", "image_text_only") for c in claims)
+
+
+def option_runs(stage: TraceRuns, options: dict[str, Sequence[str]], default: tuple[str, dict[str, Any], str],
+                seeds: Sequence[int], types: dict[str, str] | None = None):
+    """Notebook 02's caption options (name -> candidate columns): the `default` variant trained on the stage's
+    source with each option's candidates instead of `caption_columns`, on this notebook's seed and every further
+    seed, in a runs folder of its own (`runs_<name>`). A column only the option names must hold a caption for at
+    least one meme (a column of the default's own that holds none, as the ci world's tags, is masked as the
+    default masks it). Returns ({name: first-seed run}, {name: [further seeds' runs]}); finished runs are read back."""
+    firsts, further = {}, {}
+    for name, cols in options.items():
+        if not cols or len(set(cols)) != len(cols):
+            raise ControlError(f"caption_options: option {name!r} needs distinct caption columns, got {list(cols)!r}")
+        data = subsample(load_trace_data(stage.src, cols), stage.max_memes, stage.seed)
+        for j, c in enumerate(cols, 1):
+            if c not in stage.columns and not (data.cap_index[:, j] >= 0).any():
+                raise ControlError(f"{stage.src}: caption option {name!r} names column {c!r}, which no meme holds "
+                                   f"(notebook 01 writes it when its captioner is configured)")
+        runs = dataclasses.replace(stage, data=data, columns=list(cols), caches={},
+                                   runs_dir=stage.runs_dir.parent / f"runs_{name}")
+        first = runs.job(*default)
+        reps = seed_replicates(runs, {name: default}, [name], seeds)
+        runs.train([first] + [j for _, j in reps])
+        firsts[name] = runs.collect(first, types)
+        further[name] = [runs.collect(j, types) for _, j in reps]
+    return firsts, further
+
+
 def claim_frame(runs: dict[str, dict[str, Any]], seeds: dict[str, Sequence[dict[str, Any]]] | None = None,
-                split: str = "test_seen", confidence: float = 0.95, captions_precondition: bool | None = None):
+                split: str = "test_seen", confidence: float = 0.95, captions_precondition: bool | None = None,
+                options: dict[str, bool | None] | None = None):
     """Notebook 02's claims table (the columns of 04's and 05's): each claim of TRACE_CLAIMS whose two runs exist,
     on the memes of `split`, exact McNemar on the first seed and, where both arms have further seeds (`seeds`:
     variant -> its replicate runs, in seed order), a row pooled over the seeds both have, clustered by meme;
     the positive controls' rows first (TRACE_CONTROLS); `captions_precondition`: whether the run's captions carry
     what the encoder cannot read (lib.trace.probe; None: not measured), for the caption claims. Returns (claims,
-    per-seed rows)."""
+    per-seed rows). `options`: caption option -> whether its captions carry what the encoder cannot read (the
+    option's runs are in `runs` and `seeds` under option_variant's name; each adds option_claims' claim)."""
     import pandas as pd
+    options = options or {}
+    opt_claims, opt_controls = option_claims(list(options))
     correct = {name: run_correct(r, split) for name, r in runs.items()}
     for variant, reps in (seeds or {}).items():
         correct.update({f"{variant}_run{k}": run_correct(r, split) for k, r in enumerate(reps, 1)})
     truth = {str(p["id"]): int(p["label"]) for r in runs.values() for p in r["eval"]["predictions"] if p["split"] == split}
-    control_rows, detected = positive_controls(TRACE_CONTROLS, correct, truth, confidence, items="memes")
+    control_rows, detected = positive_controls(TRACE_CONTROLS + opt_controls, correct, truth, confidence, items="memes")
     pre = {claim: captions_precondition for claim in CAPTION_CLAIMS}
-    rows, per_seed = claim_tests(TRACE_CLAIMS, correct, truth, confidence, controls=detected, preconditions=pre)
+    pre.update({c[0]: met for c, met in zip(opt_claims, options.values())})
+    rows, per_seed = claim_tests(TRACE_CLAIMS + opt_claims, correct, truth, confidence, controls=detected,
+                                 preconditions=pre)
     for r in rows:                                   # the replicates here are training seeds, not cold runs
         r["claim"] = r["claim"].replace("cold runs pooled", "seeds pooled")
     return pd.DataFrame(control_rows + rows), pd.DataFrame(per_seed)
