@@ -20,6 +20,7 @@ backend and the response cache, like every captioner).
 """
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -29,9 +30,12 @@ from typing import Any, Sequence
 import numpy as np
 from PIL import Image
 
-from lib.compendium.artifacts import read_jsonl, save_model
+from lib.compendium.artifacts import read_json, read_jsonl, save_model
+from lib.compendium.presets import get_preset, weights_digest
 from lib.compendium.prompts import prompt_line
+from lib.models.chat import load_chat
 from lib.models.memeworld_vlm import _pixels, caption_messages, fit
+from lib.trace.captioning import caption_many
 
 INTERPLAY_PROMPT = prompt_line("caption/interplay.txt")     # {text}: the meme's own text
 
@@ -143,8 +147,6 @@ def ensure_captioner(memeworld: Path | str, base_dir: Path | str, out_dir: Path 
                      cfg: InterplayConfig = InterplayConfig(), progress: bool = True) -> dict[str, Any]:
     """The captioner at `out_dir`: read back when it was fine-tuned from the same base weights with the same
     recipe (its training.json), else fine-tuned now. Returns its training record (`reused` says which)."""
-    from lib.compendium.artifacts import read_json
-    from lib.compendium.presets import weights_digest
     base_dir, out_dir = Path(base_dir), Path(out_dir)
     base_weights = [weights_digest(w) for w in sorted(base_dir.glob("*.safetensors"))]
     rec_file = out_dir / "training.json"
@@ -234,10 +236,6 @@ def caption_with_option(run: dict[str, Any], spec: dict[str, Any], memeworld: Pa
     response cache with `interplay_prompt`, the column added to the run's TRACE rows (an empty answer leaves it
     out, as caption_dataset does), and the isolated check on `check_split`. Returns the training record, the
     captions, the check's rows and metrics, and the chat model's call counts."""
-    import json as _json
-    from lib.compendium.presets import get_preset
-    from lib.models.chat import load_chat
-    from lib.trace.captioning import caption_many
     memeworld = Path(memeworld)
     cfg = InterplayConfig(**(spec.get("recipe") or {}))
     rec = ensure_captioner(memeworld, get_preset("chat", spec["base"]).resolved_model,
@@ -252,7 +250,7 @@ def caption_with_option(run: dict[str, Any], spec: dict[str, Any], memeworld: Pa
     for row, cap in zip(run["rows"], caps):
         if cap:
             row[spec["column"]] = cap
-    accounts = {str(g["id"]): g for g in map(_json.loads, (memeworld / "memeworld.jsonl").read_text().splitlines())}
+    accounts = {str(g["id"]): g for g in map(json.loads, (memeworld / "memeworld.jsonl").read_text().splitlines())}
     items = cue_check({str(r.id): c for r, c in zip(records, caps)}, accounts, spec.get("check_split", "dev_seen"))
     metrics = {**check_from_items(items), "interplay_train_s": rec["train_s"]}
     return {"record": rec, "config": cfg, "captions": caps, "items": items, "metrics": metrics,
