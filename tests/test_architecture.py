@@ -27,7 +27,7 @@ LAYERS = {
     3: {"lib.trace.captioning", "lib.trace.model", "lib.trace.features", "lib.trace.training", "lib.trace.probe",
         "lib.clip4dm.method", "lib.clip4dm.runs", "lib.clip4dm.claims",
         "lib.sei.agents", "lib.sei.fewshot", "lib.sei.retrieval", "lib.sei.adapt",
-        "lib.arcade.court", "lib.arcade.oracle", "lib.arcade.scoring"},
+        "lib.arcade.court", "lib.arcade.oracle", "lib.arcade.scoring", "lib.arcade.adapt"},
     4: {"lib.trace.runs", "lib.trace.report", "lib.trace.controls", "lib.trace.interplay", "lib.trace.figures",
         "lib.clip4dm.report", "lib.clip4dm.figures",
         "lib.sei.agents_report", "lib.sei.report", "lib.sei.analysis", "lib.sei.figures",

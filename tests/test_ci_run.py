@@ -219,6 +219,42 @@ def test_debate_variants_cold_runs_and_claims_recompute():
         _figure(f)
 
 
+def test_the_adapted_judge_trained_on_train_posts_and_judged_every_variant():
+    """Notebook 05's `adapted_judge` option: two adapters (the judge and its shuffled control) trained on train
+    posts only, each variant run again with the adapted judge on the same posts, its claims recomputing."""
+    from lib.arcade.report import adapted_runs, claim_frame, results_from_jsonl
+    from lib.data.prep import load_prepared
+    from lib.evaluation.preconditions import judge_status, precondition_rows
+    sec, out = P["05_debate"], RUN / "05_debate"
+    aj = sec["adapted_judge"]
+    info = json.loads((out / "adapted_judge.json").read_text())
+    split = {r.id: r.split for r in load_prepared(PROFILE, sec["dataset"], "tests/test_ci_run.py").records}
+    assert info["train_posts"] and all(split[i] == "train" for i in info["train_posts"])   # no test post trained it
+    for role in ("model", "control"):
+        t = info["training"][role]
+        assert t["n_examples"] == sum(t["label_counts"].values()) >= len(info["train_posts"])
+        assert (out / ("judge_adapter" if role == "model" else "judge_adapter_shuffled") / "adapter.gguf").exists()
+    if len(set(info["training"]["model"]["label_counts"])) > 1:       # one label (or one post): shuffling moves nothing
+        assert info["training"]["model"]["digest"] != info["training"]["control"]["digest"]
+    runs = {}
+    for name, suffix in [(v, "_adapted") for v in aj["variants"]] + [(v, "_shuffled") for v in aj["control_variants"]]:
+        res = results_from_jsonl(out / f"results_{name}{suffix}.jsonl")
+        base = results_from_jsonl(out / f"results_{name}.jsonl")
+        assert [r.id for r in res] == [r.id for r in base]                  # the same posts as the served judge's run
+        if name == "oracle":                                                # the oracle debaters are not asked
+            assert all(c.template == "oracle" for r in res for c in r.calls if c.role in ("prosecutor", "defender"))
+        ev = json.loads((out / f"eval_{name}{suffix}.json").read_text())
+        runs[name + suffix] = {"results": res, "corrected": ev["corrected"], "cost": ev["cost"], "config": ev["config"]}
+    claims = pd.read_csv(out / "claims_adapted.csv")
+    again = claim_frame(adapted_runs(runs), sec["class_mode"], suffix="_adapted", tag=" (adapted judge)",
+                        precondition=judge_status(RUN, "oracle_adapted"))
+    cols = ["claim", "A", "B", "n", "only A right", "only B right", "verdict"]
+    assert claims[cols].equals(again[cols].astype(claims[cols].dtypes.to_dict()))
+    assert claims.claim.str.endswith("(adapted judge)").all() and claims.A.str.endswith("_adapted").any()
+    methods = {r["method"] for r in precondition_rows(RUN)}
+    assert {"ARCADE, judge adapted to MemeWorld (LoRA)", "ARCADE, judge adapter trained on shuffled verdicts (control)"} <= methods
+
+
 def test_evaluation_compares_every_method_on_the_common_memes():
     m = _metrics("06_evaluation")
     out = RUN / "06_evaluation"

@@ -97,3 +97,20 @@ def test_judge_status_reads_the_oracle_judge_for_the_debate_claims(tmp_path):
     assert judge_status(root) is True
     oracle.write_text("\n".join(json.dumps({"label": 1, "gt": i % 3, "status": "ok"}) for i in range(60)))
     assert judge_status(root) is False
+
+
+def test_the_adapted_judge_has_its_own_rows_and_status(tmp_path):
+    from lib.evaluation.preconditions import judge_status, precondition_rows
+    root = _root(tmp_path)
+    d = root / "05_debate"
+    (d / "results_oracle.jsonl").write_text("\n".join(json.dumps({"label": 1, "gt": i % 3, "status": "ok"}) for i in range(60)))
+    (d / "results_oracle_adapted.jsonl").write_text("\n".join(json.dumps({"label": i % 3, "gt": i % 3, "status": "ok"})
+                                                             for i in range(60)))
+    (d / "results_arcade_adapted.jsonl").write_text("\n".join(json.dumps({"label": i % 2, "gt": 0, "status": "ok"})
+                                                             for i in range(60)))
+    assert (judge_status(root), judge_status(root, "oracle_adapted")) == (False, True)
+    rows = {(r["method"], r["measured"]): r for r in precondition_rows(root)}
+    adapted = "ARCADE, judge adapted to MemeWorld (LoRA)"
+    assert rows[(adapted, "judge accuracy when the debaters state the true cue (oracle)")]["status"] == "met"
+    assert rows[(adapted, "share of the judge's most common label")]["value"] == 0.5
+    assert not any(m.endswith("(control)") for m, _ in rows)              # the control's run is absent: no row

@@ -379,10 +379,17 @@ class _Stop(Exception):
 class Court:
     """Runs ARCADE (or the direct baseline) with any chat backend (a `lib.models.chat.Chat`)."""
 
-    def __init__(self, chat: Chat, cfg: CourtConfig = CourtConfig()):
+    def __init__(self, chat: Chat, cfg: CourtConfig = CourtConfig(), judge_chat: Chat | None = None):
         self.chat = chat
         self.cfg = cfg
         self.prompts = Prompts(cfg)
+        # another model for the verdicts (the judge's stages and the direct baseline's call), e.g. the judge
+        # adapted to MemeWorld (lib.arcade.adapt); None: `chat` answers every stage
+        self.judge_chat = judge_chat
+
+    def chat_for(self, stage: str) -> Chat:
+        """The model that answers `stage`: the judge's model for a verdict, else the debaters'."""
+        return self.judge_chat if self.judge_chat is not None and ROLE[stage] in ("judge", "baseline") else self.chat
 
     # -- one call
     def _messages(self, stage: str, sample, user_text: str) -> list[dict[str, Any]]:
@@ -404,7 +411,7 @@ class Court:
         user_text = self.prompts.user(stage).text.format(**fields)
         params = GenParams(temperature=cfg.temperature(stage), max_new_tokens=cfg.tokens(stage), seed=cfg.seed,
                            replicate=cfg.replicate, json_schema=self.prompts.schema(stage) if cfg.parse == "structured" else None)
-        r: ChatResult = self.chat.generate(self._messages(stage, sample, user_text), params)
+        r: ChatResult = self.chat_for(stage).generate(self._messages(stage, sample, user_text), params)
         status, value, repaired_flag = r.status, None, False
         if status in ("refused", "blocked", "failed"):
             # what the official client hands on for a refused, rejected or failed request

@@ -78,11 +78,12 @@ class OracleCourt(Court):
     """The court with oracle debaters: `accounts` (post id -> generator record) answer every debater stage,
     the judge is the model's. Each oracle answer is traced like a call (template "oracle", no tokens)."""
 
-    def __init__(self, chat, cfg: CourtConfig = CourtConfig(gate=False), accounts: dict[str, dict[str, Any]] | None = None):
+    def __init__(self, chat, cfg: CourtConfig = CourtConfig(gate=False), accounts: dict[str, dict[str, Any]] | None = None,
+                 judge_chat=None):
         if cfg.gate:
             raise CourtError("OracleCourt: set gate: false (the rapid scan is a model's call; every post goes "
                              "through Track II, where the oracle debaters speak)")
-        super().__init__(chat, cfg)
+        super().__init__(chat, cfg, judge_chat)
         self.accounts = accounts or {}
 
     def _debater(self, stage: str, sample, round_: int, res: SampleResult, **fields: Any) -> tuple[bool, Any]:

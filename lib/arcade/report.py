@@ -24,16 +24,19 @@ from lib.evaluation.claims import claim_metric_keys, claim_tests, cold_run_metri
 
 
 def run_variant(chat, samples: Sequence[Any], cfg: CourtConfig, out_dir: Path, name: str, model: str,
-                progress: bool = True, accounts: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+                progress: bool = True, accounts: dict[str, dict[str, Any]] | None = None,
+                judge_chat=None) -> dict[str, Any]:
     """Run one court configuration over the samples; write results_<name>.jsonl, report_<name>.txt
     (official layout) and eval_<name>.json (both views, cost); return them with the results. `accounts`
     (post id -> MemeWorld's generator record): the debaters are oracles (lib.arcade.oracle), a variant
-    with `oracle: true`."""
-    before = chat.stats.requests
+    with `oracle: true`. `judge_chat`: another model gives the verdicts (the adapted judge)."""
+    chats = [chat] if judge_chat is None else [chat, judge_chat]
+    before = sum(c.stats.requests for c in chats)
     t0 = time.perf_counter()
-    court = Court(chat, cfg) if accounts is None else OracleCourt(chat, cfg, accounts)
+    court = (Court(chat, cfg, judge_chat) if accounts is None else OracleCourt(chat, cfg, accounts, judge_chat))
     results = court.run_many(samples, progress=progress, desc=name)
-    run = {"name": name, "config": asdict(cfg), "results": results, "calls_made": chat.stats.requests - before,
+    run = {"name": name, "config": asdict(cfg), "results": results,
+           "calls_made": sum(c.stats.requests for c in chats) - before,
            "wall_s": time.perf_counter() - t0,
            "official": evaluate(results, cfg.class_mode, "official"),
            "corrected": evaluate(results, cfg.class_mode, "corrected"),
@@ -209,11 +212,12 @@ def variant_posts(variant: dict[str, Any], chosen: Sequence[Any], records_by_id:
 
 def stage_metrics(runs: dict[str, dict[str, Any]], majority_acc: float, rerun_calls: int,
                   claims: "pd.DataFrame | None" = None, spread: "pd.DataFrame | None" = None,
-                  cold: "pd.DataFrame | None" = None) -> dict[str, Any]:
+                  cold: "pd.DataFrame | None" = None, adapted_claims: "pd.DataFrame | None" = None) -> dict[str, Any]:
     """Notebook 05's metrics.json: the main run's (arcade, else the first) corrected accuracies by
     difficulty and F1, its official-view accuracy, the direct judge's, the majority-class line,
-    the gate's cost figures, the accuracy of every other variant, the seed spread (`spread`) and the
-    cold runs' spread of each claim (`cold`: claim_frame's per-run rows)."""
+    the gate's cost figures, the accuracy of every other variant, the seed spread (`spread`), the
+    cold runs' spread of each claim (`cold`: claim_frame's per-run rows) and the claims on the adapted
+    judge (`adapted_claims`: their variants' names end in _adapted, so their keys differ)."""
     main = runs["arcade"] if "arcade" in runs else next(iter(runs.values()))
     direct = runs.get("direct")
     c, o, cost = main["corrected"], main["official"], main["cost"]
@@ -241,7 +245,13 @@ def stage_metrics(runs: dict[str, dict[str, Any]], majority_acc: float, rerun_ca
         m.update({f"{v}_n_seeds": len(row["seeds"]), f"{v}_seed_mean": row["mean"], f"{v}_seed_sd": row["sd"],
                   f"{v}_seed_min": row["min"], f"{v}_seed_max": row["max"]})
     m.update(cold_run_metric_keys([] if cold is None or not len(cold) else cold.to_dict("records")))
+    m.update(claim_metric_keys([] if adapted_claims is None else adapted_claims.to_dict("records")))
     return m
+
+
+def adapted_runs(runs: dict[str, dict[str, Any]], suffix: str = "_adapted") -> dict[str, dict[str, Any]]:
+    """The runs of the adapted judge (`<variant><suffix>`), the arms of claim_frame(..., suffix=suffix)."""
+    return {k: v for k, v in runs.items() if k.endswith(suffix)}
 
 
 #: the parameters of notebook 05 that rebuild its court (written to its settings.json; notebook 06 reads them)
@@ -288,23 +298,30 @@ CONTROLS = (("debate beats a direct judge", "oracle", "direct"),
 
 
 def claim_frame(runs: dict[str, dict[str, Any]], class_mode: str = "multiclass",
-                confidence: float = 0.95, spread: bool = False, precondition: bool | None = None):
+                confidence: float = 0.95, spread: bool = False, precondition: bool | None = None,
+                suffix: str = "", tag: str = ""):
     """One row per claim in CLAIMS whose two variants ran: the paired test on the posts both judged
     (and, where both variants have cold runs `<variant>_run<k>`, a row pooled over the runs,
     clustered by post: metrics.claim_tests), then the gate's saving on the arcade run (no test: a
     count of calls). `spread`: also return the per-run rows (cold_runs.csv). `precondition`: whether the
     judge meets its precondition (lib.evaluation.preconditions.judge_status; None: not measured), read by
-    every claim, since the judge decides each of them."""
+    every claim, since the judge decides each of them. `suffix`: the claims on the variants named
+    `<variant><suffix>` (the adapted judge's runs, `_adapted`), each claim's name followed by `tag`."""
     import pandas as pd
+
+    def arms(spec: str) -> str:
+        return "|".join(v + suffix for v in spec.split("|"))
+    claims_ = [(c + tag, arms(a), arms(b), why) for c, a, b, why in CLAIMS]
+    controls_ = [(c + tag, arms(o), arms(b)) for c, o, b in CONTROLS]
     correct = {k: post_correct(v["results"], class_mode) for k, v in runs.items()}
     truth = {r.id: (int(r.gt > 0) if class_mode == "binary" else r.gt) for v in runs.values() for r in v["results"]}
     answers = {k: {r.id: (r.label if r.label is not None and r.label >= 0 else None) for r in v["results"]}
                for k, v in runs.items()}
-    control_rows, detected = positive_controls(CONTROLS, correct, truth, confidence, items="posts")
-    pre = {} if precondition is None else {c[0]: precondition for c in CLAIMS}
-    rows, per_run = claim_tests(CLAIMS, correct, truth, confidence, answers, controls=detected, preconditions=pre)
+    control_rows, detected = positive_controls(controls_, correct, truth, confidence, items="posts")
+    pre = {} if precondition is None else {c[0]: precondition for c in claims_}
+    rows, per_run = claim_tests(claims_, correct, truth, confidence, answers, controls=detected, preconditions=pre)
     rows = control_rows + rows
-    if "arcade" in runs:
+    if "arcade" in runs and not suffix:
         cost = runs["arcade"]["cost"]
         rows.append({"claim": "the gate saves calls", "A": "arcade", "B": "every post through Track II",
                      "n": runs["arcade"]["corrected"]["n"], "A-B": round(cost["gate_call_saving"], 3),

@@ -108,6 +108,7 @@ ARTIFACTS: dict[str, Artifact] = {
     "debate_eval": Artifact("05_debate", "eval_{variant}.json", "make reproduce NB=05"),
     "debate_claims": Artifact("05_debate", "claims.csv", "make reproduce NB=05"),
     "debate_cold_runs": Artifact("05_debate", "cold_runs.csv", "make reproduce NB=05"),
+    "debate_adapted_claims": Artifact("05_debate", "claims_adapted.csv", "make reproduce NB=05"),
     "evaluation_comparison": Artifact("06_evaluation", "comparison.csv", "make reproduce NB=06"),
     "evaluation_common": Artifact("06_evaluation", "common.json", "make reproduce NB=06"),
     "evaluation_mcnemar": Artifact("06_evaluation", "mcnemar.csv", "make reproduce NB=06"),

@@ -400,6 +400,11 @@ SCHEMAS: dict[str, dict[str, Rule]] = {
         "max_new_tokens": Lazy(lambda: MapOf(_debate_stage(), POS)),
         "prompt_dir": Folder(), "official_prompts_repo": Opt(Type(str)), "workers": POS,
         "world_knowledge": Opt(File()),
+        "adapted_judge": Opt(Struct({"model": CHAT, "control": CHAT, "n_train": POS, "examples_from": Type(str),
+                                     "variants": ListOf(Type(str), 1), "control_variants": ListOf(Type(str)),
+                                     "recipe": Struct({"epochs": POS, "lr": Range(0, 1), "rank": POS,
+                                                       "alpha": Range(0, 1024), "batch_size": POS, "max_len": POS})},
+                                    required=("model", "control", "n_train", "examples_from", "variants", "recipe"))),
     },
     "06_evaluation": {
         "trace_dataset": Choice("fhm", "multioff"), "n_resamples": Range(100, integer=True),

@@ -8,8 +8,8 @@ so it is generated wherever those exist.
 | TRACE | captions carry what the image encoder cannot read | the label accuracy a linear probe on the frozen encoder gains when the captions join its image and meme-text embeddings (per caption source: the run's captions, each caption option's, the cue; the trained models' caption benefit where no probe ran) | its interval above 0: a caption that adds nothing the encoder lacks leaves selection nothing to find |
 | See, Explain, Intervene | retrieved exemplars are informative neighbours | exemplar label agreement at n = 4 | at least 0.65 against the 0.50 base rate of a balanced set |
 | few-shot moderator | the model reads a meme at all | zero-shot accuracy on the balanced set (as served; adapted to MemeWorld and its shuffled-label control where notebook 04 trained them) | at least the majority line + 0.10 |
-| ARCADE | the judge's verdict varies with the post | the share of the judge's most common label (as run, and with oracle debaters) | below 0.95 (claims.NEAR_CONSTANT): a constant judge cannot weigh a debate |
-| ARCADE | the judge can tell the categories from a debate | its accuracy when the debaters state the true cue | at least the majority line + 0.10 |
+| ARCADE | the judge's verdict varies with the post | the share of the judge's most common label (as run, and with oracle debaters; the judge adapted to MemeWorld as run, where notebook 05 trained it) | below 0.95 (claims.NEAR_CONSTANT): a constant judge cannot weigh a debate |
+| ARCADE | the judge can tell the categories from a debate | its accuracy when the debaters state the true cue (as served; adapted to MemeWorld and its shuffled-verdict control where notebook 05 trained them) | at least the majority line + 0.10 |
 """
 from __future__ import annotations
 
@@ -129,7 +129,13 @@ JUDGE_VARIANTS = (("arcade", "share of the judge's most common label"),
                   ("oracle", "the same, with debaters that state the post's true cue (oracle)"))
 
 
-def judge_row(root: Path, variant: str = "arcade", measured: str = JUDGE_VARIANTS[0][1]) -> dict[str, Any] | None:
+#: the adapted judge's rows (lib.arcade.adapt; notebook 05's `adapted_judge` option): (method, variant)
+ADAPTED_JUDGES = (("ARCADE, judge adapted to MemeWorld (LoRA)", "_adapted"),
+                  ("ARCADE, judge adapter trained on shuffled verdicts (control)", "_shuffled"))
+
+
+def judge_row(root: Path, variant: str = "arcade", measured: str = JUDGE_VARIANTS[0][1],
+              method: str = "ARCADE") -> dict[str, Any] | None:
     f = root / "05_debate" / f"results_{variant}.jsonl"
     if not f.exists():
         return None
@@ -138,10 +144,10 @@ def judge_row(root: Path, variant: str = "arcade", measured: str = JUDGE_VARIANT
         return None
     top = max(labels.count(v) for v in set(labels))
     share, lo, hi = proportion_ci(top, len(labels))
-    return _row("ARCADE", "the judge's verdict varies with the post", measured, share, lo, hi, f"< {NEAR_CONSTANT:.2f}", hi < NEAR_CONSTANT, f"{len(labels)} posts")
+    return _row(method, "the judge's verdict varies with the post", measured, share, lo, hi, f"< {NEAR_CONSTANT:.2f}", hi < NEAR_CONSTANT, f"{len(labels)} posts")
 
 
-def oracle_judge_row(root: Path, variant: str = "oracle") -> dict[str, Any] | None:
+def oracle_judge_row(root: Path, variant: str = "oracle", method: str = "ARCADE") -> dict[str, Any] | None:
     """The judge given the right arguments: its accuracy when the debaters state each post's true cue (the
     `oracle` variant), against the posts' majority line + READS_MEMES_MARGIN."""
     f = root / "05_debate" / f"results_{variant}.jsonl"
@@ -155,16 +161,28 @@ def oracle_judge_row(root: Path, variant: str = "oracle") -> dict[str, Any] | No
     acc, lo, hi = proportion_ci(right, len(rows))
     gts = [r["gt"] for r in rows]
     line = max(gts.count(g) for g in set(gts)) / len(gts) + READS_MEMES_MARGIN
-    return _row("ARCADE", "the judge can tell the categories from a debate",
+    return _row(method, "the judge can tell the categories from a debate",
                 "judge accuracy when the debaters state the true cue (oracle)", acc, lo, hi,
                 f">= majority line + {READS_MEMES_MARGIN:.2f} ({line:.2f})", lo >= line, f"{len(rows)} posts")
 
 
-def judge_status(root: str | Path) -> bool | None:
+def adapted_judge_rows(root: Path) -> list[dict[str, Any]]:
+    """The adapted judge's rows where its runs exist: its verdicts' spread on the court as run, and its
+    accuracy with oracle debaters; the control's (shuffled verdicts) accuracy with oracle debaters."""
+    rows = []
+    for method, suffix in ADAPTED_JUDGES:
+        if suffix == "_adapted":
+            rows.append(judge_row(root, "arcade" + suffix, JUDGE_VARIANTS[0][1], method))
+        rows.append(oracle_judge_row(root, "oracle" + suffix, method))
+    return [r for r in rows if r]
+
+
+def judge_status(root: str | Path, variant: str = "oracle") -> bool | None:
     """Whether ARCADE's judge meets its precondition (oracle_judge_row: it tells the categories when the
     debaters state each post's true cue), for notebook 05's claims table: every claim there is decided by
-    that judge. None where no oracle variant ran."""
-    row = oracle_judge_row(Path(root))
+    that judge. `variant`: the oracle run of the judge in question (`oracle_adapted`: the adapted judge's).
+    None where that oracle variant did not run."""
+    row = oracle_judge_row(Path(root), variant)
     return None if row is None else row["status"] == "met"
 
 
@@ -173,7 +191,7 @@ def precondition_rows(root: str | Path) -> list[dict[str, Any]]:
     root = Path(root)
     rows = [*trace_rows(root), *retrieval_rows(root), moderator_row(root), *adapted_moderator_rows(root),
             *(judge_row(root, v, m) for v, m in JUDGE_VARIANTS),
-            oracle_judge_row(root)]
+            oracle_judge_row(root), *adapted_judge_rows(root)]
     return [{k: v for k, v in r.items() if k != "component"} for r in rows if r]
 
 

@@ -38,7 +38,7 @@ from lib.sei import fewshot as sei, retrieval
 from lib.sei import analysis, report as rep
 from lib.evaluation import textmetrics as tm
 from lib.arcade.scoring import cost_summary, evaluate
-from lib.arcade.report import claim_frame, results_from_jsonl, seed_spread, stage_metrics
+from lib.arcade.report import adapted_runs, claim_frame, results_from_jsonl, seed_spread, stage_metrics
 from collections import Counter
 from lib.evaluation import crosseval as ce
 from lib.evaluation.metrics import pairwise_mcnemar
@@ -416,8 +416,11 @@ def _debate(d: Path, root: Path) -> dict[str, Any]:
     gts = [r.gt for r in main["results"]]
     chance = Counter(gts).most_common(1)[0][1] / len(gts)
     claims, cold = claim_frame(runs, settings["class_mode"], spread=True, precondition=judge_status(root))
+    ad = adapted_runs(runs, "_adapted")                # the adapted judge's runs (notebook 05's `adapted_judge`)
+    ad_claims = (claim_frame(ad, settings["class_mode"], suffix="_adapted", tag=" (adapted judge)",
+                             precondition=judge_status(root, "oracle_adapted")) if ad else None)
     committed = read_json(_file(d) / "metrics.json")
-    return stage_metrics(runs, chance, committed.get("rerun_calls", 0), claims, seed_spread(runs), cold)
+    return stage_metrics(runs, chance, committed.get("rerun_calls", 0), claims, seed_spread(runs), cold, ad_claims)
 
 
 # ----------------------------------------------------------------------------- 06 evaluation

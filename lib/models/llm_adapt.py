@@ -15,18 +15,22 @@ tokens only (the chat template's prompt is context, not a target).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import random
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from lib.compendium.artifacts import atomic_path
-from lib.compendium.presets import resolve_model_path
+from lib.compendium.artifacts import atomic_path, read_json, write_json
+from lib.compendium.presets import PresetError, get_preset, resolve_model_path
+from lib.models.chat.messages import parts_of
 
 #: transformers' Llama module name -> the GGUF tensor name's stem (blk.N.<stem>.weight)
 GGUF_NAMES = {"self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
@@ -160,3 +164,71 @@ def write_adapter_gguf(model, path: str | Path, alpha: float | None = None) -> P
         w.write_tensors_to_file()
         w.close()
     return path
+
+
+# ---- shared by every adapted chat model (the moderator, lib.sei.adapt; the judge, lib.arcade.adapt)
+def clip_words(text: str, max_len: int | None) -> str:
+    """`text` on one line, cut to at most `max_len` characters at a word boundary (None: whole)."""
+    text = " ".join(str(text).split())
+    if not max_len or len(text) <= max_len:
+        return text
+    cut = text[:max_len + 1].rsplit(" ", 1)[0] if " " in text[:max_len + 1] else text[:max_len]
+    return cut[:max_len].rstrip(" ,;:-")
+
+
+def text_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
+    """A conversation of text parts as the chat template takes it (each turn's parts joined, as the
+    OpenAI-compatible backend sends an all-text turn); an image part is an error."""
+    out = []
+    for i, m in enumerate(messages):
+        parts = parts_of(m)
+        if any(p.get("type") != "text" for p in parts):
+            raise AdaptError(f"message {i} still holds an image: describe it (the captioned adapter) first")
+        out.append({"role": m["role"], "content": "".join(p["text"] for p in parts)})
+    return out
+
+
+def served_adapter(preset_name: str) -> dict[str, Any]:
+    """Where a chat preset's adapter lives: {"served": the preset with the `serve:` section (the preset
+    itself, or the text model behind a captioned one), "adapter": its `serve.lora` path, "base": its
+    `serve.gguf`}. The preset decides the path, so the notebook that trains it and the server that loads it
+    cannot disagree."""
+    preset = get_preset("chat", preset_name)
+    served = get_preset("chat", preset.model) if preset.backend == "captioned" else preset
+    serve = served.options.get("serve") or {}
+    if not serve.get("lora") or not serve.get("gguf"):
+        raise PresetError(f"chat preset '{served.name}' (behind '{preset_name}'): a `serve:` section with "
+                          f"`gguf` and `lora` is needed to train and serve an adapter")
+    return {"served": served.name, "adapter": Path(resolve_model_path(str(serve["lora"]))), "base": str(serve["gguf"])}
+
+
+def examples_digest(examples: Sequence[tuple[Sequence[dict[str, str]], str]], recipe: LoraRecipe, base: str) -> str:
+    """What an adapter is trained from: its examples, recipe and base; a changed one retrains it."""
+    blob = json.dumps({"examples": [[list(m), a] for m, a in examples], "recipe": asdict(recipe), "base": base},
+                      sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def train_cached(adapter: str | Path, examples: Sequence[tuple[Sequence[dict[str, str]], str]],
+                 recipe: LoraRecipe, base_gguf: str, progress: bool = True,
+                 summary: Callable[[Sequence[tuple[Sequence[dict[str, str]], str]]], dict[str, Any]] | None = None
+                 ) -> dict[str, Any]:
+    """The `adapter` GGUF trained on `examples` over `base_gguf`, with `training.json` beside it (digest,
+    examples, what `summary` says of them, recipe, seconds). An adapter whose digest matches is read back,
+    not retrained (`cached` says which)."""
+    adapter = Path(adapter)
+    digest = examples_digest(examples, recipe, base_gguf)
+    info_file = adapter.parent / "training.json"
+    if info_file.exists() and adapter.exists():
+        info = read_json(info_file)
+        if info.get("digest") == digest:
+            return {**info, "cached": True}
+    t0 = time.perf_counter()
+    model, tok = load_base(base_gguf)
+    model = train_lora(model, tok, examples, recipe, progress=progress)
+    write_adapter_gguf(model, adapter)
+    info = {"digest": digest, "adapter": adapter.name, "n_examples": len(examples),
+            **(summary(examples) if summary else {}),
+            "recipe": asdict(recipe), "base": base_gguf, "train_s": round(time.perf_counter() - t0, 1)}
+    write_json(info_file, info)
+    return {**info, "cached": False}

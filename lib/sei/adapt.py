@@ -21,29 +21,15 @@ the memes. Both are scored on memes the adapter never saw.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import random
-import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from lib.compendium.artifacts import read_json, write_json
-from lib.compendium.presets import PresetError, get_preset, resolve_model_path
-from lib.models.chat.messages import parts_of
 from lib.models import llm_adapt
-from lib.models.llm_adapt import AdaptError, LoraRecipe
+from lib.models.llm_adapt import (AdaptError, LoraRecipe, clip_words, examples_digest, served_adapter,  # noqa: F401
+                                  text_messages)                   # examples_digest, served_adapter: re-exported
 from lib.sei.fewshot import LABELS, Meme, SeiTemplates, balanced_subset, build_conversation
-
-
-def clip_words(text: str, max_len: int | None) -> str:
-    """`text` on one line, cut to at most `max_len` characters at a word boundary (None: whole)."""
-    text = " ".join(str(text).split())
-    if not max_len or len(text) <= max_len:
-        return text
-    cut = text[:max_len + 1].rsplit(" ", 1)[0] if " " in text[:max_len + 1] else text[:max_len]
-    return cut[:max_len].rstrip(" ,;:-")
 
 
 def compact_answer(label: int, explanation: str, intervention: str, max_len: int | None) -> str:
@@ -54,18 +40,6 @@ def compact_answer(label: int, explanation: str, intervention: str, max_len: int
     return json.dumps({"label": LABELS[label], "explanation": clip_words(explanation, max_len),
                        "intervention": clip_words(intervention, max_len) if label == 1 else ""},
                       separators=(",", ":"), ensure_ascii=False)
-
-
-def text_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, str]]:
-    """A conversation of text parts as the chat template takes it (each turn's parts joined, as the
-    OpenAI-compatible backend sends an all-text turn); an image part is an error."""
-    out = []
-    for i, m in enumerate(messages):
-        parts = parts_of(m)
-        if any(p.get("type") != "text" for p in parts):
-            raise AdaptError(f"message {i} still holds an image: describe it (the captioned adapter) first")
-        out.append({"role": m["role"], "content": "".join(p["text"] for p in parts)})
-    return out
 
 
 def training_memes(pool: Sequence[Meme], gold: dict[str, dict[str, list[str]]], n: int, seed: int = 0) -> list[Meme]:
@@ -85,20 +59,6 @@ def training_memes(pool: Sequence[Meme], gold: dict[str, dict[str, list[str]]], 
         raise AdaptError("no training meme has a gold label and a gold explanation")
     by = "type" if all(m.type for m in usable) else "label"
     return balanced_subset(usable, min(n, len(usable)), seed, by=by) if n < len(usable) else usable
-
-
-def served_adapter(preset_name: str) -> dict[str, Any]:
-    """Where a chat preset's adapter lives: {"served": the preset with the `serve:` section (the preset
-    itself, or the text model behind a captioned one), "adapter": its `serve.lora` path, "base": its
-    `serve.gguf`}. The preset decides the path, so the notebook that trains it and the server that loads it
-    cannot disagree."""
-    preset = get_preset("chat", preset_name)
-    served = get_preset("chat", preset.model) if preset.backend == "captioned" else preset
-    serve = served.options.get("serve") or {}
-    if not serve.get("lora") or not serve.get("gguf"):
-        raise PresetError(f"chat preset '{served.name}' (behind '{preset_name}'): a `serve:` section with "
-                          f"`gguf` and `lora` is needed to train and serve an adapter")
-    return {"served": served.name, "adapter": Path(resolve_model_path(str(serve["lora"]))), "base": str(serve["gguf"])}
 
 
 def adaptation_examples(memes: Sequence[Meme], tpl: SeiTemplates, definitions: str,
@@ -131,31 +91,9 @@ def adaptation_examples(memes: Sequence[Meme], tpl: SeiTemplates, definitions: s
     return out
 
 
-def examples_digest(examples: Sequence[tuple[Sequence[dict[str, str]], str]], recipe: LoraRecipe, base: str) -> str:
-    """What an adapter is trained from: its examples, recipe and base; a changed one retrains it."""
-    blob = json.dumps({"examples": [[list(m), a] for m, a in examples], "recipe": asdict(recipe), "base": base},
-                      sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
-
-
 def train_adapter(adapter: str | Path, examples: Sequence[tuple[Sequence[dict[str, str]], str]],
                   recipe: LoraRecipe, base_gguf: str, progress: bool = True) -> dict[str, Any]:
-    """The `adapter` GGUF trained on `examples` over `base_gguf` (lib.models.llm_adapt), with
-    `training.json` beside it (digest, examples, recipe, seconds). An adapter whose digest matches is read
-    back, not retrained (`cached` says which)."""
-    adapter = Path(adapter)
-    digest = examples_digest(examples, recipe, base_gguf)
-    info_file = adapter.parent / "training.json"
-    if info_file.exists() and adapter.exists():
-        info = read_json(info_file)
-        if info.get("digest") == digest:
-            return {**info, "cached": True}
-    t0 = time.perf_counter()
-    model, tok = llm_adapt.load_base(base_gguf)
-    model = llm_adapt.train_lora(model, tok, examples, recipe, progress=progress)
-    llm_adapt.write_adapter_gguf(model, adapter)
-    info = {"digest": digest, "adapter": adapter.name, "n_examples": len(examples),
-            "hateful_share": round(sum('"label":"hateful"' in a for _, a in examples) / len(examples), 4),
-            "recipe": asdict(recipe), "base": base_gguf, "train_s": round(time.perf_counter() - t0, 1)}
-    write_json(info_file, info)
-    return {**info, "cached": False}
+    """The moderator's adapter (llm_adapt.train_cached), its training.json also giving the share of hateful
+    answers it was trained on."""
+    return llm_adapt.train_cached(adapter, examples, recipe, base_gguf, progress, summary=lambda ex: {
+        "hateful_share": round(sum('"label":"hateful"' in a for _, a in ex) / len(ex), 4)})
