@@ -284,12 +284,13 @@ def test_make_test_replays_the_ci_answers_unless_cold():
     ci = lanes[0][0][1]
     assert ci[-3:] == ["ci", "--force", "--fresh"] and "--cold" not in ci
     assert runner.make_test_commands(["py"], cold=True)[0][0][1][-1] == "--cold"
-    assert [n for n, _ in lanes[1]][0] == "unit tests" and lanes[1][-1][1][-1] == "paper-smoke"
-    # in the ci run's lane, after it: the kills and resumes, the checks of what it wrote, the committed results;
-    # every unit test runs in the other lane
-    assert [c[1][-1] for c in lanes[0][1:]] == ["ci_resume", "ci_run and not ci_resume", "results"]
-    assert lanes[1][0][1][-1] == "not results and not ci_run and not gpu"
-    assert [n for n, _ in runner.make_test_commands(["py"], skip_unit=True)[0]][-1] == "committed results"
+    assert [n for n, _ in lanes[1]][0] == "unit tests" and lanes[1][1][1][-1] == "paper-smoke"
+    # in the ci run's lane, after it: the kills and resumes, the checks of what it wrote; every unit test, then
+    # paper-smoke and the committed results' checks in the other lane
+    assert [c[1][-1] for c in lanes[0][1:]] == ["ci_resume", "ci_run and not ci_resume"]
+    assert lanes[1][0][1][-1] == "not results and not ci_run and not gpu" and lanes[1][-1][1][-1] == "results"
+    assert [n for n, _ in runner.make_test_commands(["py"], skip_unit=True)[1]] == ["profile paper-smoke",
+                                                                                   "committed results"]
     assert runner.main(["answers", "--profile", "../x"]) == 2
 
 

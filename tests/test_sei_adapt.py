@@ -73,6 +73,7 @@ def test_the_shuffled_control_keeps_format_and_label_rate_and_breaks_the_tie_to_
 def test_a_trained_adapter_is_read_back_and_a_changed_recipe_retrains(tmp_path, monkeypatch):
     from lib.models import llm_adapt
     calls = []
+    monkeypatch.setattr(llm_adapt, "_TRAINED", {})
     monkeypatch.setattr(llm_adapt, "load_base", lambda gguf: ("model", "tok"))
     monkeypatch.setattr(llm_adapt, "train_lora", lambda m, t, ex, r, progress=True: calls.append(len(ex)) or m)
     monkeypatch.setattr(llm_adapt, "write_adapter_gguf", lambda m, p: p.parent.mkdir(parents=True, exist_ok=True)
@@ -86,6 +87,34 @@ def test_a_trained_adapter_is_read_back_and_a_changed_recipe_retrains(tmp_path, 
     assert (tmp_path / "a" / "training.json").exists()
     adapt.train_adapter(path, ex, LoraRecipe(epochs=2), "base.gguf", progress=False)
     assert calls == [len(ex), len(ex)]
+
+
+def test_an_adapter_with_the_digest_of_one_already_trained_is_a_copy_and_the_base_loads_once(tmp_path, monkeypatch):
+    """A control whose shuffle moved nothing (one post, or one label) has the model's digest: it is the same
+    adapter, copied, not trained again; and the base GGUF is read once per process, each training on a copy."""
+    from lib.models import llm_adapt
+    loads, trained = [], []
+    monkeypatch.setattr(llm_adapt, "_TRAINED", {})
+    monkeypatch.setattr(llm_adapt, "_BASES", {})
+    monkeypatch.setattr(llm_adapt, "load_base", lambda gguf: loads.append(gguf) or ({"w": [0]}, "tok"))
+    def fake_train(m, t, ex, r, progress=True):
+        assert m == {"w": [0]}                         # an untouched copy of the base every time
+        m["w"].append(len(ex))
+        trained.append(len(ex))
+        return m
+    monkeypatch.setattr(llm_adapt, "train_lora", fake_train)
+    monkeypatch.setattr(llm_adapt, "write_adapter_gguf", lambda m, p: p.parent.mkdir(parents=True, exist_ok=True)
+                        or p.write_bytes(repr(m).encode()) or p)
+    ex = adapt.adaptation_examples(_memes(), TPL, "memeworld", _describe, 64)
+    a, b, c = (tmp_path / d / "adapter.gguf" for d in ("model", "control", "other"))
+    first = llm_adapt.train_cached(a, ex, LoraRecipe(), "base.gguf", progress=False)
+    twin = llm_adapt.train_cached(b, ex, LoraRecipe(), "base.gguf", progress=False)
+    assert (first["cached"], twin["cached"], twin["same_as"], twin["digest"]) == (False, True, "model", first["digest"])
+    assert b.read_bytes() == a.read_bytes() and trained == [len(ex)]
+    assert json.loads((b.parent / "training.json").read_text())["adapter"] == "adapter.gguf"
+    assert llm_adapt.train_cached(b, ex, LoraRecipe(), "base.gguf", progress=False)["cached"]   # read back
+    llm_adapt.train_cached(c, ex[:-1], LoraRecipe(), "base.gguf", progress=False)          # other examples: trained
+    assert trained == [len(ex), len(ex) - 1] and loads == ["base.gguf"]
 
 
 def test_training_memes_carry_the_gold_texts_balanced_by_type_and_look_only_at_the_pool():

@@ -15,10 +15,13 @@ tokens only (the chat template's prompt is context, not a target).
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
+import os
 import random
+import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -74,6 +77,21 @@ def load_base(gguf: str):
     if model.config.model_type != "llama":
         raise AdaptError(f"{path}: architecture {model.config.model_type!r}; the adapter writer knows llama's")
     return model, tok
+
+
+_BASES: dict[tuple[Any, str], tuple[Any, Any]] = {}      # (loader, base GGUF) -> the untouched (model, tokenizer)
+_TRAINED: dict[str, Path] = {}                           # digest -> an adapter this process trained or read back
+
+
+def base_copy(gguf: str):
+    """(model, tokenizer) as `load_base` gives them, loaded once per process: reading the GGUF's tokenizer and
+    dequantizing its weights takes about 25 s on 2 cores, a copy of the loaded weights under a second. An
+    adapter and its control train on copies of the same untouched base."""
+    key = (load_base, str(gguf))
+    if key not in _BASES:
+        _BASES[key] = load_base(gguf)
+    model, tok = _BASES[key]
+    return copy.deepcopy(model), tok
 
 
 def encode(tok, messages: Sequence[dict[str, str]], answer: str, max_len: int) -> tuple[list[int], list[int]]:
@@ -215,20 +233,34 @@ def train_cached(adapter: str | Path, examples: Sequence[tuple[Sequence[dict[str
                  ) -> dict[str, Any]:
     """The `adapter` GGUF trained on `examples` over `base_gguf`, with `training.json` beside it (digest,
     examples, what `summary` says of them, recipe, seconds). An adapter whose digest matches is read back,
-    not retrained (`cached` says which)."""
+    not retrained (`cached` says which); one whose digest equals an adapter this process already trained or read
+    back is a copy of it (`same_as` names its folder)."""
     adapter = Path(adapter)
     digest = examples_digest(examples, recipe, base_gguf)
     info_file = adapter.parent / "training.json"
     if info_file.exists() and adapter.exists():
         info = read_json(info_file)
         if info.get("digest") == digest:
+            _TRAINED[digest] = adapter
             return {**info, "cached": True}
+    twin = _TRAINED.get(digest)
+    if twin is not None and twin != adapter and twin.exists() and (twin.parent / "training.json").exists():
+        # the same examples, recipe and base as an adapter this process already has (a control whose shuffle moved
+        # nothing: one post, or one label): the same adapter, copied rather than trained again
+        adapter.parent.mkdir(parents=True, exist_ok=True)
+        tmp = adapter.with_name(adapter.name + ".tmp")
+        shutil.copyfile(twin, tmp)
+        os.replace(tmp, adapter)
+        info = {**read_json(twin.parent / "training.json"), "adapter": adapter.name, "same_as": str(twin.parent.name)}
+        write_json(info_file, info)
+        return {**info, "cached": True}
     t0 = time.perf_counter()
-    model, tok = load_base(base_gguf)
+    model, tok = base_copy(base_gguf)
     model = train_lora(model, tok, examples, recipe, progress=progress)
     write_adapter_gguf(model, adapter)
     info = {"digest": digest, "adapter": adapter.name, "n_examples": len(examples),
             **(summary(examples) if summary else {}),
             "recipe": asdict(recipe), "base": base_gguf, "train_s": round(time.perf_counter() - t0, 1)}
     write_json(info_file, info)
+    _TRAINED[digest] = adapter
     return {**info, "cached": False}
