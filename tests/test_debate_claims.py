@@ -194,3 +194,28 @@ def test_seed_spread_reads_the_repeats_of_a_variant_and_refuses_different_posts(
     runs["direct_seed3"] = run(3, 1, ids=range(1, 5))
     with pytest.raises(ValueError, match="different posts"):
         seed_spread(runs)
+
+
+def test_a_control_row_stands_only_beside_a_claim_that_ran_and_verdicts_split_by_benign_and_hateful():
+    from lib.arcade.report import hate_benign_frame
+    oracle = [result(i, i % 3, i % 3, type_="001") for i in range(30)]            # right on every post
+    direct = [result(i, i % 3, 0, type_="001") for i in range(30)]                # NotHate on every post
+    runs = {k + "_adapted": {"results": v, "cost": cost_summary(v, 2), "corrected": {"n": 30, "acc": 0.5}}
+            for k, v in (("oracle", oracle), ("direct", direct), ("arcade", oracle))}
+    cf = claim_frame(runs, suffix="_adapted", tag=" (adapted judge)")
+    claims = set(cf["claim"])
+    assert "debate beats a direct judge (adapted judge)" in claims
+    assert "control: debate beats a direct judge (adapted judge)" in claims
+    # no Track II variant ran on the adapted judge: its control (which would fall back to the main posts) is left out
+    assert not any("Track II" in c for c in claims)
+    hb = hate_benign_frame({"oracle": runs["oracle_adapted"], "direct": runs["direct_adapted"]})
+    assert hb.loc["oracle"].tolist() == [10, 10, 20, 20, 20]
+    assert hb.loc["direct"].tolist() == [10, 10, 20, 0, 0]
+
+
+def test_an_adapted_run_is_drawn_in_its_variants_colour_hatched():
+    from lib.arcade.report import bar_styles
+    st = bar_styles(["arcade", "direct", "arcade_adapted", "direct_adapted", "oracle_shuffled"])
+    assert st[2]["color"] == st[0]["color"] and st[3]["color"] == st[1]["color"] != st[0]["color"]
+    assert "hatch" not in st[0] and st[2]["hatch"] != st[4]["hatch"]
+    assert st[4]["color"] not in (st[0]["color"], st[1]["color"])          # no oracle bar: a colour of its own

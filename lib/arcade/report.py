@@ -100,6 +100,44 @@ def prediction_frame(runs: dict[str, dict[str, Any]], samples_gt: Sequence[int])
     return df
 
 
+def hate_benign_frame(runs: dict[str, dict[str, Any]]):
+    """Per variant, where its right and wrong verdicts fall: benign posts called NotHate, hateful posts called
+    hateful (any category) and hateful posts given their own category, each as a count of its posts."""
+    import pandas as pd
+    rows = {}
+    for name, run in runs.items():
+        res = run["results"]
+        benign, hateful = [r for r in res if r.gt == 0], [r for r in res if r.gt > 0]
+        rows[name] = {"benign posts": len(benign),
+                      "benign called NotHate": sum(r.label == 0 for r in benign),
+                      "hateful posts": len(hateful),
+                      "hateful called hateful": sum(r.label is not None and r.label > 0 for r in hateful),
+                      "hateful, own category": sum(r.label == r.gt for r in hateful)}
+    return pd.DataFrame(rows).T
+
+
+#: the adapted judge's runs (`<variant><suffix>`): drawn in their variant's colour, hatched
+ADAPTED_HATCHES = {"_adapted": "////", "_shuffled": ".."}
+
+
+def bar_styles(names: Sequence[str]) -> list[dict[str, Any]]:
+    """A bar style per variant: the colour cycle's next colour for each variant, and for `<variant>_adapted` /
+    `<variant>_shuffled` its variant's colour, hatched (more variants than colours would otherwise repeat one
+    colour for two unrelated variants)."""
+    import matplotlib.pyplot as plt
+    cycle = plt.rcParams["axes.prop_cycle"].by_key().get("color") or ["C0"]
+    own: dict[str, str] = {}
+    styles = []
+    for name in names:
+        suffix = next((s for s in ADAPTED_HATCHES if name.endswith(s)), None)
+        base = name[: -len(suffix)] if suffix else name
+        if base not in own:
+            own[base] = cycle[len(own) % len(cycle)]
+        styles.append({"color": own[base], **({"hatch": ADAPTED_HATCHES[suffix], "edgecolor": "white", "linewidth": 0}
+                                               if suffix else {})})
+    return styles
+
+
 def plot_accuracy(runs: dict[str, dict[str, Any]], view: str = "corrected", chance: float | None = None):
     """Accuracy by difficulty (left) and by interaction type (right), one bar per variant, n under the ticks."""
     import matplotlib.pyplot as plt
@@ -108,12 +146,12 @@ def plot_accuracy(runs: dict[str, dict[str, Any]], view: str = "corrected", chan
     width = 0.8 / len(names)
     first = runs[names[0]][view]
     groups = [("Easy", "easy"), ("Normal", "normal"), ("Hard", "hard"), ("All", None)]
-    for k, name in enumerate(names):
+    for k, (name, style) in enumerate(zip(names, bar_styles(names))):
         ev = runs[name][view]
         vals = [ev[f"acc_{g}"] if g else ev["acc"] for _, g in groups]
-        axes[0].bar(np.arange(4) + k * width - 0.4 + width / 2, np.nan_to_num(vals), width, label=name)
+        axes[0].bar(np.arange(4) + k * width - 0.4 + width / 2, np.nan_to_num(vals), width, label=name, **style)
         tv = [ev[f"acc_type_{t}"] for t in TYPES]
-        axes[1].bar(np.arange(len(TYPES)) + k * width - 0.4 + width / 2, np.nan_to_num(tv), width, label=name)
+        axes[1].bar(np.arange(len(TYPES)) + k * width - 0.4 + width / 2, np.nan_to_num(tv), width, label=name, **style)
     axes[0].set_xticks(range(4), [f"{g}\nn={first[f'n_{k}'] if k else first['n']}" for g, k in groups])
     axes[1].set_xticks(range(len(TYPES)), [f"{t}\n{DIFFICULTY[t]}\nn={first[f'n_type_{t}']}" for t in TYPES])
     for ax in axes:
@@ -320,7 +358,8 @@ def claim_frame(runs: dict[str, dict[str, Any]], class_mode: str = "multiclass",
     control_rows, detected = positive_controls(controls_, correct, truth, confidence, items="posts")
     pre = {} if precondition is None else {c[0]: precondition for c in claims_}
     rows, per_run = claim_tests(claims_, correct, truth, confidence, answers, controls=detected, preconditions=pre)
-    rows = control_rows + rows
+    tested = {r["claim"] for r in rows}                  # a control only beside a claim that ran (the adapted judge
+    rows = [r for r in control_rows if r["claim"].removeprefix("control: ") in tested] + rows   # runs fewer variants)
     if "arcade" in runs and not suffix:
         cost = runs["arcade"]["cost"]
         rows.append({"claim": "the gate saves calls", "A": "arcade", "B": "every post through Track II",
