@@ -141,8 +141,8 @@ def make_test_commands(py: list[str], skip_unit: bool = False, cold: bool = Fals
     """make test's commands, two lanes side by side. One: the ci run from nothing (its folder is scratch,
     the committed ci answers replayed unless `cold`), then its training stage and an LLM stage killed at
     random points and resumed (they must end with the same results), then the checks of what it wrote.
-    Two: the unit tests, paper-smoke, then the checks of the committed results (on 2 cores the first lane
-    takes about 17 minutes and the second about 15 with them)."""
+    Two: the unit tests, paper-smoke, then the checks of the committed results (the first lane is still the
+    longer one on 2 cores; results/make_test.json has the measured steps)."""
     first: Command = ("committed results", py + ["tests", "-m", "results"])
     ci_run: Command = (f"profile {CI_PROFILE} (every stage at test sizes)",
                        [sys.executable, "-m", "lib.compendium.runner", "reproduce", "--profile", CI_PROFILE, "--force", "--fresh"]
