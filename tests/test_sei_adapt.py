@@ -144,3 +144,27 @@ def test_the_preset_says_where_the_adapter_lives():
         "moderator_adapter_shuffled"
     with pytest.raises(PresetError, match="lora"):
         adapt.served_adapter("smollm2-135m-instruct-compact+memeworld-captions")
+
+
+def test_the_loaded_base_is_kept_on_disk_once_per_profile_and_content(tmp_path, monkeypatch):
+    """Reading the GGUF's tokenizer and dequantizing its weights costs about 25 s a process: the loaded base is
+    kept in the profile's models folder, named by the file's content, and an unreadable copy is loaded afresh."""
+    from lib.compendium.artifacts import ARTIFACTS_ROOT
+    from lib.models import llm_adapt
+    base, cache, loads = tmp_path / "base.gguf", tmp_path / "cache", []
+    base.write_bytes(b"weights v1")
+    monkeypatch.setattr(llm_adapt, "load_base", lambda gguf: loads.append(gguf) or ({"w": [len(loads)]}, "tok"))
+    first = llm_adapt.load_base_cached(str(base), cache)
+    assert llm_adapt.load_base_cached(str(base), cache) == first == ({"w": [1]}, "tok") and len(loads) == 1
+    (kept,) = cache.iterdir()
+    kept.write_bytes(b"not a pickle")                                   # a foreign or broken copy: loaded afresh
+    assert llm_adapt.load_base_cached(str(base), cache) == ({"w": [2]}, "tok")
+    assert llm_adapt.load_base_cached(str(base), cache) == ({"w": [2]}, "tok") and len(loads) == 2   # replaced
+    base.write_bytes(b"weights v2")                                     # another base: its own copy
+    assert llm_adapt.load_base_cached(str(base), cache) == ({"w": [3]}, "tok") and len(list(cache.iterdir())) == 2
+    assert llm_adapt.load_base_cached(str(base), None) == ({"w": [4]}, "tok") and len(list(cache.iterdir())) == 2
+    assert (llm_adapt.base_cache_dir(ARTIFACTS_ROOT / "ci" / "05_debate" / "judge_adapter" / "adapter.gguf")
+            == ARTIFACTS_ROOT / "ci" / "models" / "llm-base")
+    assert llm_adapt.base_cache_dir(tmp_path / "judge" / "adapter.gguf") is None
+    with pytest.raises(llm_adapt.AdaptError, match="does not exist"):
+        llm_adapt.load_base_cached(str(tmp_path / "missing.gguf"), cache)

@@ -19,7 +19,6 @@ import copy
 import hashlib
 import json
 import math
-import os
 import random
 import shutil
 import time
@@ -31,7 +30,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from lib.compendium.artifacts import atomic_path, read_json, write_json
+from lib.compendium.artifacts import ARTIFACTS_ROOT, atomic_path, read_json, write_json
 from lib.compendium.presets import PresetError, get_preset, resolve_model_path
 from lib.models.chat.messages import parts_of
 
@@ -83,13 +82,53 @@ _BASES: dict[tuple[Any, str], tuple[Any, Any]] = {}      # (loader, base GGUF) -
 _TRAINED: dict[str, Path] = {}                           # digest -> an adapter this process trained or read back
 
 
-def base_copy(gguf: str):
-    """(model, tokenizer) as `load_base` gives them, loaded once per process: reading the GGUF's tokenizer and
-    dequantizing its weights takes about 25 s on 2 cores, a copy of the loaded weights under a second. An
+def base_cache_dir(adapter: str | Path) -> Path | None:
+    """Where the loaded base is kept for an adapter under `artifacts/<profile>/`: that profile's
+    `models/llm-base/` (every stage of a profile shares it); None for an adapter elsewhere (no disk copy)."""
+    try:
+        rel = Path(adapter).resolve().relative_to(ARTIFACTS_ROOT.resolve())
+    except ValueError:
+        return None
+    return ARTIFACTS_ROOT / rel.parts[0] / "models" / "llm-base" if len(rel.parts) > 1 else None
+
+
+def load_base_cached(gguf: str, cache_dir: str | Path | None):
+    """`load_base(gguf)`, kept on disk under `cache_dir` after the first load: reading the GGUF's tokenizer
+    and dequantizing its weights takes about 25 s on 2 cores, reading the kept copy about 2. The copy is the
+    loaded (model, tokenizer) pickled whole (transformers will not save a GGUF-loaded model), named by the
+    GGUF's content and the torch/transformers versions, so another base or library gets its own; an unreadable
+    copy is loaded afresh and replaced. A local cache of this checkout's own files: never load one from
+    elsewhere (pickle runs code)."""
+    if cache_dir is None:
+        return load_base(gguf)
+    import transformers
+    path = Path(resolve_model_path(gguf))
+    if not path.is_file():
+        raise AdaptError(f"base GGUF {path} (from {gguf!r}) does not exist")
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    h.update(f"torch {torch.__version__} transformers {transformers.__version__}".encode())
+    kept = Path(cache_dir) / f"{path.stem}-{h.hexdigest()[:16]}.pt"
+    if kept.exists():
+        try:
+            return torch.load(kept, weights_only=False)
+        except Exception:          # a copy from an interrupted or foreign write: load afresh, replace it
+            pass
+    model, tok = load_base(gguf)
+    with atomic_path(kept) as tmp:
+        torch.save((model, tok), tmp)
+    return model, tok
+
+
+def base_copy(gguf: str, cache_dir: str | Path | None = None):
+    """(model, tokenizer) as `load_base` gives them, loaded once per process (and, with `cache_dir`, read from
+    the disk copy `load_base_cached` keeps there): a copy of the loaded weights takes under a second. An
     adapter and its control train on copies of the same untouched base."""
     key = (load_base, str(gguf))
     if key not in _BASES:
-        _BASES[key] = load_base(gguf)
+        _BASES[key] = load_base_cached(gguf, cache_dir)
     model, tok = _BASES[key]
     return copy.deepcopy(model), tok
 
@@ -247,15 +286,13 @@ def train_cached(adapter: str | Path, examples: Sequence[tuple[Sequence[dict[str
     if twin is not None and twin != adapter and twin.exists() and (twin.parent / "training.json").exists():
         # the same examples, recipe and base as an adapter this process already has (a control whose shuffle moved
         # nothing: one post, or one label): the same adapter, copied rather than trained again
-        adapter.parent.mkdir(parents=True, exist_ok=True)
-        tmp = adapter.with_name(adapter.name + ".tmp")
-        shutil.copyfile(twin, tmp)
-        os.replace(tmp, adapter)
+        with atomic_path(adapter) as tmp:
+            shutil.copyfile(twin, tmp)
         info = {**read_json(twin.parent / "training.json"), "adapter": adapter.name, "same_as": str(twin.parent.name)}
         write_json(info_file, info)
         return {**info, "cached": True}
     t0 = time.perf_counter()
-    model, tok = base_copy(base_gguf)
+    model, tok = base_copy(base_gguf, base_cache_dir(adapter))
     model = train_lora(model, tok, examples, recipe, progress=progress)
     write_adapter_gguf(model, adapter)
     info = {"digest": digest, "adapter": adapter.name, "n_examples": len(examples),
