@@ -206,8 +206,8 @@ def test_debate_variants_cold_runs_and_claims_recompute():
     assert {r.id for r in runs["arcade_run1"]["results"]} == {r.id for r in runs["arcade"]["results"]}
     assert all(r.type == "001" for r in runs["track2_transcript"]["results"])
     claims = pd.read_csv(RUN / "05_debate" / "claims.csv")
-    from lib.evaluation.preconditions import judge_status
-    again, cold = claim_frame(runs, sec["class_mode"], spread=True, precondition=judge_status(RUN))
+    from lib.arcade.report import judge_preconditions
+    again, cold = claim_frame(runs, sec["class_mode"], spread=True, precondition=judge_preconditions(RUN))
     cols = ["claim", "A", "B", "n", "runs", "only A right", "only B right", "precondition", "verdict"]
     tested = claims[claims.p.notna()]
     assert tested[cols].reset_index(drop=True).equals(again[again.p.notna()][cols].reset_index(drop=True).astype(
@@ -222,9 +222,9 @@ def test_debate_variants_cold_runs_and_claims_recompute():
 def test_the_adapted_judge_trained_on_train_posts_and_judged_every_variant():
     """Notebook 05's `adapted_judge` option: two adapters (the judge and its shuffled control) trained on train
     posts only, each variant run again with the adapted judge on the same posts, its claims recomputing."""
-    from lib.arcade.report import adapted_runs, claim_frame, results_from_jsonl
+    from lib.arcade.report import adapted_runs, claim_frame, judge_preconditions, results_from_jsonl
     from lib.data.prep import load_prepared
-    from lib.evaluation.preconditions import judge_status, precondition_rows
+    from lib.evaluation.preconditions import precondition_rows
     sec, out = P["05_debate"], RUN / "05_debate"
     aj = sec["adapted_judge"]
     info = json.loads((out / "adapted_judge.json").read_text())
@@ -247,7 +247,7 @@ def test_the_adapted_judge_trained_on_train_posts_and_judged_every_variant():
         runs[name + suffix] = {"results": res, "corrected": ev["corrected"], "cost": ev["cost"], "config": ev["config"]}
     claims = pd.read_csv(out / "claims_adapted.csv")
     again = claim_frame(adapted_runs(runs), sec["class_mode"], suffix="_adapted", tag=" (adapted judge)",
-                        precondition=judge_status(RUN, "oracle_adapted"))
+                        precondition=judge_preconditions(RUN, "_adapted"))
     cols = ["claim", "A", "B", "n", "only A right", "only B right", "verdict"]
     assert claims[cols].equals(again[cols].astype(claims[cols].dtypes.to_dict()))
     assert claims.claim.str.endswith("(adapted judge)").all() and claims.A.str.endswith("_adapted").any()

@@ -219,3 +219,36 @@ def test_an_adapted_run_is_drawn_in_its_variants_colour_hatched():
     assert st[2]["color"] == st[0]["color"] and st[3]["color"] == st[1]["color"] != st[0]["color"]
     assert "hatch" not in st[0] and st[2]["hatch"] != st[4]["hatch"]
     assert st[4]["color"] not in (st[0]["color"], st[1]["color"])          # no oracle bar: a colour of its own
+
+
+def test_every_claim_but_the_gates_has_a_positive_control_from_the_oracle_court():
+    """The transcript and settings claims are controlled by the oracle court (debaters that state the true cue)
+    against their B arm, the same test at the same n; the gate's claim has none (a gate that routes emergent hate
+    right sends it to Track II, its own B arm), so its row never claims a control."""
+    from lib.arcade.report import CLAIMS, CONTROLS
+    assert {c for c, *_ in CONTROLS} == {c for c, *_ in CLAIMS} - {"the gate sends emergent hate to the right track"}
+    n = 60
+    right = [result(i, 1 + i % 3, 1 + i % 3) for i in range(n)]                           # the oracle court
+    half = [result(i, 1 + i % 3, 1 + i % 3 if i % 2 else 0) for i in range(n)]           # right on every other post
+    runs = {k: {"results": v, "cost": cost_summary(v, 2), "corrected": {"n": n, "acc": 0.5}}
+            for k, v in (("oracle", right), ("oracle_type001", right), ("track2_transcript", half),
+                         ("track2_blind", half), ("arcade", half), ("arcade_official", half),
+                         ("arcade_type001", half), ("direct", half), ("direct_type001", half))}
+    cf = claim_frame(runs).set_index("claim")
+    for claim in ("Track II with the transcript vs blind debaters", "the compendium's settings vs the official code's"):
+        ctl = cf.loc["control: " + claim]
+        assert ctl["n"] == n and ctl["A-B"] >= 0.1 and ctl["p"] < 0.05, ctl    # the paper's effect, detected
+    assert "control: the gate sends emergent hate to the right track" not in cf.index
+    assert cf.loc["the gate sends emergent hate to the right track", "n"] == n
+
+
+def test_claim_frame_takes_a_precondition_per_claim():
+    from lib.arcade.report import CLAIMS
+    res = {k: [result(i, 1, i % 3 if k == "direct" else (2 if i % 4 else 1), type_="001") for i in range(40)]
+           for k in ("arcade", "direct", "track2_transcript")}
+    runs = {k: {"results": v, "cost": cost_summary(v, 2), "corrected": {"n": 40, "acc": 0.5}} for k, v in res.items()}
+    t2 = "Track II's debate reads emergent hate (type 001)"
+    pre = {c: False for c, *_ in CLAIMS} | {t2: None}
+    cf = claim_frame(runs, precondition=pre, suffix="", tag="").set_index("claim")
+    assert cf.loc["debate beats a direct judge", "precondition"] == "not met"
+    assert cf.loc[t2, "precondition"] == "not measured" and cf.loc[t2, "verdict"] == "no test"

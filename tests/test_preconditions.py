@@ -114,3 +114,26 @@ def test_the_adapted_judge_has_its_own_rows_and_status(tmp_path):
     assert rows[(adapted, "judge accuracy when the debaters state the true cue (oracle)")]["status"] == "met"
     assert rows[(adapted, "share of the judge's most common label")]["value"] == 0.5
     assert not any(m.endswith("(control)") for m, _ in rows)              # the control's run is absent: no row
+
+
+def test_each_debate_claim_reads_the_judges_precondition_on_its_own_posts(tmp_path):
+    """The emergent-hate claims are decided on type-001 posts alone: their precondition is the oracle court's
+    accuracy there (falling back to the sampled posts' oracle where no type-001 oracle ran); the others read the
+    sampled posts' oracle. Each oracle run has its row in the table."""
+    from lib.arcade.report import CLAIMS, judge_preconditions
+    from lib.evaluation.preconditions import precondition_rows
+    root = _root(tmp_path)
+    d = root / "05_debate"
+    t2 = [c for c, *_ in CLAIMS if c.startswith(("Track II", "the gate"))]
+    assert len(t2) == 3 and set(judge_preconditions(root).values()) == {None}     # no oracle ran: not measured
+    wrong = "\n".join(json.dumps({"label": 1, "gt": i % 3, "status": "ok"}) for i in range(60))
+    right = "\n".join(json.dumps({"label": 1 + i % 2, "gt": 1 + i % 2, "status": "ok"}) for i in range(60))
+    (d / "results_oracle_adapted.jsonl").write_text(wrong)
+    assert set(judge_preconditions(root, "_adapted").values()) == {False}         # the fallback for every claim
+    (d / "results_oracle_type001_adapted.jsonl").write_text(right)
+    pre = judge_preconditions(root, "_adapted")
+    assert {c: pre[c] for c in t2} == dict.fromkeys(t2, True)
+    assert {c: v for c, v in pre.items() if c not in t2} == {c: False for c, *_ in CLAIMS if c not in t2}
+    rows = {r["measured"]: r for r in precondition_rows(root) if r["method"] == "ARCADE, judge adapted to MemeWorld (LoRA)"}
+    on_type001 = [m for m in rows if m.endswith("the Track II claims are decided on")]
+    assert len(on_type001) == 1 and rows[on_type001[0]]["status"] == "met" and rows[on_type001[0]]["value"] == 1.0

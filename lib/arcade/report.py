@@ -21,6 +21,7 @@ from lib.arcade.oracle import OracleCourt, accounts_from_memeworld
 from lib.arcade.scoring import balanced_sample, cost_summary, evaluate, report_text
 from lib.evaluation.metrics import interval_keys, paired_accuracy_test
 from lib.evaluation.claims import claim_metric_keys, claim_tests, cold_run_metric_keys, positive_controls
+from lib.evaluation.preconditions import judge_status
 
 
 def run_variant(chat, samples: Sequence[Any], cfg: CourtConfig, out_dir: Path, name: str, model: str,
@@ -330,20 +331,53 @@ CLAIMS = (
 
 #: each claim's positive control: (claim, the oracle variant, the base arm): the base arm's answers with the
 #: oracle court's put in on the fewest posts that reach the paper's effect (claims.control_at_effect), tested
-#: against the base arm on the same posts. Held to claims.DEFAULT_PAPER_EFFECT, as the claims are
+#: against the base arm on the same posts. Held to claims.DEFAULT_PAPER_EFFECT, as the claims are. The oracle
+#: court (debaters that state the post's true cue, the judge asked as in the claim's A arm) is where a debate
+#: carries the answer by construction: for the transcript claim, debaters that know the cue against blind ones;
+#: for the settings claim, the compendium's court at its best against the official code's. The gate's claim has
+#: none: on emergent-hate posts a gate that routes right sends every post to Track II, which is its B arm, so no
+#: variant makes the effect exist by construction (read it with its arms)
 CONTROLS = (("debate beats a direct judge", "oracle", "direct"),
-            ("Track II's debate reads emergent hate (type 001)", "oracle_type001|oracle", "direct_type001|direct"))
+            ("Track II's debate reads emergent hate (type 001)", "oracle_type001|oracle", "direct_type001|direct"),
+            ("Track II with the transcript vs blind debaters", "oracle_type001|oracle", "track2_blind"),
+            ("the compendium's settings vs the official code's", "oracle", "arcade_official"))
+
+
+#: where each claim's judge precondition is read: the oracle court on the claim's own posts ("a|b": the first that
+#: ran). The emergent-hate claims are decided on type-001 posts alone, all hateful, so a judge that reads a truthful
+#: debate there meets its precondition for them even where it misreads benign posts of the main sample
+PRECONDITION_ORACLE = {"debate beats a direct judge": "oracle",
+                       "Track II's debate reads emergent hate (type 001)": "oracle_type001|oracle",
+                       "Track II with the transcript vs blind debaters": "oracle_type001|oracle",
+                       "the gate sends emergent hate to the right track": "oracle_type001|oracle",
+                       "the compendium's settings vs the official code's": "oracle"}
+
+
+def judge_preconditions(root: str | Path, suffix: str = "") -> dict[str, bool | None]:
+    """Claim -> whether the judge that decides it meets its precondition on the claim's posts
+    (lib.evaluation.preconditions.judge_status on PRECONDITION_ORACLE's run, `<variant><suffix>`: `_adapted`
+    for the adapted judge); None where no such oracle run exists."""
+    out: dict[str, bool | None] = {}
+    for claim, *_ in CLAIMS:
+        status = None
+        for v in PRECONDITION_ORACLE[claim].split("|"):
+            status = judge_status(root, v + suffix)
+            if status is not None:
+                break
+        out[claim] = status
+    return out
 
 
 def claim_frame(runs: dict[str, dict[str, Any]], class_mode: str = "multiclass",
-                confidence: float = 0.95, spread: bool = False, precondition: bool | None = None,
-                suffix: str = "", tag: str = ""):
+                confidence: float = 0.95, spread: bool = False,
+                precondition: bool | None | dict[str, bool | None] = None, suffix: str = "", tag: str = ""):
     """One row per claim in CLAIMS whose two variants ran: the paired test on the posts both judged
     (and, where both variants have cold runs `<variant>_run<k>`, a row pooled over the runs,
     clustered by post: metrics.claim_tests), then the gate's saving on the arcade run (no test: a
     count of calls). `spread`: also return the per-run rows (cold_runs.csv). `precondition`: whether the
     judge meets its precondition (lib.evaluation.preconditions.judge_status; None: not measured), read by
-    every claim, since the judge decides each of them. `suffix`: the claims on the variants named
+    every claim, since the judge decides each of them; or claim -> that, measured on each claim's own posts
+    (`judge_preconditions`). `suffix`: the claims on the variants named
     `<variant><suffix>` (the adapted judge's runs, `_adapted`), each claim's name followed by `tag`."""
     import pandas as pd
 
@@ -356,7 +390,10 @@ def claim_frame(runs: dict[str, dict[str, Any]], class_mode: str = "multiclass",
     answers = {k: {r.id: (r.label if r.label is not None and r.label >= 0 else None) for r in v["results"]}
                for k, v in runs.items()}
     control_rows, detected = positive_controls(controls_, correct, truth, confidence, items="posts")
-    pre = {} if precondition is None else {c[0]: precondition for c in claims_}
+    if isinstance(precondition, dict):
+        pre = {c + tag: precondition[c] for c, *_ in CLAIMS if precondition.get(c) is not None}
+    else:
+        pre = {} if precondition is None else {c[0]: precondition for c in claims_}
     rows, per_run = claim_tests(claims_, correct, truth, confidence, answers, controls=detected, preconditions=pre)
     tested = {r["claim"] for r in rows}                  # a control only beside a claim that ran (the adapted judge
     rows = [r for r in control_rows if r["claim"].removeprefix("control: ") in tested] + rows   # runs fewer variants)

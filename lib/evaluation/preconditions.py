@@ -9,7 +9,7 @@ so it is generated wherever those exist.
 | See, Explain, Intervene | retrieved exemplars are informative neighbours | exemplar label agreement at n = 4 | at least 0.65 against the 0.50 base rate of a balanced set |
 | few-shot moderator | the model reads a meme at all | zero-shot accuracy on the balanced set (as served; adapted to MemeWorld and its shuffled-label control where notebook 04 trained them) | at least the majority line + 0.10 |
 | ARCADE | the judge's verdict varies with the post | the share of the judge's most common label (as run, and with oracle debaters; the judge adapted to MemeWorld as run, where notebook 05 trained it) | below 0.95 (claims.NEAR_CONSTANT): a constant judge cannot weigh a debate |
-| ARCADE | the judge can tell the categories from a debate | its accuracy when the debaters state the true cue (as served; adapted to MemeWorld and its shuffled-verdict control where notebook 05 trained them) | at least the majority line + 0.10 |
+| ARCADE | the judge can tell the categories from a debate | its accuracy when the debaters state the true cue (as served; adapted to MemeWorld and its shuffled-verdict control where notebook 05 trained them), on the sampled posts and on the emergent-hate posts the Track II claims are decided on (each claim reads the row of its own posts: lib.arcade.report.judge_preconditions) | at least the majority line + 0.10 |
 """
 from __future__ import annotations
 
@@ -147,9 +147,15 @@ def judge_row(root: Path, variant: str = "arcade", measured: str = JUDGE_VARIANT
     return _row(method, "the judge's verdict varies with the post", measured, share, lo, hi, f"< {NEAR_CONSTANT:.2f}", hi < NEAR_CONSTANT, f"{len(labels)} posts")
 
 
+#: the oracle runs on the emergent-hate posts alone (the Track II claims' posts): variant stem -> what it adds to
+#: the measured quantity's name
+TYPE001_ORACLE = ("oracle_type001", ", on the emergent-hate posts (type 001) the Track II claims are decided on")
+
+
 def oracle_judge_row(root: Path, variant: str = "oracle", method: str = "ARCADE") -> dict[str, Any] | None:
     """The judge given the right arguments: its accuracy when the debaters state each post's true cue (the
-    `oracle` variant), against the posts' majority line + READS_MEMES_MARGIN."""
+    `oracle` variant, or `oracle_type001` on the emergent-hate posts alone), against those posts' majority
+    line + READS_MEMES_MARGIN."""
     f = root / "05_debate" / f"results_{variant}.jsonl"
     if not f.exists():
         return None
@@ -162,7 +168,8 @@ def oracle_judge_row(root: Path, variant: str = "oracle", method: str = "ARCADE"
     gts = [r["gt"] for r in rows]
     line = max(gts.count(g) for g in set(gts)) / len(gts) + READS_MEMES_MARGIN
     return _row(method, "the judge can tell the categories from a debate",
-                "judge accuracy when the debaters state the true cue (oracle)", acc, lo, hi,
+                "judge accuracy when the debaters state the true cue (oracle)"
+                + (TYPE001_ORACLE[1] if variant.startswith(TYPE001_ORACLE[0]) else ""), acc, lo, hi,
                 f">= majority line + {READS_MEMES_MARGIN:.2f} ({line:.2f})", lo >= line, f"{len(rows)} posts")
 
 
@@ -174,6 +181,7 @@ def adapted_judge_rows(root: Path) -> list[dict[str, Any]]:
         if suffix == "_adapted":
             rows.append(judge_row(root, "arcade" + suffix, JUDGE_VARIANTS[0][1], method))
         rows.append(oracle_judge_row(root, "oracle" + suffix, method))
+        rows.append(oracle_judge_row(root, TYPE001_ORACLE[0] + suffix, method))
     return [r for r in rows if r]
 
 
@@ -191,7 +199,7 @@ def precondition_rows(root: str | Path) -> list[dict[str, Any]]:
     root = Path(root)
     rows = [*trace_rows(root), *retrieval_rows(root), moderator_row(root), *adapted_moderator_rows(root),
             *(judge_row(root, v, m) for v, m in JUDGE_VARIANTS),
-            oracle_judge_row(root), *adapted_judge_rows(root)]
+            oracle_judge_row(root), oracle_judge_row(root, TYPE001_ORACLE[0]), *adapted_judge_rows(root)]
     return [{k: v for k, v in r.items() if k != "component"} for r in rows if r]
 
 

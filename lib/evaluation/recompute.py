@@ -38,11 +38,11 @@ from lib.sei import fewshot as sei, retrieval
 from lib.sei import analysis, report as rep
 from lib.evaluation import textmetrics as tm
 from lib.arcade.scoring import cost_summary, evaluate
-from lib.arcade.report import adapted_runs, claim_frame, results_from_jsonl, seed_spread, stage_metrics
+from lib.arcade.report import adapted_runs, claim_frame, judge_preconditions, results_from_jsonl, seed_spread, stage_metrics
 from collections import Counter
 from lib.evaluation import crosseval as ce
 from lib.evaluation.metrics import pairwise_mcnemar
-from lib.evaluation.preconditions import judge_status, retrieval_status
+from lib.evaluation.preconditions import retrieval_status
 from lib.compendium.params import load_profile
 
 #: stage -> function(folder of results/<profile>/<stage>/, results/<profile>/) -> recomputed metrics
@@ -415,10 +415,10 @@ def _debate(d: Path, root: Path) -> dict[str, Any]:
     main = runs.get("arcade") or next(iter(runs.values()))
     gts = [r.gt for r in main["results"]]
     chance = Counter(gts).most_common(1)[0][1] / len(gts)
-    claims, cold = claim_frame(runs, settings["class_mode"], spread=True, precondition=judge_status(root))
+    claims, cold = claim_frame(runs, settings["class_mode"], spread=True, precondition=judge_preconditions(root))
     ad = adapted_runs(runs, "_adapted")                # the adapted judge's runs (notebook 05's `adapted_judge`)
     ad_claims = (claim_frame(ad, settings["class_mode"], suffix="_adapted", tag=" (adapted judge)",
-                             precondition=judge_status(root, "oracle_adapted")) if ad else None)
+                             precondition=judge_preconditions(root, "_adapted")) if ad else None)
     committed = read_json(_file(d) / "metrics.json")
     return stage_metrics(runs, chance, committed.get("rerun_calls", 0), claims, seed_spread(runs), cold, ad_claims)
 
