@@ -353,6 +353,12 @@ def test_a_run_of_some_stages_keeps_the_other_stages_committed_answers(sandbox, 
     assert keys == {"k-other-stage", "new-02_finetuning"}
     last = read_json(results.timings_path("embedded"))["last_run"]
     assert set(last) == {"04_few_shot", "02_finetuning"}      # the other stages' latest times stay
+    # a --no-publish run records its times in artifacts/ only: a later published run does not carry them over
+    assert stages_mod.reproduce("embedded", "03", publish=False) == 0
+    assert "03_clip4dm" in read_json(tmp / "artifacts" / "embedded" / "timings.json")["stages"]
+    assert stages_mod.reproduce("embedded", "02", force=True, publish=True) == 0
+    t = read_json(results.timings_path("embedded"))
+    assert set(t["last_run"]) == {"04_few_shot", "02_finetuning"} and "03_clip4dm" not in t["stages"]
     assert stages_mod.reproduce("embedded", None, force=True, publish=True) == 0
     keys = {json.loads(x)["key"] for x in gzip.open(committed, "rt")}
     assert "k-other-stage" not in keys and len(keys) == len(stages())

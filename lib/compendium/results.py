@@ -19,6 +19,7 @@ import os
 import platform
 import re
 from pathlib import Path
+from typing import Any, Sequence
 
 from lib import ROOT
 from lib.compendium.artifacts import ARTIFACTS_ROOT, RESULTS_ROOT, read_json, write_bytes, write_json, write_text
@@ -143,13 +144,16 @@ def publish_stage(profile: str, stage: str) -> list[str]:
     return sorted(written)
 
 
-def publish_run(profile: str, partial: bool = False) -> None:
+def publish_run(profile: str, partial: bool = False, published: Sequence[str] | None = None) -> None:
     """After a run: the answers its stages used (results/<profile>/cache/), the stage timings and the
     machine (results/<profile>/timings.json), the digests of the saved notebooks' code and outputs
     (results/<profile>/notebooks.json: the notebooks that go with these results); then the size check.
     `partial`: the run covered some stages only (e.g. `make reproduce NB=02` on a fresh clone): the committed
     answers stay beside the ones it used (it has not used the other stages' answers and must not drop them) and
-    the other stages' latest times stay in timings.json; a run of every stage writes exactly what it used."""
+    the other stages' latest times stay in timings.json; a run of every stage writes exactly what it used.
+    `published`: the stages this run ran and published; only their times come from the run's timings
+    (artifacts/<profile>/timings.json also holds the times of `--no-publish` runs and of stages found up to
+    date, whose results this run did not publish). None: every stage's."""
     cache = default_cache_path(profile)
     if cache.exists():
         n = ResponseCache(cache).export(cache_export_path(profile), keep=partial)
@@ -158,15 +162,19 @@ def publish_run(profile: str, partial: bool = False) -> None:
     if run_timings.exists():                # a stage's cold time replaces the committed one; a warm rerun's does not
         old = read_json(timings_path(profile)) if timings_path(profile).exists() else {}
         new = read_json(run_timings)
+
+        def ours(section: str) -> dict[str, Any]:
+            return {k: v for k, v in new.get(section, {}).items() if published is None or k in published}
         stages_ = dict(old.get("stages", {}))
-        for k, v in new.get("stages", {}).items():
+        for k, v in ours("stages").items():
             if v.get("cold", True) or k not in stages_:
                 stages_[k] = v
-        replayed = {**old.get("replayed", {}), **new.get("replayed", {})}
+        replayed = {**old.get("replayed", {}), **ours("replayed")}
+        keep_last = partial or published is not None     # a stage this run did not publish keeps its committed time
         write_json(timings_path(profile), {"machine": new.get("machine", machine_description()), "stages": stages_,
                                            **({"replayed": replayed} if replayed else {}),
-                                           "last_run": {**(old.get("last_run", {}) if partial else {}),
-                                                        **new.get("last_run", {})}})
+                                           "last_run": {**(old.get("last_run", {}) if keep_last else {}),
+                                                        **ours("last_run")}})
     write_json(results_dir(profile) / "notebooks.json", notebook_digests(profile))
     size = sum(f.stat().st_size for f in results_dir(profile).rglob("*") if f.is_file()) / 2 ** 20
     note = "" if size <= SIZE_CAP_MB else f" (over the {SIZE_CAP_MB} MB cap: commit fewer per-item files)"

@@ -375,6 +375,7 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
     for st in stages():                                   # every stage's stamp chains the ones before it
         before = stamps[st.name] = stage_stamp(st, sections[st.name], code, before)
     rows = []
+    published: list[str] = []
     t_all = time.time()
     for k, st in enumerate(chosen, 1):
         stamp_file = _stamp_file(profile, st)
@@ -421,8 +422,9 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
         print(f"== {st.name} done in {_minutes(dt)}", flush=True)
         if publish:
             results.publish_stage(profile, st.name)
-    if publish:
-        results.publish_run(profile, partial=len(chosen) < len(stages()))   # some stages: keep the others' answers, times
+            published.append(st.name)
+    if publish:       # some stages: keep the others' answers; only the published stages' times
+        results.publish_run(profile, partial=len(chosen) < len(stages()), published=published)
         if profile in README_PROFILES:      # the README's results table; a smoke run must not rewrite it
             update_readme(ROOT / "README.md")
     _print_timings(rows, time.time() - t_all)
