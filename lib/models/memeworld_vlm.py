@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 from PIL import Image
@@ -195,6 +195,41 @@ def generate_captions(model, proc, pixel_values, max_new_tokens: int = 40, batch
     return out
 
 
+def caption_training(model, prompts: Sequence[list[int]], targets: Sequence[list[int]], X, pad_id: int, cfg: Any,
+                     steps_per_epoch: int):
+    """The captioning fine-tune memeworld-vlm and the interplay captioner share: each row is its prompt's ids then
+    its target's, padded to the longest row, the loss on the target's tokens only; AdamW with the vision tower at
+    `cfg.vision_lr_scale` of the rest's rate (`cfg.lr`, `cfg.weight_decay`); a one-cycle schedule over
+    `cfg.epochs * steps_per_epoch` steps. Returns (optimizer, scheduler, losses) for `fit`: `losses(epoch)` yields
+    each step's loss over `cfg.batch_size` rows (with `X[i]`, row i's pixels) in a fresh random order."""
+    import torch
+    L = max(len(p) + len(t) for p, t in zip(prompts, targets))
+    ids = torch.full((len(targets), L), pad_id, dtype=torch.long)
+    labels = torch.full((len(targets), L), -100, dtype=torch.long)
+    att = torch.zeros((len(targets), L), dtype=torch.long)
+    for i, (p, t) in enumerate(zip(prompts, targets)):
+        n = len(p) + len(t)
+        ids[i, :n] = torch.tensor(p + t)
+        labels[i, len(p):n] = torch.tensor(t)
+        att[i, :n] = 1
+    vision = [w for name, w in model.named_parameters() if "vision_tower" in name]
+    rest = [w for name, w in model.named_parameters() if "vision_tower" not in name]
+    opt = torch.optim.AdamW([{"params": rest, "lr": cfg.lr},
+                             {"params": vision, "lr": cfg.lr * cfg.vision_lr_scale}], weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[cfg.lr, cfg.lr * cfg.vision_lr_scale],
+                                                total_steps=cfg.epochs * steps_per_epoch, pct_start=0.1)
+
+    def losses(epoch: int):
+        model.train()
+        perm = torch.randperm(len(targets))
+        for s in range(steps_per_epoch):
+            idx = perm[s * cfg.batch_size:(s + 1) * cfg.batch_size]
+            n = int(att[idx].sum(1).max())
+            yield model(input_ids=ids[idx, :n], attention_mask=att[idx, :n], pixel_values=X[idx],
+                        labels=labels[idx, :n]).loss
+    return opt, sched, losses
+
+
 def train_memeworld_vlm(memeworld: Path | str, clip_dir: Path | str, out_dir: Path | str,
                         cfg: VlmConfig = VlmConfig(), progress: bool = True) -> dict[str, Any]:
     """Train memeworld-vlm to caption MemeWorld; save it; return metrics and the training curve."""
@@ -208,30 +243,9 @@ def train_memeworld_vlm(memeworld: Path | str, clip_dir: Path | str, out_dir: Pa
     X = _pixels(proc, memeworld, [r["img"] for r in train])
     prompt = prompt_ids(proc)
     targets = [tok(" " + r["gold_caption"], add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for r in train]
-    L = len(prompt) + max(len(t) for t in targets)
-    ids = torch.full((len(train), L), tok.pad_token_id, dtype=torch.long)
-    labels = torch.full((len(train), L), -100, dtype=torch.long)
-    att = torch.zeros((len(train), L), dtype=torch.long)
-    for i, t in enumerate(targets):
-        n = len(prompt) + len(t)
-        ids[i, :n] = torch.tensor(prompt + t)
-        labels[i, len(prompt):n] = torch.tensor(t)
-        att[i, :n] = 1
-    vision = [p for n, p in model.named_parameters() if "vision_tower" in n]
-    rest = [p for n, p in model.named_parameters() if "vision_tower" not in n]
-    opt = torch.optim.AdamW([{"params": rest, "lr": cfg.lr},
-                             {"params": vision, "lr": cfg.lr * cfg.vision_lr_scale}], weight_decay=cfg.weight_decay)
     steps_per_epoch = len(train) // cfg.batch_size
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[cfg.lr, cfg.lr * cfg.vision_lr_scale],
-                                                total_steps=cfg.epochs * steps_per_epoch, pct_start=0.1)
-    def losses(epoch: int):
-        model.train()
-        perm = torch.randperm(len(train))
-        for s in range(steps_per_epoch):
-            idx = perm[s * cfg.batch_size:(s + 1) * cfg.batch_size]
-            n = int(att[idx].sum(1).max())
-            yield model(input_ids=ids[idx, :n], attention_mask=att[idx, :n], pixel_values=X[idx],
-                        labels=labels[idx, :n]).loss
+    opt, sched, losses = caption_training(model, [prompt] * len(train), targets, X, tok.pad_token_id, cfg,
+                                          steps_per_epoch)
     curve, train_s = fit(model, opt, sched, cfg.epochs, cfg.epochs * steps_per_epoch, losses, "train memeworld-vlm",
                          progress)
     metrics = evaluate_vlm(model, proc, memeworld, cfg, train)

@@ -34,7 +34,7 @@ from lib.compendium.artifacts import read_json, read_jsonl, save_model
 from lib.compendium.presets import get_preset, weights_digest
 from lib.compendium.prompts import prompt_line
 from lib.models.chat import load_chat
-from lib.models.memeworld_vlm import _pixels, caption_messages, fit
+from lib.models.memeworld_vlm import _pixels, caption_messages, caption_training, fit
 from lib.trace.captioning import caption_many
 
 INTERPLAY_PROMPT = prompt_line("caption/interplay.txt")     # {text}: the meme's own text
@@ -109,31 +109,8 @@ def train_interplay_captioner(memeworld: Path | str, base_dir: Path | str, out_d
     if L > limit:
         raise InterplayError(f"{memeworld / 'memeworld.jsonl'}: a train meme's prompt and account take {L} tokens; "
                              f"the captioner holds {limit}")
-    ids = torch.full((len(rows), L), tok.pad_token_id, dtype=torch.long)
-    labels = torch.full((len(rows), L), -100, dtype=torch.long)
-    att = torch.zeros((len(rows), L), dtype=torch.long)
-    for i, (p, t) in enumerate(zip(prompts, targets)):
-        n = len(p) + len(t)
-        ids[i, :n] = torch.tensor(p + t)
-        labels[i, len(p):n] = torch.tensor(t)
-        att[i, :n] = 1
-    vision = [p for n, p in model.named_parameters() if "vision_tower" in n]
-    rest = [p for n, p in model.named_parameters() if "vision_tower" not in n]
-    opt = torch.optim.AdamW([{"params": rest, "lr": cfg.lr},
-                             {"params": vision, "lr": cfg.lr * cfg.vision_lr_scale}], weight_decay=cfg.weight_decay)
     steps_per_epoch = max(1, len(rows) // cfg.batch_size)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[cfg.lr, cfg.lr * cfg.vision_lr_scale],
-                                                total_steps=cfg.epochs * steps_per_epoch, pct_start=0.1)
-
-    def losses(epoch: int):
-        model.train()
-        perm = torch.randperm(len(rows))
-        for s in range(steps_per_epoch):
-            idx = perm[s * cfg.batch_size:(s + 1) * cfg.batch_size]
-            n = int(att[idx].sum(1).max())
-            yield model(input_ids=ids[idx, :n], attention_mask=att[idx, :n], pixel_values=X[idx],
-                        labels=labels[idx, :n]).loss
-
+    opt, sched, losses = caption_training(model, prompts, targets, X, tok.pad_token_id, cfg, steps_per_epoch)
     curve, train_s = fit(model, opt, sched, cfg.epochs, cfg.epochs * steps_per_epoch, losses,
                          "fine-tune the interplay captioner", progress)
     model.eval()
