@@ -154,12 +154,18 @@ def option_runs(stage: TraceRuns, options: dict[str, Sequence[str]], default: tu
                                    f"(notebook 01 writes it when its captioner is configured)")
         runs = dataclasses.replace(stage, data=data, columns=list(cols), caches={},
                                    runs_dir=stage.runs_dir.parent / f"runs_{name}")
-        first = runs.job(*default)
-        reps = seed_replicates(runs, {name: default}, [name], seeds)
-        runs.train([first] + [j for _, j in reps])
-        firsts[name] = runs.collect(first, types)
-        further[name] = [runs.collect(j, types) for _, j in reps]
+        firsts[name], further[name] = _default_and_seeds(runs, name, default, seeds, types)
     return firsts, further
+
+
+def _default_and_seeds(runs: TraceRuns, name: str, default: tuple[str, dict[str, Any], str], seeds: Sequence[int],
+                       types: dict[str, str] | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`runs`' `default` variant on its own seed and on every further seed in `seeds`, trained (finished runs read
+    back) and collected: (the first seed's run, [the further seeds' runs])."""
+    first = runs.job(*default)
+    reps = seed_replicates(runs, {name: default}, [name], seeds)
+    runs.train([first] + [j for _, j in reps])
+    return runs.collect(first, types), [runs.collect(j, types) for _, j in reps]
 
 
 def claim_frame(runs: dict[str, dict[str, Any]], seeds: dict[str, Sequence[dict[str, Any]]] | None = None,
@@ -204,10 +210,6 @@ def control_runs(stage: TraceRuns, src: str | Path, out_dir: str | Path, default
         derived = derive_source(src, Path(out_dir) / f"trace_captions_{kind}.json", kind, stage.columns, seed=seed,
                                 accounts=accounts if kind == "cue" else None, share=share if kind == "cue" else None)
         runs = derived_runs(stage, derived, kind)
-        first = runs.job(*default)
-        reps = seed_replicates(runs, {kind: default}, [kind], seeds)
-        runs.train([first] + [j for _, j in reps])
-        firsts[kind] = runs.collect(first, types)
-        further[kind] = [runs.collect(j, types) for _, j in reps]
+        firsts[kind], further[kind] = _default_and_seeds(runs, kind, default, seeds, types)
     return firsts, further
 
