@@ -46,8 +46,10 @@ def run_variant(chat, samples: Sequence[Any], cfg: CourtConfig, out_dir: Path, n
     write_jsonl(out_dir / f"results_{name}.jsonl", [r.to_json() for r in results], default=str)
     write_text(out_dir / f"report_{name}.txt",
                report_text(results, cfg.class_mode, "ARCADE" if cfg.run_mode == "arcade" else "none", model))
+    # the committed eval file leaves out the wall time: a replay from the cache would rewrite every variant's file
+    # with a new time and nothing else (the stage's time is in timings.json; the notebook prints each variant's)
     write_json(out_dir / f"eval_{name}.json", {k: run[k] for k in ("name", "config", "official", "corrected", "cost",
-                                                                   "calls_made", "wall_s")})
+                                                                   "calls_made")})
     return run
 
 
