@@ -31,7 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lib.compendium.artifacts import ARTIFACTS_ROOT, atomic_path, read_json, write_json
-from lib.compendium.presets import PresetError, get_preset, resolve_model_path
+from lib.compendium.presets import PresetError, get_preset, resolve_model_path, weights_digest
 from lib.models.chat.messages import parts_of
 
 #: transformers' Llama module name -> the GGUF tensor name's stem (blk.N.<stem>.weight)
@@ -94,7 +94,7 @@ def base_cache_dir(adapter: str | Path) -> Path | None:
 
 def load_base_cached(gguf: str, cache_dir: str | Path | None):
     """`load_base(gguf)`, kept on disk under `cache_dir` after the first load: reading the GGUF's tokenizer
-    and dequantizing its weights takes about 25 s on 2 cores, reading the kept copy about 2. The copy is the
+    and dequantizing its weights takes about 25 s on 2 cores, reading the kept copy under a second. The copy is the
     loaded (model, tokenizer) pickled whole (transformers will not save a GGUF-loaded model), named by the
     GGUF's content and the torch/transformers versions, so another base or library gets its own; an unreadable
     copy is loaded afresh and replaced. A local cache of this checkout's own files: never load one from
@@ -105,12 +105,8 @@ def load_base_cached(gguf: str, cache_dir: str | Path | None):
     path = Path(resolve_model_path(gguf))
     if not path.is_file():
         raise AdaptError(f"base GGUF {path} (from {gguf!r}) does not exist")
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    h.update(f"torch {torch.__version__} transformers {transformers.__version__}".encode())
-    kept = Path(cache_dir) / f"{path.stem}-{h.hexdigest()[:16]}.pt"
+    key = f"{weights_digest(path)} torch {torch.__version__} transformers {transformers.__version__}"
+    kept = Path(cache_dir) / f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
     if kept.exists():
         try:
             return torch.load(kept, weights_only=False)
