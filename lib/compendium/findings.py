@@ -56,13 +56,13 @@ def findings_rows(profile: str, root: Path | None = None) -> list[dict[str, str]
                                f"{m3['ap_clipscore']:.3f})", "p": "— (no test yet)",
                      "paper": "—", "mdd": "—", "verdict": "no test"})
     # each stage's claims, then the claims re-tested on an embedded component adapted to MemeWorld (a named
-    # option: notebook 04's moderator, notebook 05's judge), each such claim's name saying which
-    for stage, system, items, file, tag in (
-            ("02_finetuning", "TRACE", "memes", "claims.csv", ""), ("03_clip4dm", "CLIP4DM", "captions", "claims.csv", ""),
-            ("04_few_shot", "See, Explain, Intervene", "memes", "claims.csv", ""),
-            ("04_few_shot", "See, Explain, Intervene", "memes", "claims_adapted.csv", " (adapted moderator)"),
-            ("05_debate", "ARCADE on H-VLI", "posts", "claims.csv", ""),
-            ("05_debate", "ARCADE on H-VLI", "posts", "claims_adapted.csv", "")):
+    # option: notebook 04's moderator, notebook 05's judge), each such claim's name saying which (its notebook's tag)
+    for stage, system, items, file in (
+            ("02_finetuning", "TRACE", "memes", "claims.csv"), ("03_clip4dm", "CLIP4DM", "captions", "claims.csv"),
+            ("04_few_shot", "See, Explain, Intervene", "memes", "claims.csv"),
+            ("04_few_shot", "See, Explain, Intervene", "memes", "claims_adapted.csv"),
+            ("05_debate", "ARCADE on H-VLI", "posts", "claims.csv"),
+            ("05_debate", "ARCADE on H-VLI", "posts", "claims_adapted.csv")):
         f = d / stage / file
         if not f.exists():
             continue
@@ -70,7 +70,7 @@ def findings_rows(profile: str, root: Path | None = None) -> list[dict[str, str]
             if r.get("p") in ("", None) or r.get("role") == "control" or r["claim"].startswith("control: "):
                 continue                                                  # a control's row is read in its claim's verdict
             runs = int(float(r.get("runs") or 1))
-            rows.append({"system": system, "claim": r["claim"] + tag, "A vs B": f"{r['A']} vs {r['B']}",
+            rows.append({"system": system, "claim": r["claim"], "A vs B": f"{r['A']} vs {r['B']}",
                          "n": f"{r['n']} {items}" + (f" of {r['images']} images" if r.get("images") else "")
                               + (f" x {runs} {'seeds' if 'seeds pooled' in r['claim'] else 'cold runs'}" if runs > 1 else ""),
                          "effect": f"{float(r['A-B']):+.3f} {r.get('95% CI A-B', '')}".strip(),

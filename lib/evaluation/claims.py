@@ -312,28 +312,30 @@ def control_at_effect(oracle: dict[str, bool], base: dict[str, bool], effect: fl
     return arm, len(order)
 
 
-def positive_controls(controls: Sequence[tuple[str, str, str]], correct: dict[str, dict[str, bool]],
+def positive_controls(controls: Sequence[tuple], correct: dict[str, dict[str, bool]],
                       truth: dict[str, int], confidence: float = 0.95, items: str = "items"
                       ) -> tuple[list[dict[str, Any]], dict[str, bool]]:
     """A claims table's control rows (they go before the claims) and claim -> whether its control was detected
-    (the exact McNemar test's p < 0.05 in the oracle's direction), for each (claim, oracle arm, base arm) of
-    `controls` whose two arms ran ("a|b": the first that ran): the base arm's answers with the oracle's on the
-    fewest items that reach DEFAULT_PAPER_EFFECT (`control_at_effect`), tested against the base arm on the same
-    items. An oracle arm short of that effect on every item is the control at its own effect; unless the test
-    still detects it, the claim's control reads SHORT (the variant did not produce the effect: no test could)."""
+    (the exact McNemar test's p < 0.05 in the oracle's direction), for each (claim, oracle arm, base arm[, the
+    paper's effect: a PaperEffect]) of `controls` whose two arms ran ("a|b": the first that ran): the base arm's
+    answers with the oracle's on the fewest items that reach the claim's paper effect (DEFAULT_PAPER_EFFECT where
+    the paper publishes none; `control_at_effect`), tested against the base arm on the same items. An oracle arm
+    short of that effect on every item is the control at its own effect; unless the test still detects it, the
+    claim's control reads SHORT (the variant did not produce the effect: no test could)."""
     rows, detected = [], {}
-    for claim, oracle, base in controls:
+    for claim, oracle, base, *published in controls:
         o, b = first_present(oracle, correct), first_present(base, correct)
         if o is None or b is None:
             continue
-        arm, k = control_at_effect(correct[o], correct[b], DEFAULT_PAPER_EFFECT)
+        paper = published[0] if published and published[0] is not None else PaperEffect()
+        arm, k = control_at_effect(correct[o], correct[b], paper.value)
         t = paired_accuracy_test(arm, {i: correct[b][i] for i in arm}, truth, confidence)
-        short = k == len(arm) and t["difference"] < DEFAULT_PAPER_EFFECT - 1e-9
+        short = k == len(arm) and t["difference"] < paper.value - 1e-9
         detected[claim] = bool(t["difference"] > 0 and t["p"] < 0.05) or (SHORT if short else False)
         how = (f"{b}'s answers with {o}'s on all {len(arm)} {items}: the oracle falls short of the paper's effect"
                if short else f"{b}'s answers with {o}'s on {k} of {len(arm)} {items}: the fewest that lift it by the "
                f"paper's effect")
-        row = claim_row(f"control: {claim}", f"{o}_at_effect", b, t, how)
+        row = claim_row(f"control: {claim}", f"{o}_at_effect", b, t, how, paper=paper)
         rows.append({**row, "role": "control", "control": "—",
                      "verdict": "control detected" if detected[claim] is True else
                                 "oracle short of the effect" if detected[claim] == SHORT else "control not detected"})

@@ -394,7 +394,7 @@ def _fewshot(d: Path, root: Path) -> dict[str, Any]:
             ad.setdefault(r["role"], {}).setdefault(r["setting"], []).append(
                 Prediction(**{k: v for k, v in r.items() if k not in ("model", "role")}))
         ad_claims = rep.claim_frame({**ad.get("model", {}), "knn_vote": knn}, main, retriever,
-                                    preconditions=retrieval_status(root))
+                                    preconditions=retrieval_status(root), tag=rep.ADAPTED_MODERATOR_TAG)
         out.update(rep.adapted_metrics(ad, read_json(_file(d) / "adapted.json")["training"], ad_claims))
     return out
 

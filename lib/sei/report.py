@@ -405,11 +405,17 @@ FEWSHOT_CLAIMS = (
      PaperEffect(0.0214, "Table 2, InternVL3.5-8B on FHM, SigLIP exemplars: 73.55 (4-shot) vs 71.41 (2-shot)")),
 )   # the other claims have no published number (the paper runs no random, zero-shot or shuffled-label arm)
 
-#: the retrieval claims' positive controls: (claim, the oracle setting, the claim's base arm): the base arm's
-#: answers with those of the oracle retriever's setting (`exemplars: same_type`, informative neighbours by
-#: construction) on the fewest memes that reach the paper's effect (claims.positive_controls)
-FEWSHOT_CONTROLS = (("retrieved exemplars beat random ones", "same_type_4", "random_4"),
-                    ("exemplars beat none (zero-shot)", "same_type_4", "zero_shot"))
+#: every claim's positive control: (claim, the oracle setting, the claim's base arm[, the paper's effect]): the base
+#: arm's answers with those of the oracle retriever's setting (`exemplars: same_type`, informative neighbours by
+#: construction) on the fewest memes that reach the claim's paper effect (claims.positive_controls), "<retriever>"
+#: as in FEWSHOT_CLAIMS. The oracle is a model that uses what its exemplars show; against the shuffled labels, the
+#: knn vote, the labels without explanations or two exemplars it shows that the claim's test, at its n, sees a
+#: variant that beats that base arm by the paper's effect
+FEWSHOT_CONTROLS = tuple((claim, "same_type_4", b, *paper) for claim, _, b, _, *paper in FEWSHOT_CLAIMS)
+
+
+#: what follows each claim's name in the adapted moderator's claims table (notebook 04, claims_adapted.csv)
+ADAPTED_MODERATOR_TAG = " (adapted moderator)"
 
 
 def prediction_correct(preds: Sequence[Prediction]) -> dict[str, bool]:
@@ -420,7 +426,7 @@ def prediction_correct(preds: Sequence[Prediction]) -> dict[str, bool]:
 
 def claim_frame(preds: dict[str, Sequence[Prediction]], main_name: str, retriever: str,
                 confidence: float = 0.95, spread: bool = False, others: Sequence[str] = (),
-                preconditions: dict[str, bool] | None = None):
+                preconditions: dict[str, bool] | None = None, tag: str = ""):
     """One row per claim in FEWSHOT_CLAIMS whose two settings ran (`preds`: setting name ->
     predictions, the knn vote included): both accuracies with Wilson intervals on the memes both
     answered, the difference with its bootstrap interval, the exact McNemar test on the discordant
@@ -429,20 +435,25 @@ def claim_frame(preds: dict[str, Sequence[Prediction]], main_name: str, retrieve
     notebook 05's claims.csv. `spread`: also return the per-run rows (cold_runs.csv). `others`: further
     retrievers (a named option beside the paper's), each with the first claim retested on its exemplars
     at the main setting's n. `preconditions`: retriever -> whether its exemplars are informative neighbours
-    (lib.evaluation.preconditions.retrieval_status; absent: not measured), read by every claim on its exemplars."""
+    (lib.evaluation.preconditions.retrieval_status; absent: not measured), read by every claim on its exemplars.
+    `tag`: follows every claim's name (the adapted moderator's table: " (adapted moderator)"), as notebook 05's."""
     import pandas as pd
     truth = {p.id: p.gold for v in preds.values() for p in v}
-    claims = [(claim, *(x.replace("<main>", main_name).replace("<retriever>", retriever) for x in (a, b)), what, *paper)
-              for claim, a, b, what, *paper in FEWSHOT_CLAIMS]
+
+    def fill(x: str) -> str:
+        return x.replace("<main>", main_name).replace("<retriever>", retriever)
     first, _, base, what, *paper = FEWSHOT_CLAIMS[0]
     n_main = main_name.rsplit("/", 1)[-1]
-    claims += [(f"{first} ({r})", f"{r}/{n_main}", base, f"{what}; exemplars by {r}", *paper) for r in others]
+    claims = [(claim + tag, fill(a), fill(b), what, *paper) for claim, a, b, what, *paper in FEWSHOT_CLAIMS]
+    claims += [(f"{first} ({r}){tag}", f"{r}/{n_main}", base, f"{what}; exemplars by {r}", *paper) for r in others]
     answers = {k: {p.id: p.label for p in v} for k, v in preds.items()}
     correct = {k: prediction_correct(v) for k, v in preds.items()}
-    control_rows, detected = positive_controls(FEWSHOT_CONTROLS, correct, truth, confidence, items="memes")
-    detected.update({f"{first} ({r})": detected[first] for r in others if first in detected})   # the same test and n
+    control_rows, detected = positive_controls(
+        [(c + tag, fill(o), fill(b), *paper) for c, o, b, *paper in FEWSHOT_CONTROLS], correct, truth, confidence,
+        items="memes")
+    detected.update({f"{first} ({r}){tag}": detected[first + tag] for r in others if first + tag in detected})
     pre = {c[0]: (preconditions or {}).get(retriever) for c in claims[:len(FEWSHOT_CLAIMS)]}
-    pre.update({f"{first} ({r})": (preconditions or {}).get(r) for r in others})
+    pre.update({f"{first} ({r}){tag}": (preconditions or {}).get(r) for r in others})
     rows, runs = claim_tests(claims, correct, truth, confidence, answers, controls=detected,
                              preconditions={k: v for k, v in pre.items() if v is not None})
     return (pd.DataFrame(control_rows + rows), pd.DataFrame(runs)) if spread else pd.DataFrame(control_rows + rows)
