@@ -5,6 +5,7 @@ import os
 import nbformat
 
 from lib import ROOT
+from lib.compendium import findings, stages as st
 from lib.compendium.stages import scrub_notebook
 
 
@@ -180,16 +181,50 @@ def test_the_findings_table_gives_each_claim_its_papers_effect_power_and_verdict
         "caption_benefit_only_without_right": 12}))
     items = [str(i) for i in range(48)]
     truth = {i: 1 for i in items}
-    rows, _ = claim_tests([("debate beats a direct judge", "arcade", "direct", "x")],
-                          {"arcade": {i: True for i in items}, "direct": {i: int(i) % 3 == 0 for i in items}}, truth)
+    rows, _ = claim_tests([("debate beats a direct judge", "arcade", "direct", "x"),
+                           ("debate beats its twin", "arcade", "twin", "x")],
+                          {"arcade": {i: True for i in items}, "direct": {i: int(i) % 3 == 0 for i in items},
+                           "twin": {i: i != "0" for i in items}}, truth)
     (tmp_path / "05_debate").mkdir()
     pd.DataFrame(rows).to_csv(tmp_path / "05_debate" / "claims.csv", index=False)
     monkeypatch.setattr("lib.compendium.findings.results_dir", lambda profile: tmp_path)
     block = results.findings_block("embedded")
     lines = [ln for ln in block.splitlines() if ln.startswith("| ") and "---" not in ln]
-    assert lines[0].endswith("| paper's A − B | MDD (80% power) | verdict |") and len(lines) == 3
-    trace, arcade = lines[1].split(" | "), lines[2].split(" | ")
+    assert lines[0].endswith("| paper's A − B | MDD (80% power) | verdict |") and len(lines) == 4
+    trace, arcade, twin = lines[1].split(" | "), lines[2].split(" | "), lines[3].split(" | ")
     assert trace[-3].startswith("none published") and trace[-1].rstrip(" |") == "no test"
     assert float(trace[-2]) > 0.02                                   # 96 memes cannot see a 0.02 difference
     assert arcade[-3].startswith("+0.100 (none published") and arcade[-1].rstrip(" |") == "reproduced, no control"
     assert f"*no test*: {VERDICTS['no test']}" in block and "*reproduced, no control*" in block
+    # one discordant post in 48: no difference reaches 80% power, and the table says so in words
+    assert twin[-2] == findings.NO_MDD and f"*{findings.NO_MDD}*: no difference" in block
+
+
+def test_the_time_left_falls_back_to_fresh_clone_and_latest_times_and_names_what_it_cannot_estimate(tmp_path, monkeypatch):
+    """A stage never run from nothing still gets an estimate (a fresh clone's time, else the latest run's),
+    the words say which record it rests on, a COLD=1 run prefers the time from nothing, this machine's
+    record wins over the committed one, and a stage with no record is named, not counted as zero."""
+    committed, local = tmp_path / "results" / "timings.json", tmp_path / "artifacts" / "embedded" / "timings.json"
+    committed.parent.mkdir(parents=True)
+    local.parent.mkdir(parents=True)
+    committed.write_text(json.dumps({
+        "stages": {"02": {"wall_s": 600.0}, "05": {"wall_s": 9000.0}},
+        "replayed": {"05": {"wall_s": 4200.0}},
+        "last_run": {"04": {"wall_s": 5700.0}, "05": {"wall_s": 34.0}, "06": {"wall_s": "broken"}}}))
+    local.write_text(json.dumps({"replayed": {"05": {"wall_s": 4500.0}}}))
+    monkeypatch.setattr(st.results, "timings_path", lambda profile: committed)
+    monkeypatch.setattr(st, "ARTIFACTS_ROOT", tmp_path / "artifacts")
+
+    est = st.estimates("embedded")
+    assert est["02"] == (600.0, "from nothing")
+    assert est["04"] == (5700.0, "latest run")
+    assert est["05"] == (4500.0, "fresh clone")          # replayed beats from nothing; this machine beats committed
+    assert "06" not in est                              # an unreadable time is no estimate
+    assert st.estimates("embedded", cold=True)["05"] == (9000.0, "from nothing")
+
+    assert st.time_left(["04", "05"], est) == "about 170.0 min left in this run"
+    assert st.time_left(["05", "06", "07"], est) == "about 75.0 min left in this run, besides 06, 07 (no time recorded)"
+    assert "cannot be estimated" in st.time_left(["06"], est)
+
+    local.write_text("{not json")                       # a damaged local record costs only its own rows
+    assert st.estimates("embedded")["05"] == (4200.0, "fresh clone")

@@ -23,6 +23,20 @@ def _p(v) -> str:
     return "—" if v != v else (f"{v:.2g}" if v < 0.001 else f"{v:.3f}")
 
 
+#: the MDD cell of a claim whose discordance no difference can lift to 80% power at its n (claims.mcnemar_mdd's NaN)
+NO_MDD = "none at this n"
+
+
+def _mdd(v) -> str:
+    """A minimum detectable difference for the table: its value, NO_MDD where the test has none (NaN), "—"
+    where no test was run."""
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return "—"
+    return NO_MDD if v != v else _p(v)
+
+
 def findings_rows(profile: str, root: Path | None = None) -> list[dict[str, str]]:
     """One row per claim the embedded run tests (system, claim, arms, n, effect with its 95% interval, p, the
     paper's effect, MDD, verdict), from the committed claims tables and metrics (`root`: another stage root)."""
@@ -41,7 +55,7 @@ def findings_rows(profile: str, root: Path | None = None) -> list[dict[str, str]
                      "effect": f"{m2['caption_benefit_acc']:+.3f} [{m2['caption_benefit_ci_low']:+.3f}, "
                                f"{m2['caption_benefit_ci_high']:+.3f}]",
                      "p": f"{_p(m2['caption_benefit_mcnemar_p'])} (McNemar)", "paper": paper.said,
-                     "mdd": _p(mdd),
+                     "mdd": _mdd(mdd),
                      "verdict": claims.verdict(m2["caption_benefit_acc"], (m2["caption_benefit_ci_low"],
                                                                              m2["caption_benefit_ci_high"]),
                                                m2["caption_benefit_mcnemar_p"], paper.value, mdd, None)})
@@ -67,8 +81,8 @@ def findings_rows(profile: str, root: Path | None = None) -> list[dict[str, str]
         if not f.exists():
             continue
         for r in csv.DictReader(f.open(encoding="utf-8")):
-            if r.get("p") in ("", None) or r.get("role") == "control" or r["claim"].startswith("control: "):
-                continue                                                  # a control's row is read in its claim's verdict
+            if r.get("p") in ("", None) or r.get("role") in ("control", "descriptive") or r["claim"].startswith("control: "):
+                continue          # a control's row is read in its claim's verdict; a descriptive row is no claim
             runs = int(float(r.get("runs") or 1))
             rows.append({"system": system, "claim": r["claim"], "A vs B": f"{r['A']} vs {r['B']}",
                          "n": f"{r['n']} {items}" + (f" of {r['images']} images" if r.get("images") else "")
@@ -77,7 +91,7 @@ def findings_rows(profile: str, root: Path | None = None) -> list[dict[str, str]
                          "p": f"{_p(r['p'])} ({r.get('test', 'exact McNemar')})",
                          "paper": (f"{float(r['paper A-B']):+.3f} ({r.get(claims.PAPERS_NUMBER, '')})"
                                    if r.get("paper A-B") not in ("", None) else "—"),
-                         "mdd": _p(r.get("MDD (80% power)")), "verdict": r.get("verdict") or "—"})
+                         "mdd": _mdd(r.get("MDD (80% power)") or "nan"), "verdict": r.get("verdict") or "—"})
     return rows
 
 
@@ -91,5 +105,9 @@ def findings_block(profile: str = "embedded", root: Path | None = None) -> str:
     out += [f"| {r['system']} | {r['claim']} | {r['A vs B']} | {r['n']} | {r['effect']} | {r['p']} | {r['paper']} | "
             f"{r['mdd']} | {r['verdict']} |" for r in rows]
     verdicts = list(dict.fromkeys(r["verdict"] for r in rows if r["verdict"] in claims.VERDICTS))
+    if any(r["mdd"] == NO_MDD for r in rows):
+        out += ["", f"MDD: the smallest difference the exact McNemar test detects with 80% power at the claim's n and "
+                    f"observed discordance (claims.mcnemar_mdd, by enumeration); *{NO_MDD}*: no difference that "
+                    f"discordance allows reaches 80% power at that n."]
     out += ["", "Verdicts: " + "; ".join(f"*{v}*: {claims.VERDICTS[v]}" for v in verdicts) + "."] if verdicts else []
     return "\n".join(out)

@@ -327,16 +327,49 @@ def _stamp_file(profile: str, stage: Stage) -> Path:
     return ARTIFACTS_ROOT / profile / stage.name / ".stamp.json"
 
 
-def _estimates(profile: str) -> dict[str, float]:
-    """Seconds each stage took from nothing (its cold time: this machine's record, else the committed one)."""
-    out: dict[str, float] = {}
+#: where a stage's expected time comes from, by the kind of run: one that asks every model afresh (COLD=1)
+#: takes about its time from nothing; any other run starts a stage the way a fresh clone does (models
+#: trained, the committed answers replayed) or resumes it; the latest run, whatever it reused, is the
+#: last resort. The words say which record an estimate rests on.
+ESTIMATE_SOURCES = {"stages": "from nothing", "replayed": "fresh clone", "last_run": "latest run"}
+
+
+def estimates(profile: str, cold: bool = False) -> dict[str, tuple[float, str]]:
+    """stage -> (seconds it is expected to take, which record that is: ESTIMATE_SOURCES' words), from this
+    machine's timings.json over the committed one. A stage with no usable record is absent: the caller says
+    it cannot be estimated rather than count it as zero."""
+    order = ("stages", "replayed", "last_run") if cold else ("replayed", "stages", "last_run")
+    records: dict[str, dict[str, float]] = {k: {} for k in order}
     for f in (results.timings_path(profile), ARTIFACTS_ROOT / profile / "timings.json"):
-        if f.exists():
-            try:
-                out.update({k: float(v["wall_s"]) for k, v in read_json(f).get("stages", {}).items()})
-            except (ValueError, KeyError, TypeError, AttributeError):
-                pass
+        if not f.exists():
+            continue
+        try:
+            data = read_json(f)
+        except ValueError:
+            continue                                       # a damaged record only costs the estimate
+        for key in order:
+            rows = data.get(key) if isinstance(data, dict) else None
+            for stage, row in (rows.items() if isinstance(rows, dict) else ()):
+                try:
+                    records[key][stage] = float(row["wall_s"])
+                except (KeyError, TypeError, ValueError):
+                    pass
+    out: dict[str, tuple[float, str]] = {}
+    for key in reversed(order):                            # the preferred record is written last and wins
+        out.update({stage: (s, ESTIMATE_SOURCES[key]) for stage, s in records[key].items()})
     return out
+
+
+def time_left(names: list[str], est: dict[str, tuple[float, str]]) -> str:
+    """The words for the time `names` (the stages still to run, in order) should take: their estimates'
+    sum, and the stages that have none named rather than counted as zero."""
+    known = sum(est[n][0] for n in names if n in est)
+    unknown = [n for n in names if n not in est]
+    if not unknown:
+        return f"about {_minutes(known)} left in this run"
+    if len(unknown) == len(names):
+        return "no time recorded for " + ", ".join(unknown) + ": the time left cannot be estimated"
+    return f"about {_minutes(known)} left in this run, besides {', '.join(unknown)} (no time recorded)"
 
 
 def record_timing(timings: dict[str, Any], stage: str, wall_s: float, cold: bool, fresh: bool = False) -> dict[str, Any]:
@@ -367,7 +400,7 @@ def _minutes(s: float) -> str:
 def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str, Any]], force: bool = False,
                 publish: bool = False, cold_run: bool = False) -> int:
     code = code_digest()
-    est = _estimates(profile)
+    est = estimates(profile, cold=cold_run)
     timings_file = ARTIFACTS_ROOT / profile / "timings.json"
     timings = read_json(timings_file) if timings_file.exists() else {}
     before = ""
@@ -384,10 +417,11 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
                   flush=True)
             rows.append((st.name, 0.0, "up to date"))
             continue
-        left = sum(est.get(s.name, 0.0) for s in chosen[k - 1:]
-                   if not (_stamp_file(profile, s).exists()
-                           and read_json(_stamp_file(profile, s)).get("stamp") == stamps[s.name]) or force)
-        guess = f"; last run {_minutes(est[st.name])}, about {_minutes(left)} left in this run" if st.name in est else ""
+        todo = [s.name for s in chosen[k - 1:]
+                if not (_stamp_file(profile, s).exists()
+                        and read_json(_stamp_file(profile, s)).get("stamp") == stamps[s.name]) or force]
+        this = f"{est[st.name][1]} {_minutes(est[st.name][0])}" if st.name in est else "never timed"
+        guess = f"; {this}; {time_left(todo, est)}"
         print(f"== [{k}/{len(chosen)}] {st.name} ({st.label}, profile {profile}{guess})", flush=True)
         stamp_file.unlink(missing_ok=True)               # a stage that starts is not done until it finishes again
         # from nothing: every model is asked afresh (COLD=1), or the stage's folder (its trained runs, models,
