@@ -114,8 +114,8 @@ def test_samples_and_types_choose_posts_and_are_not_court_settings():
     assert cfg.gate is False and cfg.string_max_length == 40 and cfg.prompt_layout == "definition_first"
 
 
-def result(i, gt, label, status="ok", type_="001"):
-    return SampleResult(id=str(i), gt=gt, type=type_, difficulty="Hard", route="track1", label=label, status=status)
+def result(i, gt, label, status="ok", type_="001", route="track1"):
+    return SampleResult(id=str(i), gt=gt, type=type_, difficulty="Hard", route=route, label=label, status=status)
 
 
 def test_paired_test_counts_discordant_posts_and_gives_the_exact_mcnemar_p():
@@ -152,7 +152,11 @@ def test_claim_frame_pairs_variants_on_the_posts_both_judged_and_feeds_the_metri
     assert cf.loc["debate beats a direct judge", "flag"] == "direct near-constant (label 0 on 100%)"
     row = cf.loc["Track II's debate reads emergent hate (type 001)"]
     assert row["n"] == 6 and row["acc A"] == 1.0 and row["acc B"] == 0.0
-    assert cf.loc["the gate sends emergent hate to the right track", "n"] == 6
+    # the gate's claim counts where the gate sent the 6 emergent-hate posts and the 6 others (all to Track I);
+    # what its routing costs in accuracy is a row beside it, on the 6 posts both arms judged, with no verdict
+    assert cf.loc["the gate sends emergent hate to the right track", "n"] == 12
+    assert cf.loc["what the gate's routing costs on emergent hate", "n"] == 6
+    assert cf.loc["what the gate's routing costs on emergent hate", "verdict"] == "—"
     assert "the gate saves calls" in cf.index
     assert "Track II with the transcript vs blind debaters" not in cf.index     # track2_blind did not run
     assert set(cf["precondition"].dropna()) == {"not measured"}
@@ -221,25 +225,52 @@ def test_an_adapted_run_is_drawn_in_its_variants_colour_hatched():
     assert st[4]["color"] not in (st[0]["color"], st[1]["color"])          # no oracle bar: a colour of its own
 
 
-def test_every_claim_but_the_gates_has_a_positive_control_from_the_oracle_court():
+def test_every_claim_has_a_positive_control_the_gates_from_a_gate_that_routes_right():
     """The transcript and settings claims are controlled by the oracle court (debaters that state the true cue)
-    against their B arm, the same test at the same n; the gate's claim has none (a gate that routes emergent hate
-    right sends it to Track II, its own B arm), so its row never claims a control."""
-    from lib.arcade.report import CLAIMS, CONTROLS
-    assert {c for c, *_ in CONTROLS} == {c for c, *_ in CLAIMS} - {"the gate sends emergent hate to the right track"}
+    against their B arm, the same test at the same n; the gate's claim (the share of emergent-hate posts sent
+    to Track II against the other posts' share, Fisher's exact test) by a gate that sends emergent hate to
+    Track II, put in on the fewest posts that reach the paper's effect."""
+    from lib.arcade.report import CLAIMS, CONTROLS, GATE_CLAIM
+    assert {c for c, *_ in CONTROLS} == {c for c, *_ in CLAIMS} and GATE_CLAIM[0] not in {c for c, *_ in CLAIMS}
     n = 60
     right = [result(i, 1 + i % 3, 1 + i % 3) for i in range(n)]                           # the oracle court
     half = [result(i, 1 + i % 3, 1 + i % 3 if i % 2 else 0) for i in range(n)]           # right on every other post
+    others = [result(100 + i, 1 + i % 3, 1 + i % 3 if i % 2 else 0, type_="110") for i in range(n)]
     runs = {k: {"results": v, "cost": cost_summary(v, 2), "corrected": {"n": n, "acc": 0.5}}
             for k, v in (("oracle", right), ("oracle_type001", right), ("track2_transcript", half),
-                         ("track2_blind", half), ("arcade", half), ("arcade_official", half),
+                         ("track2_blind", half), ("arcade", half + others), ("arcade_official", half),
                          ("arcade_type001", half), ("direct", half), ("direct_type001", half))}
     cf = claim_frame(runs).set_index("claim")
     for claim in ("Track II with the transcript vs blind debaters", "the compendium's settings vs the official code's"):
         ctl = cf.loc["control: " + claim]
         assert ctl["n"] == n and ctl["A-B"] >= 0.1 and ctl["p"] < 0.05, ctl    # the paper's effect, detected
-    assert "control: the gate sends emergent hate to the right track" not in cf.index
-    assert cf.loc["the gate sends emergent hate to the right track", "n"] == n
+    gate, ctl = cf.loc[GATE_CLAIM[0]], cf.loc["control: " + GATE_CLAIM[0]]
+    # a gate that sends every post to Track I: 0 of 60 emergent-hate posts against 0 of 60 others
+    assert gate["n"] == 2 * n and gate["A-B"] == 0 and gate["p"] == 1.0 and gate["control"] == "detected"
+    assert gate["verdict"] == "not reproduced"               # the control was seen; the interval excludes +0.10
+    # its control: the right route on the fewest posts that reach +0.10 (6 of 60), detected by the same test
+    assert ctl["n"] == 2 * n and 0.1 <= ctl["A-B"] < 0.1 + 1 / n and ctl["p"] < 0.05 and ctl["verdict"] == "control detected"
+    assert "6 of 60" in ctl["what it isolates"]
+    # a gate that does send emergent hate to Track II (and nothing else) reproduces the claim
+    routed = {**runs, "arcade_type001": {**runs["arcade_type001"],
+                                          "results": [result(i, 1, 1, route="track2") for i in range(n)]}}
+    assert claim_frame(routed).set_index("claim").loc[GATE_CLAIM[0], "verdict"] == "reproduced"
+
+
+def test_fisher_power_and_its_rejection_region_follow_scipy():
+    """The two-share test's rejection region is Fisher's exact test as scipy computes it, its power grows with
+    the difference, and the minimum detectable difference is where it crosses 80%."""
+    from scipy.stats import fisher_exact
+    from lib.evaluation.claims import _fisher_rejection, fisher_mdd, fisher_power, share_test
+    r = _fisher_rejection(12, 9, 0.05)
+    for ka, kb in ((0, 0), (6, 0), (12, 3), (2, 9), (7, 4), (12, 0)):
+        assert r[ka, kb] == (fisher_exact([[ka, 12 - ka], [kb, 9 - kb]]).pvalue < 0.05), (ka, kb)
+    assert fisher_power(96, 84, 0.0, 0.02) < fisher_power(96, 84, 0.0, 0.05) < fisher_power(96, 84, 0.0, 0.10)
+    mdd = fisher_mdd(96, 84, 0.0)
+    assert fisher_power(96, 84, 0.0, mdd) >= 0.8 > fisher_power(96, 84, 0.0, mdd - 0.005)
+    assert fisher_mdd(3, 3, 0.5) != fisher_mdd(3, 3, 0.5)                 # NaN: no rise reaches 80% at 3 and 3
+    t = share_test([True] * 10 + [False] * 86, [False] * 84)
+    assert t["difference"] == pytest.approx(10 / 96) and t["ci_difference"][0] > 0 and t["p"] < 0.01
 
 
 def test_claim_frame_takes_a_precondition_per_claim():

@@ -20,7 +20,8 @@ from lib.arcade.court import DIFFICULTY, LABELS, TYPES, CallTrace, Court, CourtC
 from lib.arcade.oracle import OracleCourt, accounts_from_memeworld
 from lib.arcade.scoring import balanced_sample, cost_summary, evaluate, report_text
 from lib.evaluation.metrics import interval_keys, paired_accuracy_test
-from lib.evaluation.claims import claim_metric_keys, claim_tests, cold_run_metric_keys, positive_controls
+from lib.evaluation.claims import (PAPERS_NUMBER, claim_metric_keys, claim_tests, cold_run_metric_keys, first_present,
+                                   positive_controls, share_control, share_row, share_test)
 from lib.evaluation.preconditions import judge_status
 
 
@@ -324,11 +325,27 @@ CLAIMS = (
      "every post through Track II against one judge call, on the emergent-hate posts"),
     ("Track II with the transcript vs blind debaters", "track2_transcript", "track2_blind",
      "the compendium's debaters see the debate so far; the official code's do not"),
-    ("the gate sends emergent hate to the right track", "arcade_type001|arcade", "track2_transcript",
-     "the gated court against the same posts forced through Track II"),
     ("the compendium's settings vs the official code's", "arcade", "arcade_official",
      "structured answers, a stopped trial on a failed debater, the two cost options, against the official code"),
 )
+
+
+#: the gate's claim is about where the gate sends a post, not about accuracy: the share of emergent-hate posts
+#: (type EMERGENT: text and image benign alone, hateful together) it sends to Track II against the share of the
+#: posts of every other type it sends there (A: the gated court's run on the emergent-hate posts, else the main
+#: sample's; B: the main sample's posts of the other types; a post whose gate call failed went to no track).
+#: Two shares on different posts: Fisher's exact test (claims.share_test). Its positive control is a gate that
+#: routes right (every emergent-hate post to Track II) put in on the fewest posts that reach the paper's effect.
+GATE_CLAIM = ("the gate sends emergent hate to the right track", "arcade_type001|arcade", "arcade",
+              "the share of emergent-hate posts the gated court sends to Track II against the share of the other "
+              "posts it sends there")
+#: the type Track II is for (ARCADE's emergent hate)
+EMERGENT = "001"
+#: what the gate's routing costs in accuracy on emergent hate: the gated court against the same posts forced
+#: through Track II. A row to read beside the gate's claim, not a claim (a gate that routes right makes the
+#: two arms the same court), so it has no verdict
+GATE_COST = ("what the gate's routing costs on emergent hate", "arcade_type001|arcade", "track2_transcript",
+             "the gated court against the same posts forced through Track II (no claim: read beside the gate's)")
 
 
 #: each claim's positive control: (claim, the oracle variant, the base arm): the base arm's answers with the
@@ -337,8 +354,7 @@ CLAIMS = (
 #: court (debaters that state the post's true cue, the judge asked as in the claim's A arm) is where a debate
 #: carries the answer by construction: for the transcript claim, debaters that know the cue against blind ones;
 #: for the settings claim, the compendium's court at its best against the official code's. The gate's claim has
-#: none: on emergent-hate posts a gate that routes right sends every post to Track II, which is its B arm, so no
-#: variant makes the effect exist by construction (read it with its arms)
+#: its own (`gate_rows`: a gate that routes right)
 CONTROLS = (("debate beats a direct judge", "oracle", "direct"),
             ("Track II's debate reads emergent hate (type 001)", "oracle_type001|oracle", "direct_type001|direct"),
             ("Track II with the transcript vs blind debaters", "oracle_type001|oracle", "track2_blind"),
@@ -351,7 +367,6 @@ CONTROLS = (("debate beats a direct judge", "oracle", "direct"),
 PRECONDITION_ORACLE = {"debate beats a direct judge": "oracle",
                        "Track II's debate reads emergent hate (type 001)": "oracle_type001|oracle",
                        "Track II with the transcript vs blind debaters": "oracle_type001|oracle",
-                       "the gate sends emergent hate to the right track": "oracle_type001|oracle",
                        "the compendium's settings vs the official code's": "oracle"}
 
 
@@ -399,6 +414,12 @@ def claim_frame(runs: dict[str, dict[str, Any]], class_mode: str = "multiclass",
     rows, per_run = claim_tests(claims_, correct, truth, confidence, answers, controls=detected, preconditions=pre)
     tested = {r["claim"] for r in rows}                  # a control only beside a claim that ran (the adapted judge
     rows = [r for r in control_rows if r["claim"].removeprefix("control: ") in tested] + rows   # runs fewer variants)
+    gate = gate_rows(runs, suffix, tag, confidence)
+    rows = [r for r in gate if r.get("role") == "control"] + rows + [r for r in gate if r.get("role") != "control"]
+    cost_claim, a, b, why = GATE_COST
+    cost_rows, _ = claim_tests([(cost_claim + tag, arms(a), arms(b), why)], correct, truth, confidence, answers)
+    rows += [{**r, "role": "descriptive", "control": "—", "precondition": None, "paper A-B": None,
+              PAPERS_NUMBER: "no claim", "verdict": "—"} for r in cost_rows]
     if "arcade" in runs and not suffix:
         cost = runs["arcade"]["cost"]
         rows.append({"claim": "the gate saves calls", "A": "arcade", "B": "every post through Track II",
@@ -406,6 +427,26 @@ def claim_frame(runs: dict[str, dict[str, Any]], class_mode: str = "multiclass",
                      "what it isolates": (f"{cost['calls_per_sample']:.2f} calls per post against "
                                           f"{cost['calls_all_track2']:.0f} for Track II on every post")})
     return (pd.DataFrame(rows), pd.DataFrame(per_run)) if spread else pd.DataFrame(rows)
+
+
+def gate_rows(runs: dict[str, dict[str, Any]], suffix: str = "", tag: str = "",
+              confidence: float = 0.95) -> list[dict[str, Any]]:
+    """The gate's claim (GATE_CLAIM, on the variants `<variant><suffix>`, its name followed by `tag`) and its
+    positive control, a control row first; none when its arms did not run."""
+    claim, a_spec, b_spec, why = GATE_CLAIM
+    a_name = first_present("|".join(v + suffix for v in a_spec.split("|")), runs)
+    b_name = b_spec + suffix
+    if a_name is None or b_name not in runs:
+        return []
+    a = {r.id: r.route == "track2" for r in runs[a_name]["results"] if r.type == EMERGENT}
+    b = [r.route == "track2" for r in runs[b_name]["results"] if r.type != EMERGENT]
+    if not a or not b:
+        return []
+    test = "Fisher exact (shares sent to Track II)"
+    control, found = share_control(claim + tag, a, {i: True for i in a}, b, a_name, b_name, confidence=confidence,
+                                   items="emergent-hate posts")
+    row = share_row(claim + tag, a_name, b_name, share_test(list(a.values()), b, confidence), why, control=found)
+    return [{**control, "test": test}, {**row, "test": test}]
 
 
 def with_cold_runs(variants: dict[str, dict[str, Any]], cold_runs: dict[str, Any] | None) -> dict[str, dict[str, Any]]:

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from lib.evaluation.metrics import paired_accuracy_test, pooled_paired_test, run_spread
+from lib.evaluation.metrics import paired_accuracy_test, pooled_paired_test, run_spread, share_difference_test
 
 
 # ----------------------------------------------------------------------------- power of the paired test
@@ -205,6 +205,99 @@ def mdd_from_counts(n: int, only_a_right: int, only_b_right: int) -> float:
     return round(mdd, 3) if mdd == mdd else float("nan")
 
 
+# ----------------------------------------------------------------------------- a claim on two shares
+# Some claims compare how often something happens on two different sets of items, not two arms on the same
+# items: e.g. the share of emergent-hate posts a gate sends to Track II against the share of the other posts.
+# Their test is Fisher's exact test (two-sided), their interval Newcombe's on the difference of the shares,
+# their power by enumeration over the two binomials.
+
+@functools.lru_cache(maxsize=64)
+def _fisher_rejection(n_a: int, n_b: int, alpha: float) -> np.ndarray:
+    """R[k_a, k_b]: whether Fisher's exact test (two-sided, as scipy.stats.fisher_exact computes it: the
+    tables of the same margins no more probable than the observed one) rejects at p < alpha when k_a of n_a
+    and k_b of n_b items are counted."""
+    from scipy.stats import hypergeom
+    out = np.zeros((n_a + 1, n_b + 1), bool)
+    for total in range(n_a + n_b + 1):
+        k = np.arange(max(0, total - n_b), min(n_a, total) + 1)
+        pmf = hypergeom.pmf(k, n_a + n_b, total, n_a)
+        p = np.array([pmf[pmf <= v * (1 + 1e-7)].sum() for v in pmf])
+        out[k, total - k] = p < alpha
+    return out
+
+
+def fisher_power(n_a: int, n_b: int, share_b: float, difference: float, alpha: float = 0.05) -> float:
+    """Power of Fisher's exact test for shares on `n_a` and `n_b` items when B's share is `share_b` and A's
+    is `share_b + difference`, by enumeration: k_a ~ Binomial(n_a, share_b + difference) and k_b ~
+    Binomial(n_b, share_b) independently, summed over the rejection region."""
+    from scipy.stats import binom
+    share_a = share_b + difference
+    if n_a <= 0 or n_b <= 0 or not (0 <= share_b <= 1 and 0 <= share_a <= 1):
+        raise ValueError(f"fisher_power: need n_a, n_b > 0 and shares in [0, 1] (n_a={n_a}, n_b={n_b}, "
+                         f"share_b={share_b}, difference={difference})")
+    pa, pb = binom.pmf(np.arange(n_a + 1), n_a, share_a), binom.pmf(np.arange(n_b + 1), n_b, share_b)
+    return float(min(1.0, pa @ _fisher_rejection(n_a, n_b, alpha) @ pb))
+
+
+def fisher_mdd(n_a: int, n_b: int, share_b: float, power: float = 0.80, alpha: float = 0.05) -> float:
+    """The smallest rise of A's share over B's observed `share_b` that Fisher's exact test detects with
+    probability `power` at these sizes (bisection on `fisher_power`); NaN when not even a share of 1 does."""
+    if n_a <= 0 or n_b <= 0 or share_b >= 1 or fisher_power(n_a, n_b, share_b, 1 - share_b, alpha) < power:
+        return float("nan")
+    lo, hi = 0.0, 1.0 - share_b
+    for _ in range(24):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if fisher_power(n_a, n_b, share_b, mid, alpha) < power else (lo, mid)
+    return hi
+
+
+def share_test(a: Sequence[bool], b: Sequence[bool], confidence: float = 0.95) -> dict[str, Any]:
+    """Two shares on different items: A's (`a`: one bool per item) against B's (metrics.share_difference_test:
+    Wilson intervals, Newcombe's on the difference, Fisher's exact p)."""
+    return share_difference_test(int(sum(map(bool, a))), len(a), int(sum(map(bool, b))), len(b), confidence)
+
+
+def share_row(claim: str, a: str, b: str, t: dict[str, Any], what: str, paper: PaperEffect | None = None,
+              control: bool | None = None, precondition: bool | None = None) -> dict[str, Any]:
+    """A claims-table row for `share_test`'s result, in claim_row's columns: "n" counts both sides' items,
+    "acc A" and "acc B" hold the two shares, the MDD is `fisher_mdd`'s at B's observed share; the paired
+    columns (only A right, only B right, majority line) stay empty."""
+    paper = paper or PaperEffect()
+    ci = t["ci_difference"]
+    mdd = fisher_mdd(t["n_a"], t["n_b"], t["share_b"])
+    mdd = round(mdd, 3) if mdd == mdd else float("nan")
+    return {"claim": claim, "A": a, "B": b, "n": t["n_a"] + t["n_b"], "runs": 1,
+            "acc A": round(t["share_a"], 3), "95% CI A": f"[{t['ci_a'][0]:.2f}, {t['ci_a'][1]:.2f}]",
+            "acc B": round(t["share_b"], 3), "95% CI B": f"[{t['ci_b'][0]:.2f}, {t['ci_b'][1]:.2f}]",
+            "A-B": round(t["difference"], 3), "95% CI A-B": f"[{ci[0]:.2f}, {ci[1]:.2f}]",
+            "only A right": None, "only B right": None, "test": t["test"], "p": float(f"{t['p']:.3g}"),
+            "MDD (80% power)": mdd, "majority line": None, "flag": "none",
+            "paper A-B": round(paper.value, 3), PAPERS_NUMBER: paper.said,
+            "control": "none ran" if control is None else "detected" if control else "not detected",
+            "precondition": "not measured" if precondition is None else "met" if precondition else "not met",
+            "verdict": verdict(t["difference"], ci, t["p"], paper.value, mdd, control, precondition=precondition),
+            "what it isolates": what}
+
+
+def share_control(claim: str, a: dict[str, bool], oracle: dict[str, bool], b: Sequence[bool], a_name: str,
+                  b_name: str, paper: PaperEffect | None = None, confidence: float = 0.95,
+                  items: str = "items") -> tuple[dict[str, Any], bool]:
+    """A two-share claim's positive control and whether it was detected (Fisher's p < 0.05, A's share above
+    B's): A's items with the `oracle`'s value (what a mechanism that works does: a gate that routes every
+    emergent-hate post to Track II) put in on the fewest of them, in a seeded order, that lift A's share over
+    B's by the paper's effect (`control_at_effect`), tested against the same B."""
+    paper = paper or PaperEffect()
+    share_a, share_b = float(np.mean([bool(v) for v in a.values()])), float(np.mean([bool(v) for v in b]))
+    arm, k = control_at_effect(oracle, a, max(0.0, share_b + paper.value - share_a))
+    t = share_test(list(arm.values()), list(b), confidence)
+    found = bool(t["difference"] > 0 and t["p"] < 0.05)
+    row = share_row(f"control: {claim}", f"{a_name}_at_effect", b_name, t,
+                    f"{a_name}'s {items} with the oracle's value on {k} of {len(arm)}: the fewest that lift its share "
+                    f"over {b_name}'s by the paper's effect", paper=paper)
+    return {**row, "role": "control", "control": "—",
+            "verdict": "control detected" if found else "control not detected"}, found
+
+
 def cold_runs_of(name: str, names: Sequence[str]) -> list[str]:
     """`name` and its cold runs present in `names` (`<name>_run1`, `<name>_run2`, ...), in run order."""
     out, k = [name], 1
@@ -267,8 +360,10 @@ def claim_metric_keys(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             continue
         runs = int(row.get("runs", 1) or 1)
         key = "claim_" + f"{row['A']}_vs_{row['B']}".replace("/", "_") + ("_pooled" if runs > 1 else "")
-        m.update({f"{key}_n": int(row["n"]), f"{key}_acc_a": row["acc A"], f"{key}_acc_b": row["acc B"],
-                  f"{key}_p": p, f"{key}_majority": row["majority line"]})
+        m.update({f"{key}_n": int(row["n"]), f"{key}_acc_a": row["acc A"], f"{key}_acc_b": row["acc B"], f"{key}_p": p})
+        majority = row.get("majority line")
+        if majority is not None and majority == majority:          # a two-share row has no majority line
+            m[f"{key}_majority"] = majority
         if runs > 1:
             m[f"{key}_runs"] = runs
     return m

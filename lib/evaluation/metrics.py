@@ -244,6 +244,23 @@ def proportion_ci(successes: int, n: int, confidence: float = 0.95,
     return successes / n, float(lo), float(hi)
 
 
+def share_difference_test(k_a: int, n_a: int, k_b: int, n_b: int, confidence: float = 0.95) -> dict[str, Any]:
+    """Two shares on different items, k_a of n_a against k_b of n_b: each with its Wilson interval, the
+    difference with Newcombe's hybrid score interval (statsmodels' "newcomb") and Fisher's exact p
+    (two-sided). The unpaired counterpart of `paired_accuracy_test`."""
+    from scipy.stats import fisher_exact
+    from statsmodels.stats.proportion import confint_proportions_2indep
+    if n_a <= 0 or n_b <= 0:
+        raise ValueError(f"share_difference_test: an empty side ({n_a} and {n_b} items)")
+    share_a, *ci_a = proportion_ci(k_a, n_a, confidence)
+    share_b, *ci_b = proportion_ci(k_b, n_b, confidence)
+    lo, hi = confint_proportions_2indep(k_a, n_a, k_b, n_b, method="newcomb", compare="diff", alpha=1 - confidence)
+    return {"n_a": n_a, "n_b": n_b, "k_a": k_a, "k_b": k_b, "share_a": share_a, "share_b": share_b,
+            "ci_a": tuple(ci_a), "ci_b": tuple(ci_b), "difference": share_a - share_b,
+            "ci_difference": (float(lo), float(hi)),
+            "p": float(fisher_exact([[k_a, n_a - k_a], [k_b, n_b - k_b]]).pvalue), "test": "Fisher exact (two shares)"}
+
+
 def interval_keys(key: str, value: float | None, n: int | None, confidence: float = 0.95,
                   method: str = "wilson") -> dict[str, float]:
     """`{key}_ci_low` and `{key}_ci_high` for an accuracy `value` measured on `n` items (k = value * n),
