@@ -228,3 +228,21 @@ def test_the_time_left_falls_back_to_fresh_clone_and_latest_times_and_names_what
 
     local.write_text("{not json")                       # a damaged local record costs only its own rows
     assert st.estimates("embedded")["05"] == (4200.0, "fresh clone")
+
+
+def test_a_notebooks_cost_cell_gives_its_fresh_clone_time(tmp_path, monkeypatch):
+    """The cost cell of a stage never timed from nothing still gives what a fresh clone's run costs (its models
+    trained here, the committed answers replayed) beside the latest run's time; one with no record says so."""
+    from lib.compendium import results
+    f = tmp_path / "timings.json"
+    f.write_text(json.dumps({"machine": "Linux x86_64, 2 CPU cores (AMD EPYC)",
+                             "stages": {"02_finetuning": {"wall_s": 2841.5}},
+                             "replayed": {"05_debate": {"wall_s": 3538.7}},
+                             "last_run": {"05_debate": {"wall_s": 38.7}, "02_finetuning": {"wall_s": 74.1}}}))
+    monkeypatch.setattr(results, "timings_path", lambda profile: f)
+    five = results.notebook_cost("05_debate")
+    assert "not yet timed from nothing on 2 CPU cores" in five and "59.0 min from a fresh clone" in five
+    assert five.index("from a fresh clone") < five.index("39 s in the latest run")
+    two = results.notebook_cost("02_finetuning")
+    assert two.startswith("embedded: 47.4 min on 2 CPU cores from nothing") and "fresh clone" not in two
+    assert "embedded" not in results.notebook_cost("06_evaluation")

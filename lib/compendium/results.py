@@ -455,14 +455,17 @@ def notebook_cost(stage: str, profile: str = "embedded") -> str:
     if timings_path(profile).exists():
         t = read_json(timings_path(profile))
         cold, last = t.get("stages", {}).get(stage), t.get("last_run", {}).get(stage)
+        fresh = t.get("replayed", {}).get(stage)
         cores = re.search(r"(\d+) CPU cores", t.get("machine", ""))
         where = f"{cores.group(1)} CPU cores" if cores else "this machine"
+        clone = (f", {_minutes(fresh['wall_s'])} from a fresh clone (its models trained here, the committed answers "
+                 f"replayed)" if fresh else "")
+        latest = f", {_minutes(last['wall_s'])} in the latest run on what earlier runs left" if last else ""
         if cold:
-            parts.append(f"embedded: {_minutes(cold['wall_s'])} on {where} from nothing (`make reproduce`)"
-                         + (f", {_minutes(last['wall_s'])} in the latest run on what earlier runs left" if last else ""))
-        elif last:
+            parts.append(f"embedded: {_minutes(cold['wall_s'])} on {where} from nothing (`make reproduce`)" + clone + latest)
+        elif last or fresh:
             parts.append(f"embedded: not yet timed from nothing on {where} (its model answers were asked over "
-                         f"several runs), {_minutes(last['wall_s'])} in the latest run on what earlier runs left")
+                         f"several runs)" + clone + latest)
     rows = [r for r in cost_rows("paper", Assumptions()) if r.stage[:2] == stage[:2]]
     if rows:
         hours, gib = sum(r.gpu_hours for r in rows), max(r.gpu_gib for r in rows)
