@@ -119,13 +119,15 @@ def test_the_adapted_judge_has_its_own_rows_and_status(tmp_path):
 def test_each_debate_claim_reads_the_judges_precondition_on_its_own_posts(tmp_path):
     """The emergent-hate claims are decided on type-001 posts alone: their precondition is the oracle court's
     accuracy there (falling back to the sampled posts' oracle where no type-001 oracle ran); the others read the
-    sampled posts' oracle. Each oracle run has its row in the table."""
-    from lib.arcade.report import CLAIMS, judge_preconditions
+    sampled posts' oracle. Each oracle run has its row in the table. The gate's claim is no judge's (its route is
+    the rapid scan's), so it reads no judge precondition."""
+    from lib.arcade.report import CLAIMS, GATE_CLAIM, judge_preconditions
     from lib.evaluation.preconditions import precondition_rows
     root = _root(tmp_path)
     d = root / "05_debate"
-    t2 = [c for c, *_ in CLAIMS if c.startswith(("Track II", "the gate"))]
-    assert len(t2) == 3 and set(judge_preconditions(root).values()) == {None}     # no oracle ran: not measured
+    t2 = [c for c, *_ in CLAIMS if c.startswith("Track II")]
+    assert len(t2) == 2 and set(judge_preconditions(root).values()) == {None}     # no oracle ran: not measured
+    assert GATE_CLAIM[0] not in judge_preconditions(root)
     wrong = "\n".join(json.dumps({"label": 1, "gt": i % 3, "status": "ok"}) for i in range(60))
     right = "\n".join(json.dumps({"label": 1 + i % 2, "gt": 1 + i % 2, "status": "ok"}) for i in range(60))
     (d / "results_oracle_adapted.jsonl").write_text(wrong)
