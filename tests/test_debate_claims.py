@@ -251,10 +251,12 @@ def test_every_claim_has_a_positive_control_the_gates_from_a_gate_that_routes_ri
     # its control: the right route on the fewest posts that reach +0.10 (6 of 60), detected by the same test
     assert ctl["n"] == 2 * n and 0.1 <= ctl["A-B"] < 0.1 + 1 / n and ctl["p"] < 0.05 and ctl["verdict"] == "control detected"
     assert "6 of 60" in ctl["what it isolates"]
-    # a gate that does send emergent hate to Track II (and nothing else) reproduces the claim
-    routed = {**runs, "arcade_type001": {**runs["arcade_type001"],
-                                          "results": [result(i, 1, 1, route="track2") for i in range(n)]}}
-    assert claim_frame(routed).set_index("claim").loc[GATE_CLAIM[0], "verdict"] == "reproduced"
+    # a gate that does send emergent hate to Track II (and nothing else) reproduces the claim; a post that Track
+    # II's first round dismissed was sent there too
+    routed = {**runs, "arcade_type001": {**runs["arcade_type001"], "results": [
+        result(i, 1, 1 if i % 4 else 0, route="track2" if i % 4 else "dismissal") for i in range(n)]}}
+    row = claim_frame(routed).set_index("claim").loc[GATE_CLAIM[0]]
+    assert row["acc A"] == 1.0 and row["verdict"] == "reproduced"
 
 
 def test_fisher_power_and_its_rejection_region_follow_scipy():

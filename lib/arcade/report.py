@@ -333,7 +333,8 @@ CLAIMS = (
 #: the gate's claim is about where the gate sends a post, not about accuracy: the share of emergent-hate posts
 #: (type EMERGENT: text and image benign alone, hateful together) it sends to Track II against the share of the
 #: posts of every other type it sends there (A: the gated court's run on the emergent-hate posts, else the main
-#: sample's; B: the main sample's posts of the other types; a post whose gate call failed went to no track).
+#: sample's; B: the main sample's posts of the other types; a summary dismissal is Track II's first round finding
+#: nothing, so the gate sent that post there; a post whose gate call failed went to no track).
 #: Two shares on different posts: Fisher's exact test (claims.share_test). Its positive control is a gate that
 #: routes right (every emergent-hate post to Track II) put in on the fewest posts that reach the paper's effect.
 GATE_CLAIM = ("the gate sends emergent hate to the right track", "arcade_type001|arcade", "arcade",
@@ -341,6 +342,8 @@ GATE_CLAIM = ("the gate sends emergent hate to the right track", "arcade_type001
               "posts it sends there")
 #: the type Track II is for (ARCADE's emergent hate)
 EMERGENT = "001"
+#: the routes of a post the gate sent to Track II (its debate, or its summary dismissal)
+TRACK2_ROUTES = ("track2", "dismissal")
 #: what the gate's routing costs in accuracy on emergent hate: the gated court against the same posts forced
 #: through Track II. A row to read beside the gate's claim, not a claim (a gate that routes right makes the
 #: two arms the same court), so it has no verdict
@@ -438,8 +441,8 @@ def gate_rows(runs: dict[str, dict[str, Any]], suffix: str = "", tag: str = "",
     b_name = b_spec + suffix
     if a_name is None or b_name not in runs:
         return []
-    a = {r.id: r.route == "track2" for r in runs[a_name]["results"] if r.type == EMERGENT}
-    b = [r.route == "track2" for r in runs[b_name]["results"] if r.type != EMERGENT]
+    a = {r.id: r.route in TRACK2_ROUTES for r in runs[a_name]["results"] if r.type == EMERGENT}
+    b = [r.route in TRACK2_ROUTES for r in runs[b_name]["results"] if r.type != EMERGENT]
     if not a or not b:
         return []
     test = "Fisher exact (shares sent to Track II)"
