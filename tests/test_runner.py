@@ -246,3 +246,27 @@ def test_a_notebooks_cost_cell_gives_its_fresh_clone_time(tmp_path, monkeypatch)
     two = results.notebook_cost("02_finetuning")
     assert two.startswith("embedded: 47.4 min on 2 CPU cores from nothing") and "fresh clone" not in two
     assert "embedded" not in results.notebook_cost("06_evaluation")
+
+
+def test_the_timings_block_says_whether_a_fresh_clone_fits_the_budget(tmp_path, monkeypatch):
+    """Once every stage has a fresh-clone time (replayed, else from nothing) the README's sentence gives
+    the total against the budget, inside or over; until then it names the stages without one."""
+    from lib.compendium import results
+    from lib.compendium.params import stages
+    names = [s.name for s in stages()]
+    f = tmp_path / "timings.json"
+    monkeypatch.setattr(results, "timings_path", lambda profile: f)
+
+    def block(stage_s, replayed):
+        f.write_text(json.dumps({"machine": "Linux x86_64, 2 CPU cores (AMD EPYC)",
+                                 "stages": {n: {"wall_s": stage_s, "cold": True} for n in names[:-1]},
+                                 "replayed": replayed, "last_run": {n: {"wall_s": 1.0} for n in names}}))
+        return results.timings_block("embedded")
+
+    part = block(60.0, {names[1]: {"wall_s": 30.0}})
+    assert f"({names[-1]} not yet)" in part and "every stage measured" not in part
+    share = results.BUDGET_S / len(names)
+    inside = block(share - 1, {names[-1]: {"wall_s": share - 1}})
+    assert "every stage measured: inside the budget" in inside and f"{names[-1]} not yet)" not in inside
+    over = block(share + 1, {names[-1]: {"wall_s": share + 1}})
+    assert "every stage measured: over the budget" in over
