@@ -1,6 +1,7 @@
 """Notebook 04's sizing and claims: the type-balanced evaluation draw and its nested subset, settings
 that run on the subset, the structured answer with capped strings, and the paired claim tests."""
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,59 @@ def test_subset_settings_plan_only_their_memes_and_nest_in_the_evaluation_set():
     assert set(plans["enc/2"]) == {m.id for m in runs_on["enc/2"]} and set(plans["enc/4"]) == {m.id for m in queries}
     full = sei.plan_exemplars(settings[0], queries, pool, ranked, "most_similar_last", 0)
     assert all(plans["enc/2"][i] == full[i] for i in plans["enc/2"])   # the same exemplars as over all queries
+
+
+def test_cold_runs_of_a_grown_setting_keep_the_size_the_others_run_on():
+    """A setting grown for its claim's power (eval_n memes, the rest on a nested subset) can keep its cold runs
+    at the others' size (`cold_runs.n`), nested in its own draw; without `n` a cold run runs where its setting does."""
+    import numpy as np
+    ctrl = {"random_4": {"n": 4, "exemplars": "random"}, "zero_shot": {"n": 0}}
+    grown = sei.parse_settings(ctrl, ["enc"], [2, 4], "structured", {"n": 16, "settings": ["enc/2", "zero_shot"]},
+                               {"runs": 3, "settings": ["main", "random_4"], "n": 16})
+    s = {x.name: x for x in grown}
+    assert (s["enc/4"].eval_n, s["random_4"].eval_n, s["enc/2"].eval_n) == (0, 0, 16)
+    assert [s[f"{c}_run{r}"].eval_n for c in ("enc/4", "random_4") for r in (1, 2)] == [16] * 4
+    assert s["enc/4_run2"].replicate == 2 and s["enc/4_run2"].n == 4
+    plain = {x.name: x for x in sei.parse_settings(ctrl, ["enc"], [4], "structured", {"n": 16, "settings": ["enc/4"]},
+                                                    {"runs": 2, "settings": ["main", "random_4"]})}
+    assert (plain["enc/4_run1"].eval_n, plain["random_4_run1"].eval_n) == (16, 0)
+    small = {x.name: x for x in sei.parse_settings(ctrl, ["enc"], [4], "structured", {"n": 8, "settings": ["enc/4"]},
+                                                    {"runs": 2, "settings": ["main"], "n": 16})}
+    assert small["enc/4_run1"].eval_n == 8                                 # never more memes than its setting
+    memes = _memes()
+    pool = [Meme(f"p{i}", Path("x"), "", i % 2, split="train") for i in range(40)]
+    queries = sei.balanced_subset(memes, 48, seed=0, by="type")
+    ranked = {"enc": np.tile(np.arange(8), (len(queries), 1))}
+    _, runs_on = rep.plan_settings(grown, queries, pool, ranked, "most_similar_last", 0, 0, "type")
+    assert len(runs_on["enc/4"]) == 48 and len(runs_on["enc/4_run1"]) == 16
+    assert [m.id for m in runs_on["enc/4_run1"]] == [m.id for m in runs_on["enc/2"]]   # the same nested memes
+    for bad in ({"runs": 2, "settings": ["main"], "n": 0}, {"runs": 2, "settings": ["main"], "n": True},
+                {"runs": 2, "settings": ["main"], "size": 4}):
+        with pytest.raises(ValueError, match="cold_runs"):
+            sei.parse_settings(ctrl, ["enc"], [4], cold_runs=bad)
+
+
+def test_a_grown_evaluation_sets_subset_is_the_smaller_runs_draw():
+    """eval_n grown from 48 to 96 with the other settings on a 48-meme subset: drawn from the test split, the
+    subset is the 48-meme run's own evaluation set (their answers are shared); drawn from the 96 it is not.
+    A draw that does not lie inside the evaluation set (a type runs short) falls back to the evaluation set."""
+    import numpy as np
+    memes = _memes()                                                   # the smallest type has 12 memes
+    small, grown = sei.balanced_subset(memes, 48, 0, "type"), sei.balanced_subset(memes, 96, 0, "type")
+    assert {m.id for m in small} < {m.id for m in grown}
+    pool = [Meme(f"p{i}", Path("x"), "", i % 2, split="train") for i in range(40)]
+    ranked = {"enc": np.tile(np.arange(8), (len(grown), 1))}
+    settings = sei.parse_settings({"zero_shot": {"n": 0}}, ["enc"], [4], "structured", {"n": 48, "settings": ["zero_shot"]})
+    plans, runs_on = rep.plan_settings(settings, grown, pool, ranked, "most_similar_last", 0, 0, "type", population=memes)
+    assert [m.id for m in runs_on["zero_shot"]] == [m.id for m in small] and len(runs_on["enc/4"]) == 96
+    assert set(plans["zero_shot"]) == {m.id for m in small}
+    from_grown = sei.setting_queries(settings[1], grown, 0, "type")
+    assert len(from_grown) == 48 and {m.id for m in from_grown} != {m.id for m in small}
+    eight = replace(settings[1], eval_n=8)
+    outside = sei.balanced_subset(memes, 8, 1, "type")
+    assert not {m.id for m in outside} <= {m.id for m in small}
+    got = sei.setting_queries(eight, small, 1, "type", population=memes)            # the split's draw is not inside
+    assert [m.id for m in got] == [m.id for m in sei.balanced_subset(small, 8, 1, "type")]
 
 
 def test_structured_answer_schema_caps_its_strings_and_keeps_the_label_enum():

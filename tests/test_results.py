@@ -21,7 +21,7 @@ from lib import ROOT
 from lib.compendium.artifacts import RESULTS_ROOT, figures_dir, read_json
 from lib.compendium.params import load_profile, stages
 from lib.evaluation.recompute import RECOMPUTE, coverage, is_machine, mismatches, recompute, recorded_reason
-from lib.compendium.results import BUDGET_S, SIZE_CAP_MB, cache_export_path, notebook_digests, timings_block, timings_path
+from lib.compendium.results import BUDGET_S, SIZE_CAP_MB, cache_export_path, fresh_clone_times, notebook_digests, timings_block, timings_path
 
 pytestmark = pytest.mark.results
 PROFILE = "embedded"
@@ -84,7 +84,8 @@ def test_a_fresh_clone_reproduces_inside_the_budget():
     every stage has one, together they fit the budget and the README says so; where some have none, the
     README names them."""
     t = read_json(timings_path(PROFILE))
-    fresh = {s: (t.get("replayed", {}).get(s) or t["stages"].get(s) or {}).get("wall_s") for s in STAGES}
+    fresh = fresh_clone_times(t, STAGES)
+    assert fresh, "results/embedded/timings.json holds no stage timed from a fresh clone (no `replayed` row)"
     block = timings_block(PROFILE)
     missing = [s for s, v in fresh.items() if v is None]
     if missing:

@@ -368,7 +368,7 @@ SCHEMAS: dict[str, dict[str, Rule]] = {
                                                       required=("test_split", "definitions"))),
         "eval_n": NONNEG, "eval_balance": Choice("label", "type"),
         "subset": Opt(Struct({"n": POS, "settings": ListOf(Type(str), 1)}, required=("n", "settings"))),
-        "cold_runs": Struct({"runs": POS, "settings": ListOf(Type(str))}, required=("runs", "settings")),
+        "cold_runs": Struct({"runs": POS, "settings": ListOf(Type(str)), "n": Opt(POS)}, required=("runs", "settings")),
         "answer_format": Choice("free_text", "structured"), "string_max_length": Opt(POS),
         "agent_base": CHAT, "agent_recipe": Lazy(_agent_recipe),
         "agent_overrides": Lazy(lambda: MapOf(_agent_name(), _agent_recipe())),

@@ -364,6 +364,14 @@ def _minutes(s: float) -> str:
     return f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
 
 
+def fresh_clone_times(timings: dict[str, Any], names: Sequence[str]) -> dict[str, float | None]:
+    """A fresh clone's time per stage of `names` (None: not measured): its time with the committed model answers
+    replayed (timings.json's `replayed`) where it has one, else its time from nothing (a stage that asks no model
+    runs the same either way); {} where no stage was timed replayed (the fresh-clone row is not measured yet)."""
+    st, replayed = timings.get("stages", {}), timings.get("replayed", {})
+    return {n: (replayed.get(n) or st.get(n) or {}).get("wall_s") for n in names} if replayed else {}
+
+
 def timings_block(profile: str = "embedded") -> str:
     """`make reproduce`'s measured time per stage (results/<profile>/timings.json) and `make test`'s
     (results/make_test.json), each with the machine that measured it."""
@@ -375,8 +383,7 @@ def timings_block(profile: str = "embedded") -> str:
         last, replayed = t.get("last_run", {}), t.get("replayed", {})
         names = [s.name for s in stages() if s.name in st or s.name in last or s.name in replayed]
         unmeasured = [n for n in names if n not in st]
-        # a fresh clone's time per stage: replayed where the stage uses model answers, else its time from nothing
-        fresh = {n: (replayed.get(n) or st.get(n) or {}).get("wall_s") for n in names} if replayed else {}
+        fresh = fresh_clone_times(t, names)
         fresh_total = sum(v for v in fresh.values() if v is not None)
         out.append(f"`make reproduce` (profile `{profile}`) from nothing, every model trained and asked afresh, on "
                    f"{t.get('machine', '?')}: {_minutes(total)} in all"

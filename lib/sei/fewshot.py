@@ -300,9 +300,11 @@ def parse_settings(spec: dict[str, dict[str, Any]], retrievers: Sequence[str], s
     (free_text: the paper's "label - explanation - intervention"; structured: a JSON object through
     the server's constrained decoding). `subset`: {"n": k, "settings": [names]}: those settings run
     on the evaluation set's balanced subset of k memes (drawn nested in the full draw), the others on
-    every evaluation meme. `cold_runs`: {"runs": k, "settings": [names; "main" is the main setting]}:
+    every evaluation meme. `cold_runs`: {"runs": k, "settings": [names; "main" is the main setting][, "n": m]}:
     each named setting also runs k - 1 more times as `<name>_run1` ... (the same prompts asked
-    afresh, each run's answers cached apart; random exemplars and shuffled labels drawn anew)."""
+    afresh, each run's answers cached apart; random exemplars and shuffled labels drawn anew), on the
+    memes the setting runs on, or with `n` on their nested balanced subset of m (a setting grown for
+    its claim's power keeps its cold runs at the size the other settings run on)."""
     if answer_format not in ANSWER_FORMATS:
         raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")
     structured = answer_format == "structured"
@@ -335,24 +337,41 @@ def parse_settings(spec: dict[str, dict[str, Any]], retrievers: Sequence[str], s
             raise ValueError(f"subset.n must be > 0, got {k}")
         out = [replace(s, eval_n=k) if s.name in chosen else s for s in out]
     if cold_runs:
-        extra = set(cold_runs) - {"runs", "settings"}
-        runs = cold_runs.get("runs")
-        if extra or isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
-            raise ValueError(f"cold_runs: expected {{runs: k >= 1, settings: [names]}}, got {cold_runs!r}")
+        extra = set(cold_runs) - {"runs", "settings", "n"}
+        runs, m = cold_runs.get("runs"), cold_runs.get("n")
+        if extra or isinstance(runs, bool) or not isinstance(runs, int) or runs < 1 or \
+                (m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < 1)):
+            raise ValueError(f"cold_runs: expected {{runs: k >= 1, settings: [names], n: m >= 1 (optional)}}, "
+                             f"got {cold_runs!r}")
         main = main_setting_name(retrievers, shots) if retrievers and shots else None
         chosen = [main if c == "main" else c for c in (cold_runs.get("settings") or [])]
         missing = [c for c in chosen if c not in names]
         if missing:
             raise ValueError(f"cold_runs.settings names no setting: {missing} (settings: {names}, or main)")
         by_name = {s.name: s for s in out}
-        out += [replace(by_name[c], name=cold_run_name(c, r), replicate=r) for c in chosen for r in range(1, runs)]
+        def size(c):     # a cold run never runs on more memes than its setting
+            return by_name[c].eval_n if m is None else min(m, by_name[c].eval_n or m)
+        out += [replace(by_name[c], name=cold_run_name(c, r), replicate=r, eval_n=size(c))
+                for c in chosen for r in range(1, runs)]
     return out
 
 
-def setting_queries(setting: Setting, queries: Sequence[Meme], seed: int = 0, by: str = "label") -> list[Meme]:
-    """The evaluation memes one setting runs on: all of them, or their balanced subset of
-    `setting.eval_n` (the same draw rule and seed as the evaluation set, so nested in it)."""
-    return balanced_subset(queries, setting.eval_n, seed, by) if setting.eval_n else list(queries)
+def setting_queries(setting: Setting, queries: Sequence[Meme], seed: int = 0, by: str = "label",
+                    population: Sequence[Meme] | None = None) -> list[Meme]:
+    """The evaluation memes one setting runs on: all of them, or a balanced subset of `setting.eval_n`
+    (the same draw rule and seed as the evaluation set). With `population` (the test split the
+    evaluation set was drawn from) the subset is drawn from it wherever that draw lies inside `queries`:
+    a type-balanced draw is nested while no type runs short, so the setting answers the very memes a run
+    with `eval_n` = k answers, and a grown evaluation set reuses the smaller one's answers. Where it does
+    not lie inside (a type runs short, or a label-balanced draw), the subset is drawn from `queries`."""
+    if not setting.eval_n:
+        return list(queries)
+    if population is not None:
+        by_id = {q.id: q for q in queries}
+        drawn = balanced_subset(population, setting.eval_n, seed, by)
+        if all(m.id in by_id for m in drawn):
+            return [by_id[m.id] for m in drawn]
+    return balanced_subset(queries, setting.eval_n, seed, by)
 
 
 def plan_exemplars(setting: Setting, queries: Sequence[Meme], pool: Sequence[Meme], ranked: dict[str, np.ndarray],

@@ -362,15 +362,17 @@ def evaluate_setting(chat, setting, queries: Sequence[Meme], pool: Sequence[Meme
 
 
 def plan_settings(settings: Sequence[sei.Setting], queries: Sequence[Meme], pool: Sequence[Meme],
-                  ranked: dict[str, np.ndarray], order: str, seed: int, eval_seed: int, balance: str
+                  ranked: dict[str, np.ndarray], order: str, seed: int, eval_seed: int, balance: str,
+                  population: Sequence[Meme] | None = None
                   ) -> tuple[dict[str, dict[str, list[tuple[int, int]]]], dict[str, list[Meme]]]:
     """Every setting's exemplar plan and the evaluation memes it runs on: all of `queries`, or for a
-    setting with `eval_n` their balanced subset (sei.setting_queries). Plans are drawn over all
+    setting with `eval_n` their balanced subset (sei.setting_queries; `population`: the test split `queries` were
+    drawn from, so that a subset is the draw a smaller evaluation set would be). Plans are drawn over all
     queries (a query's exemplars never depend on which others run) and kept for the setting's own
     memes, so no silver text is written for an exemplar no prompt shows."""
     plans, runs_on = {}, {}
     for s in settings:
-        runs_on[s.name] = sei.setting_queries(s, queries, eval_seed, balance)
+        runs_on[s.name] = sei.setting_queries(s, queries, eval_seed, balance, population)
         ids = {q.id for q in runs_on[s.name]}
         plans[s.name] = {i: v for i, v in sei.plan_exemplars(s, queries, pool, ranked, order, seed).items() if i in ids}
     return plans, runs_on
