@@ -285,3 +285,28 @@ def test_claim_frame_takes_a_precondition_per_claim():
     cf = claim_frame(runs, precondition=pre, suffix="", tag="").set_index("claim")
     assert cf.loc["debate beats a direct judge", "precondition"] == "not met"
     assert cf.loc[t2, "precondition"] == "not measured" and cf.loc[t2, "verdict"] == "no test"
+
+
+def test_the_claims_figure_puts_share_rows_on_an_axis_of_their_own(tmp_path):
+    """A claims table with a gate's share rows (no majority line) draws them on a second panel labelled as shares;
+    without `share_xlabel`, or without such rows, one accuracy panel as before."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import pandas as pd
+    from lib.evaluation.figure_kit import claims_figure
+    row = {"claim": "debate beats a direct judge", "A": "arcade", "B": "direct", "n": 96, "runs": 1, "acc A": 0.6,
+           "95% CI A": "[0.50, 0.70]", "acc B": 0.5, "95% CI B": "[0.40, 0.60]", "test": "exact McNemar", "p": 0.04,
+           "majority line": 0.5}
+    gate = {**row, "claim": "the gate sends emergent hate to the right track", "A": "arcade_type001", "acc A": 0.1,
+            "95% CI A": "[0.05, 0.20]", "acc B": 0.0, "95% CI B": "[0.00, 0.04]", "test": "Fisher exact", "p": 0.002,
+            "majority line": None, "runs": None}
+    path = tmp_path / "claims.csv"
+    pd.DataFrame([row, {**row, "runs": 3, "claim": "pooled"}, gate]).to_csv(path, index=False)
+    fig = claims_figure(path, "accuracy", "posts", share_xlabel="share sent to Track II")
+    acc, shares = fig.axes
+    assert (acc.get_xlabel(), shares.get_xlabel()) == ("accuracy", "share sent to Track II")
+    assert [t.get_text().split("\n")[0] for t in shares.get_yticklabels()] == [gate["claim"]]
+    assert len(acc.get_yticklabels()) == 2 and "x 3 runs" in acc.get_yticklabels()[0].get_text()
+    assert not [ln for ln in shares.get_lines() if ln.get_linestyle() == "--"]    # no majority line on a share
+    one = claims_figure(path, "accuracy", "posts")
+    assert len(one.axes) == 1 and len(one.axes[0].get_yticklabels()) == 3

@@ -34,10 +34,11 @@ def draw_debate_accuracy(profile: str):
 
 @figure("debate_claims", "notebooks/05_debate.ipynb", ("debate_claims",),
         "Each ARCADE claim as a comparison of two variants with 95% intervals: accuracy on the same posts (Wilson; a "
-        "row pooled over cold runs: bootstrap over posts); the gate's rows: the share of posts sent to Track II")
+        "row pooled over cold runs: bootstrap over posts); below, on an axis of its own, the gate's rows: the share "
+        "of posts sent to Track II")
 def draw_debate_claims(profile: str):
-    return claims_figure(art_path(profile, "debate_claims"),
-                         "accuracy (corrected view); the gate's rows: share sent to Track II; 95% interval", "posts")
+    return claims_figure(art_path(profile, "debate_claims"), "accuracy (corrected view), 95% interval", "posts",
+                         share_xlabel="share of posts sent to Track II, 95% interval")
 
 
 @figure("debate_cold_runs", "notebooks/05_debate.ipynb", ("debate_cold_runs", "debate_claims"),

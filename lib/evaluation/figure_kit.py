@@ -173,14 +173,30 @@ def laid_out(fig, title: str | None = None, **suptitle_kw):
     return fig
 
 
-def claims_figure(csv_path: Path, xlabel: str, items: str):
+def claims_figure(csv_path: Path, xlabel: str, items: str, share_xlabel: str | None = None):
     """Each claim of a claims.csv (claim, A, B, n, runs, acc and interval of each, the test and its p,
     majority line) as two points with their intervals on one row (a row pooled over cold runs shows
-    the pooled accuracies with intervals over items)."""
+    the pooled accuracies with intervals over items). Rows that compare two shares rather than two
+    accuracies (claims.share_row: no majority line, e.g. the share of posts a gate routes) go on a panel
+    of their own below, on an axis labelled `share_xlabel`, so no share is read as an accuracy."""
     import pandas as pd
     c = pd.read_csv(csv_path)
     c = c[c["p"].notna()].reset_index(drop=True)
-    fig, ax = subplots(figsize=(9, 0.75 * len(c) + 1.4))
+    shares = c["majority line"].isna() if share_xlabel else pd.Series(False, index=c.index)
+    acc, sh = c[~shares].reset_index(drop=True), c[shares].reset_index(drop=True)
+    if sh.empty:
+        fig, ax = subplots(figsize=(9, 0.75 * len(c) + 1.4))
+        _claim_rows(ax, acc, xlabel, items)
+    else:
+        fig, (ax, ax2) = subplots(2, 1, figsize=(9, 0.75 * len(c) + 2.4), height_ratios=[max(len(acc), 1), len(sh)])
+        _claim_rows(ax, acc, xlabel, items)
+        _claim_rows(ax2, sh, share_xlabel, items, legend=False)
+    fig.tight_layout()
+    return fig
+
+
+def _claim_rows(ax, c, xlabel: str, items: str, legend: bool = True):
+    """claims_figure's rows of `c` on one axis: A and B with their intervals, the majority line where the row has one."""
     for k, r in c.iterrows():
         y = len(c) - 1 - k
         for off, side, color in ((0.15, "A", "tab:blue"), (-0.15, "B", "tab:orange")):
@@ -188,15 +204,15 @@ def claims_figure(csv_path: Path, xlabel: str, items: str):
             ax.errorbar(r[f"acc {side}"], y + off, xerr=[[r[f"acc {side}"] - lo], [hi - r[f"acc {side}"]]], fmt="o",
                         color=color, capsize=3, label=("A" if side == "A" else "B") if k == 0 else None)
             ax.text(1.02, y + off, r[side], va="center", fontsize=8, color=color, transform=ax.get_yaxis_transform())
-        ax.plot([r["majority line"]] * 2, [y - 0.35, y + 0.35], color="grey", ls="--", lw=1,
-                label=f"majority line of these {items}" if k == 0 else None)
-    ax.set_yticks(range(len(c)), [f"{r['claim']}\n(n={r['n']}" + (f" x {r['runs']} runs" if r.get("runs", 1) > 1 else "")
+        if r["majority line"] == r["majority line"]:
+            ax.plot([r["majority line"]] * 2, [y - 0.35, y + 0.35], color="grey", ls="--", lw=1,
+                    label=f"majority line of these {items}" if k == 0 else None)
+    ax.set_yticks(range(len(c)), [f"{r['claim']}\n(n={r['n']}" + (f" x {int(r['runs'])} runs" if r.get("runs", 1) > 1 else "")
                                   + f", {r['test']} p={r['p']:.3g})" for _, r in c.iloc[::-1].iterrows()], fontsize=8)
     ax.set_xlim(0, 1)
     ax.set_xlabel(xlabel)
-    ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, fontsize=8, frameon=False)
-    fig.tight_layout()
-    return fig
+    if legend:
+        ax.legend(loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=3, fontsize=8, frameon=False)
 
 
 def cold_runs_figure(cold_csv: Path, claims_csv: Path, items: str):
