@@ -270,3 +270,41 @@ def test_the_timings_block_says_whether_a_fresh_clone_fits_the_budget(tmp_path, 
     assert "every stage measured: inside the budget" in inside and f"{names[-1]} not yet)" not in inside
     over = block(share + 1, {names[-1]: {"wall_s": share + 1}})
     assert "every stage measured: over the budget" in over
+
+
+def test_a_time_measured_at_earlier_parameters_is_marked_so(tmp_path, monkeypatch):
+    """Each recorded time carries the digest of its stage's parameters; once the profile's section changes (an
+    evaluation set grown), the README's timings and the notebook's cost cell mark that time as measured at the
+    stage's earlier parameters, and a time at the current ones stays unmarked."""
+    from lib.compendium import results
+    from lib.compendium import stages as st
+    from lib.compendium.params import load_profile, section_digest, stages
+    names = [s.name for s in stages()]
+    sections = load_profile("embedded")
+    now = {n: section_digest(sections[n]) for n in names}
+    assert len(set(now.values())) == len(names)          # the digest tells the stages' sections apart
+    grown = dict(sections[names[-1]], eval_n=10 ** 6)
+    assert section_digest(grown) != now[names[-1]]
+    row = st.record_timing({}, names[-1], 12.0, cold=False, fresh=True, params=now[names[-1]])
+    assert row["replayed"][names[-1]]["params"] == row["last_run"][names[-1]]["params"] == now[names[-1]]
+
+    f = tmp_path / "timings.json"
+    monkeypatch.setattr(results, "timings_path", lambda profile: f)
+    t = {"machine": "Linux x86_64, 2 CPU cores (AMD EPYC)",
+         "stages": {n: {"wall_s": 60.0, "cold": True, "params": now[n]} for n in names[:-1]},
+         "replayed": {names[-1]: {"wall_s": 90.0, "params": "0" * 12}},
+         "last_run": {n: {"wall_s": 1.0, "params": now[n]} for n in names}}
+    f.write_text(json.dumps(t))
+    block = results.timings_block("embedded")
+    assert f"({names[-1]} timed at its earlier parameters{results.EARLIER})" in block
+    assert f"1.5 min{results.EARLIER} |" in block and block.count(results.EARLIER) == 3   # sentence, cell, note
+    assert "measured at that stage's earlier parameters" in block
+    assert "at this stage's earlier parameters" in results.notebook_cost(names[-1], "embedded")
+    assert "earlier parameters" not in results.notebook_cost(names[0], "embedded")
+
+    t["replayed"][names[-1]]["params"] = now[names[-1]]     # re-timed at the current parameters: nothing marked
+    f.write_text(json.dumps(t))
+    assert results.EARLIER not in results.timings_block("embedded")
+    del t["replayed"][names[-1]]["params"]                  # a time recorded before digests: taken as current
+    f.write_text(json.dumps(t))
+    assert results.EARLIER not in results.timings_block("embedded")

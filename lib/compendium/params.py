@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import hashlib
 import importlib
 import json
 import re
@@ -209,6 +210,13 @@ def load_profile(profile: str, _seen: tuple[str, ...] = ()) -> dict[str, dict[st
     if parent is None:
         return _plain(data)
     return merge(load_profile(parent, (*_seen, profile)), data)
+
+
+def section_digest(section: dict[str, Any] | None) -> str:
+    """A short digest of one stage's parameters: timings.json records it beside each time, so that a time
+    measured at other parameters (a grown evaluation set) is told apart from one at the current ones."""
+    blob = json.dumps(section or {}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
 def _parent_and_own(profile: str, _seen: tuple[str, ...] = ()) -> tuple[dict[str, Any], str | None]:

@@ -28,7 +28,7 @@ from lib.models.chat.cache import ResponseCache, default_cache_path
 from lib.compendium.costs import Assumptions, cost_rows, markdown
 from lib.compendium.findings import findings_block, findings_rows  # noqa: F401  (the README's block; results.findings_rows as before)
 from lib.evaluation.preconditions import precondition_block
-from lib.compendium.params import stages
+from lib.compendium.params import load_profile, section_digest, stages
 
 
 
@@ -372,6 +372,28 @@ def fresh_clone_times(timings: dict[str, Any], names: Sequence[str]) -> dict[str
     return {n: (replayed.get(n) or st.get(n) or {}).get("wall_s") for n in names} if replayed else {}
 
 
+def earlier_parameters(timings: dict[str, Any], profile: str, section: str, stage: str) -> bool:
+    """Whether timings.json's row `section` (stages / replayed / last_run) of `stage` was measured at parameters
+    that have changed since (its `params` digest differs from the profile's section now). A row without a
+    digest (recorded before timings kept one) counts as current: nothing says otherwise."""
+    row = timings.get(section, {}).get(stage) or {}
+    if "params" not in row:
+        return False
+    try:
+        now = section_digest(load_profile(profile).get(stage))
+    except Exception:                        # an unreadable profile: nothing to compare against
+        return False
+    return row["params"] != now
+
+
+EARLIER = "†"
+
+
+def _earlier_note(profile: str) -> str:
+    return (f"{EARLIER} measured at that stage's earlier parameters (`params/{profile}.yaml` has changed since): its "
+            f"time at the current ones may differ.")
+
+
 def timings_block(profile: str = "embedded") -> str:
     """`make reproduce`'s measured time per stage (results/<profile>/timings.json) and `make test`'s
     (results/make_test.json), each with the machine that measured it."""
@@ -385,6 +407,11 @@ def timings_block(profile: str = "embedded") -> str:
         unmeasured = [n for n in names if n not in st]
         fresh = fresh_clone_times(t, names)
         fresh_total = sum(v for v in fresh.values() if v is not None)
+
+        def mark(section: str, n: str) -> str:
+            return EARLIER if earlier_parameters(t, profile, section, n) else ""
+        fresh_mark = {n: mark("replayed" if n in replayed else "stages", n) for n in names}
+        older = [n for n in names if fresh_mark[n]]
         out.append(f"`make reproduce` (profile `{profile}`) from nothing, every model trained and asked afresh, on "
                    f"{t.get('machine', '?')}: {_minutes(total)} in all"
                    + (f" for the stages measured so ({', '.join(unmeasured)} not yet: their model answers were asked "
@@ -394,21 +421,29 @@ def timings_block(profile: str = "embedded") -> str:
                       f"answers replayed: {_minutes(fresh_total)}"
                       + (f" for the stages measured so ({', '.join(n for n in names if fresh[n] is None)} not yet)"
                          if any(v is None for v in fresh.values()) else
-                         f", every stage measured: {'inside' if fresh_total <= BUDGET_S else 'over'} the budget")
+                         f", every stage measured: {'inside' if fresh_total <= BUDGET_S else 'over'} the budget"
+                         + (f" ({', '.join(older)} timed at {'its' if len(older) == 1 else 'their'} earlier parameters"
+                            f"{EARLIER})" if older else ""))
                       if replayed else "")
                    + f"; the latest run, whatever it reused of earlier runs' models and answers: "
                    f"{_minutes(sum(v['wall_s'] for v in last.values()))}.\n")
         out.append("| | " + " | ".join(names) + " |")
         out.append("|---|" + "---|" * len(names))
-        out.append("| from nothing | " + " | ".join(_minutes(st[n]["wall_s"]) if n in st else "not measured"
-                                                  for n in names) + " |")
+        out.append("| from nothing | " + " | ".join(_minutes(st[n]["wall_s"]) + mark("stages", n) if n in st
+                                                  else "not measured" for n in names) + " |")
+        marked = any(mark("stages", n) for n in names if n in st)
         if fresh:
             out.append("| fresh clone (trained here, committed answers replayed) | "
-                       + " | ".join(_minutes(fresh[n]) if fresh[n] is not None else "—" for n in names) + " |")
-        if last:
-            out.append("| latest run | " + " | ".join(_minutes(last[n]["wall_s"]) if n in last else "—" for n in names)
+                       + " | ".join(_minutes(fresh[n]) + fresh_mark[n] if fresh[n] is not None else "—" for n in names)
                        + " |")
+            marked = marked or bool(older)
+        if last:
+            out.append("| latest run | " + " | ".join(_minutes(last[n]["wall_s"]) + mark("last_run", n) if n in last
+                                                     else "—" for n in names) + " |")
+            marked = marked or any(mark("last_run", n) for n in names if n in last)
         out.append("")
+        if marked:
+            out.append(_earlier_note(profile) + "\n")
     mt = RESULTS_ROOT / "make_test.json"
     if mt.exists():
         t = read_json(mt)
@@ -437,27 +472,8 @@ def serving_block(profile: str = "embedded") -> str:
         return "_Not measured yet: `make reproduce NB=serving`._"
     m = read_json(f)
     t = read_json(timings_path(profile)).get("machine", "?") if timings_path(profile).exists() else "?"
-    levels = sorted(int(k.rsplit("_c", 1)[1]) for k in m if k.startswith("tokens_per_s_served_c"))
-    hf = {c: m.get(f"tokens_per_s_hf_c{c}") for c in levels}
-    out = [f"On {t}; {m.get('n_requests', '?')} prompts per level, {m.get('max_new_tokens', '?')} new tokens:\n",
-           "| completion tokens / s | " + " | ".join(f"{c} in flight" for c in levels) + " |",
-           "|---|" + "---|" * len(levels),
-           "| llama.cpp server (GGUF Q4_1, HTTP) | " + " | ".join(f"{m[f'tokens_per_s_served_c{c}']:.1f}"
-                                                           for c in levels) + " |",
-           "| transformers, the same GGUF dequantized (batch = in flight) | "
-           + " | ".join(f"{hf[c]:.1f}" if hf[c] is not None else "" for c in levels) + " |", ""]
-    sp = [f"{m[k]:.1f}x at {k.rsplit('_c', 1)[1]} in flight" for k in sorted(m) if k.startswith("speedup_served_vs_hf_c")]
-    out.append(f"The server against transformers: {', '.join(sp)}; 4 requests in flight give "
-               f"{m.get('served_scaling_c4_vs_c1', float('nan')):.2f}x the throughput of one. A 4-shot prompt of "
-               f"{m.get('prefix_prompt_tokens', float('nan')):.0f} tokens: time to first token "
-               f"{m.get('ttft_cold_s', float('nan')):.2f} s cold and {m.get('ttft_warm_s', float('nan')):.3f} s warm, with "
-               f"{m.get('prefix_cached_tokens_warm', float('nan')):.0f} prompt tokens taken from the prefix cache. Answers "
-               f"valid against the few-shot label and rapid-scan schemas: {m.get('schema_valid_rate_with_schema', 0):.0%} with "
-               f"constrained decoding, {m.get('schema_valid_rate_without_schema', 0):.0%} without (of "
-               f"{m.get('schema_n_per_arm', '?')} per arm). Greedy outputs of the two engines agree word for word on "
-               f"{m.get('greedy_agreement_served_vs_hf', float('nan')):.0%} of the prompts (4-bit kernels against "
-               f"dequantized float32).")
-    return "\n".join(out)
+    from lib.models.serving import metrics_markdown  # lazy: the serving stage pulls in the chat backends
+    return metrics_markdown(m, t)
 
 
 def notebook_cost(stage: str, profile: str = "embedded") -> str:
@@ -470,11 +486,15 @@ def notebook_cost(stage: str, profile: str = "embedded") -> str:
         fresh = t.get("replayed", {}).get(stage)
         cores = re.search(r"(\d+) CPU cores", t.get("machine", ""))
         where = f"{cores.group(1)} CPU cores" if cores else "this machine"
+        def then(section: str) -> str:
+            return " at this stage's earlier parameters" if earlier_parameters(t, profile, section, stage) else ""
         clone = (f", {_minutes(fresh['wall_s'])} from a fresh clone (its models trained here, the committed answers "
-                 f"replayed)" if fresh else "")
-        latest = f", {_minutes(last['wall_s'])} in the latest run on what earlier runs left" if last else ""
+                 f"replayed{then('replayed')})" if fresh else "")
+        latest = (f", {_minutes(last['wall_s'])} in the latest run on what earlier runs left{then('last_run')}"
+                  if last else "")
         if cold:
-            parts.append(f"embedded: {_minutes(cold['wall_s'])} on {where} from nothing (`make reproduce`)" + clone + latest)
+            parts.append(f"embedded: {_minutes(cold['wall_s'])} on {where} from nothing (`make reproduce`"
+                         f"{then('stages')})" + clone + latest)
         elif last or fresh:
             parts.append(f"embedded: not yet timed from nothing on {where} (its model answers were asked over "
                          f"several runs)" + clone + latest)

@@ -24,7 +24,7 @@ from lib.compendium.artifacts import ARTIFACTS_ROOT, cli_error, PUBLISHED_PROFIL
 from lib.models.chat import loopback
 from lib.models.chat.cache import STAGE_ENV, ResponseCache, default_cache_path
 from lib.models.chat.keys import read_dotenv, remembered_env_files
-from lib.compendium.params import ProfileError, Stage, select_stages, stages, validate_profile
+from lib.compendium.params import ProfileError, Stage, section_digest, select_stages, stages, validate_profile
 from lib.compendium.presets import OVERLAY_ENV, overlay_path, presets, read_overlay, resolve_model_path
 from lib.compendium.results import README_PROFILES, update_readme
 
@@ -372,18 +372,21 @@ def time_left(names: list[str], est: dict[str, tuple[float, str]]) -> str:
     return f"about {_minutes(known)} left in this run, besides {', '.join(unknown)} (no time recorded)"
 
 
-def record_timing(timings: dict[str, Any], stage: str, wall_s: float, cold: bool, fresh: bool = False) -> dict[str, Any]:
+def record_timing(timings: dict[str, Any], stage: str, wall_s: float, cold: bool, fresh: bool = False,
+                  params: str | None = None) -> dict[str, Any]:
     """timings.json: `stages` holds each stage's time from nothing (a run that found none of the stage's
     own outputs, trained models or cached answers: its cold cost), which a rerun on caches does not
     replace, and nothing else: a stage never run from nothing has no entry (the README says "not measured"
     rather than show a time that reused earlier runs' work); `replayed` holds the time of a stage that
     started without its folder (every model of it trained, every run made) but replayed model answers an
     earlier run asked: a fresh clone's `make reproduce`, which replays the committed answers; `last_run`
-    holds every stage's time in the latest run, whatever it reused."""
+    holds every stage's time in the latest run, whatever it reused. `params`: the digest of the stage's
+    parameters it ran at (params.section_digest), kept with each time so the README can say which times were
+    measured at parameters that have changed since."""
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     timings.setdefault("stages", {})
     timings.setdefault("last_run", {})
-    row = {"wall_s": round(wall_s, 1), "cold": cold, "finished": when}
+    row = {"wall_s": round(wall_s, 1), "cold": cold, "finished": when, **({"params": params} if params else {})}
     if cold:
         timings["stages"][stage] = row
     elif fresh:
@@ -451,7 +454,8 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
             used, asked = ResponseCache(cache).used_count(st.name), len(ResponseCache(cache)) - held
             cold = used <= asked          # answers reused from earlier runs: not a time from nothing
         write_json(stamp_file, {"stamp": stamps[st.name]})
-        write_json(timings_file, record_timing(timings, st.name, dt, cold, fresh))
+        write_json(timings_file, record_timing(timings, st.name, dt, cold, fresh,
+                                                       section_digest(sections[st.name])))
         rows.append((st.name, dt, "ran"))
         print(f"== {st.name} done in {_minutes(dt)}", flush=True)
         if publish:

@@ -221,6 +221,32 @@ def figure(profile: str, metrics: dict[str, Any], cfg: Config) -> list[Path]:
     return paths
 
 
+def metrics_markdown(m: dict[str, Any], machine: str) -> str:
+    """The serving metrics as docs/models-and-serving.md shows them: tokens per second by requests in flight for
+    both engines, the prefix cache's effect, the schema-valid rates and the engines' greedy agreement."""
+    levels = sorted(int(k.rsplit("_c", 1)[1]) for k in m if k.startswith("tokens_per_s_served_c"))
+    hf = {c: m.get(f"tokens_per_s_hf_c{c}") for c in levels}
+    out = [f"On {machine}; {m.get('n_requests', '?')} prompts per level, {m.get('max_new_tokens', '?')} new tokens:\n",
+           "| completion tokens / s | " + " | ".join(f"{c} in flight" for c in levels) + " |",
+           "|---|" + "---|" * len(levels),
+           "| llama.cpp server (GGUF Q4_1, HTTP) | " + " | ".join(f"{m[f'tokens_per_s_served_c{c}']:.1f}"
+                                                           for c in levels) + " |",
+           "| transformers, the same GGUF dequantized (batch = in flight) | "
+           + " | ".join(f"{hf[c]:.1f}" if hf[c] is not None else "" for c in levels) + " |", ""]
+    sp = [f"{m[k]:.1f}x at {k.rsplit('_c', 1)[1]} in flight" for k in sorted(m) if k.startswith("speedup_served_vs_hf_c")]
+    out.append(f"The server against transformers: {', '.join(sp)}; 4 requests in flight give "
+               f"{m.get('served_scaling_c4_vs_c1', float('nan')):.2f}x the throughput of one. A 4-shot prompt of "
+               f"{m.get('prefix_prompt_tokens', float('nan')):.0f} tokens: time to first token "
+               f"{m.get('ttft_cold_s', float('nan')):.2f} s cold and {m.get('ttft_warm_s', float('nan')):.3f} s warm, with "
+               f"{m.get('prefix_cached_tokens_warm', float('nan')):.0f} prompt tokens taken from the prefix cache. Answers "
+               f"valid against the few-shot label and rapid-scan schemas: {m.get('schema_valid_rate_with_schema', 0):.0%} with "
+               f"constrained decoding, {m.get('schema_valid_rate_without_schema', 0):.0%} without (of "
+               f"{m.get('schema_n_per_arm', '?')} per arm). Greedy outputs of the two engines agree word for word on "
+               f"{m.get('greedy_agreement_served_vs_hf', float('nan')):.0%} of the prompts (4-bit kernels against "
+               f"dequantized float32).")
+    return "\n".join(out)
+
+
 def _fingerprint(cfg: Config) -> dict[str, Any]:
     return {"config": asdict(cfg), "served": served_identity(get_preset("chat", cfg.served_preset)),
             "prompts": [prompt_template(f"benchmark/{n}") for n in
