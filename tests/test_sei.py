@@ -195,6 +195,9 @@ def test_classification_counts_missing_labels_as_wrong():
     c = sei.classification(preds)
     assert c["acc"] == 0.25 and c["n_unparseable"] == 1 and c["n_refused"] == 1 and c["support"] == 2
     assert c["macro_f1"] == pytest.approx(f1_score([1, 0, 0, 1], [1, 1, 1, 0], average="macro"))
+    assert (c["hateful_if_benign"], c["hateful_if_hateful"]) == (0.5, 0.5)   # no label: not "hateful"
+    assert sei.classification(preds[:2])["hateful_if_benign"] == 1.0
+    assert np.isnan(sei.classification(preds[:1])["hateful_if_benign"])    # no benign meme: no share
 
 
 # ----------------------------------------------------------------------------- metrics against their libraries

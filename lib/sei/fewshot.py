@@ -474,7 +474,9 @@ def run_setting(chat, setting: Setting, queries: Sequence[Meme], pool: Sequence[
 # ----------------------------------------------------------------------------- scoring
 def classification(preds: Sequence[Prediction]) -> dict[str, Any]:
     """Accuracy and macro-F1 over every query; an answer with no label counts as wrong (it is
-    scored as the opposite of the gold label) and is counted by status."""
+    scored as the opposite of the gold label) and is counted by status. `hateful_if_benign` and
+    `hateful_if_hateful`: the share answered "hateful" among the benign and among the hateful memes (a
+    setting whose first share exceeds its second answers against the gold label, below the majority line)."""
     rep = classification_report([p.gold for p in preds], [p.label if p.label in (0, 1) else None for p in preds],
                                 labels=[0, 1])
     st = Counter(p.status for p in preds)
@@ -483,7 +485,9 @@ def classification(preds: Sequence[Prediction]) -> dict[str, Any]:
             "support": sum(bool(p.intervention) for p in preds),
             "n_truncated": sum(p.truncated for p in preds),
             "n_dropped_interventions": sum(p.dropped_intervention for p in preds),
-            "pred_hateful_share": float(np.mean([p.label == 1 for p in preds])) if preds else float("nan")}
+            "pred_hateful_share": float(np.mean([p.label == 1 for p in preds])) if preds else float("nan"),
+            **{f"hateful_if_{name}": float(np.mean([p.label == 1 for p in preds if p.gold == g]))
+               if any(p.gold == g for p in preds) else float("nan") for g, name in ((0, "benign"), (1, "hateful"))}}
 
 
 def generation_scores(preds: Sequence[Prediction], gold_explanations: dict[str, list[str]],
