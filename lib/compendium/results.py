@@ -28,7 +28,7 @@ from lib.models.chat.cache import ResponseCache, default_cache_path
 from lib.compendium.costs import Assumptions, cost_rows, markdown
 from lib.compendium.findings import findings_block, findings_rows  # noqa: F401  (the README's block; results.findings_rows as before)
 from lib.evaluation.preconditions import precondition_block
-from lib.compendium.params import load_profile, section_digest, stages
+from lib.compendium.params import ProfileError, load_profile, section_digest, stages
 
 
 
@@ -381,7 +381,7 @@ def earlier_parameters(timings: dict[str, Any], profile: str, section: str, stag
         return False
     try:
         now = section_digest(load_profile(profile).get(stage))
-    except Exception:                        # an unreadable profile: nothing to compare against
+    except ProfileError:                     # an unreadable profile: nothing to compare against
         return False
     return row["params"] != now
 
@@ -486,6 +486,7 @@ def notebook_cost(stage: str, profile: str = "embedded") -> str:
         fresh = t.get("replayed", {}).get(stage)
         cores = re.search(r"(\d+) CPU cores", t.get("machine", ""))
         where = f"{cores.group(1)} CPU cores" if cores else "this machine"
+
         def then(section: str) -> str:
             return " at this stage's earlier parameters" if earlier_parameters(t, profile, section, stage) else ""
         clone = (f", {_minutes(fresh['wall_s'])} from a fresh clone (its models trained here, the committed answers "

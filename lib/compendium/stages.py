@@ -454,8 +454,7 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
             used, asked = ResponseCache(cache).used_count(st.name), len(ResponseCache(cache)) - held
             cold = used <= asked          # answers reused from earlier runs: not a time from nothing
         write_json(stamp_file, {"stamp": stamps[st.name]})
-        write_json(timings_file, record_timing(timings, st.name, dt, cold, fresh,
-                                                       section_digest(sections[st.name])))
+        write_json(timings_file, record_timing(timings, st.name, dt, cold, fresh, section_digest(sections[st.name])))
         rows.append((st.name, dt, "ran"))
         print(f"== {st.name} done in {_minutes(dt)}", flush=True)
         if publish:
