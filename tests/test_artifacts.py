@@ -41,3 +41,14 @@ def test_missing_input_names_the_producing_target(tmp_path, monkeypatch):
         require("paper", "datasets", "notebooks/02_finetuning.ipynb")
     msg = str(e.value)
     assert "make reproduce NB=00" in msg and "PROFILE=paper" in msg and "02_finetuning" in msg
+
+
+def test_jsonl_never_writes_a_key_prefix_and_reads_back_the_same_rows(tmp_path):
+    """Model text holding "sk-" ("Task-Task", "SK-9") is written with the hyphen escaped, so no committed
+    file carries what a credential scanner flags, and the rows read back unchanged."""
+    from lib.compendium.artifacts import read_jsonl, write_jsonl
+    rows = [{"name": "Sentence-Task-Task", "raw": "\\sk-x\tSK-9 ask-me", "n": 3}, {"plain": "no prefix"}]
+    f = write_jsonl(tmp_path / "r.jsonl", rows)
+    text = f.read_text(encoding="utf-8")
+    assert "sk-" not in text.lower() and "no prefix" in text
+    assert read_jsonl(f) == rows

