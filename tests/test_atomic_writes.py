@@ -80,3 +80,73 @@ def test_a_stamped_model_folder_is_reused_only_while_its_files_are_the_ones_stam
     (out / "model.safetensors").write_bytes(b"weights-v1")
     (out / "extra.bin").write_bytes(b"x")                               # a file the stamp does not know
     assert _cached(out, "key1") is None
+
+
+# ---------------------------------------------------------------- the umask's mode, and durable renames
+@pytest.fixture
+def umask():
+    old = os.umask(0o022)
+    os.umask(old)
+
+    def set_(mask):
+        os.umask(mask)
+    yield set_
+    os.umask(old)
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664), (0o000, 0o666)])
+def test_a_new_file_gets_the_mode_a_plain_open_would(tmp_path, umask, mask, mode):
+    """mkstemp makes 0600 files and a rename keeps that: every artifact and saved notebook was unreadable to
+    the group and others whatever the umask. Now the umask decides, as for `open`."""
+    umask(mask)
+    import stat
+    from lib.compendium.artifacts import current_umask
+    assert current_umask() == mask
+    write_text(tmp_path / "a.json", "{}")
+    write_with(tmp_path / "b.bin", lambda p: p.write_bytes(b"x"))
+    with open(tmp_path / "plain.txt", "w") as f:
+        f.write("x")
+    for name in ("a.json", "b.bin", "plain.txt"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == mode, name
+    out = tmp_path / "model"
+    save_folder_atomically(out, lambda d: (d / "config.json").write_text("{}"))
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~mask
+    assert stat.S_IMODE((out / "config.json").stat().st_mode) == mode
+
+
+def test_an_existing_file_keeps_its_own_mode(tmp_path, umask):
+    import stat
+    umask(0o022)
+    f = tmp_path / "key.json"
+    f.write_text("{}")
+    f.chmod(0o640)
+    write_text(f, '{"a": 1}')
+    assert stat.S_IMODE(f.stat().st_mode) == 0o640 and f.read_text() == '{"a": 1}'
+
+
+def test_the_data_reaches_the_disk_before_the_rename_and_the_folder_after(tmp_path, monkeypatch):
+    """Without an fsync before the rename a power cut can leave the new name on an empty file (the rename is
+    journalled before the data); without one of the folder after it, the rename itself can be lost."""
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def replace(a, b):
+        events.append(("replace", str(a), str(b)))
+        return real_replace(a, b)
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    target = tmp_path / "m.json"
+    write_text(target, "{}")
+    kinds = [e[0] for e in events]
+    assert kinds == ["fsync", "replace", "fsync"], events
+    assert events[0][1] == events[1][1] and events[1][2] == str(target) and events[2][1] == str(tmp_path)
+    events.clear()
+    save_folder_atomically(tmp_path / "model", lambda d: [(d / n).write_text(n) for n in ("a.bin", "config.json")])
+    swap = [i for i, e in enumerate(events) if e[0] == "replace"][-1]
+    synced = [e[1] for e in events[:swap] if e[0] == "fsync"]
+    assert sum(p.endswith(("a.bin", "config.json")) for p in synced) == 2          # both files before the swap
+    assert events[swap + 1:] == [("fsync", str(tmp_path))]                          # the parent folder after it

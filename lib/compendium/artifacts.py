@@ -16,9 +16,11 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -185,11 +187,59 @@ def _sweep_stale_temporaries(target: Path) -> None:
                 f.unlink()
 
 
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (/proc/self/status); elsewhere set and
+    restored under a lock (the only portable way to read it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    with _UMASK_LOCK:
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def plain_open_mode(target: Path) -> int:
+    """The permission bits a plain `open(target, "w")` would leave: an existing file keeps its own, a new one gets
+    0o666 less the umask (a temporary file from mkstemp is 0o600 whatever the umask, and a rename keeps that)."""
+    try:
+        return stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        return 0o666 & ~current_umask()
+
+
+def fsync_path(path: Path | str, directory: bool = False) -> None:
+    """Flush a file's (or a folder's entries') data to the disk. A folder that cannot be opened for it (some
+    file systems refuse) is left to the kernel: the rename is then atomic but not yet durable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
+    except OSError:
+        if directory:
+            return
+        raise
+    try:
+        os.fsync(fd)
+    except OSError:
+        if not directory:
+            raise
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def atomic_path(target: Path | str) -> Iterator[Path]:
     """Yield a temporary path next to `target`; rename it over `target` on success. The temporary
     is removed on any failure, and the temporaries a killed writer left beside `target` are removed
-    when it is next written, so no `.tmp` file outlives the writes."""
+    when it is next written, so no `.tmp` file outlives the writes. The file gets the mode a plain
+    `open` would give it (`plain_open_mode`: the umask applied, an existing file's own kept), and is
+    durable when the call returns: its data is flushed before the rename and its folder's entry after,
+    so a power cut leaves the old file or the new one, never an empty or half-written one."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     _sweep_stale_temporaries(target)
@@ -202,7 +252,10 @@ def atomic_path(target: Path | str) -> Iterator[Path]:
         if strays:                  # a writer that added its own suffix (np.save adds .npy) wrote elsewhere
             raise OSError(f"writing {target}: the writer wrote {strays[0].name} instead of the temporary file it was "
                           f"given; pass it an open file object (or a name it keeps as is)")
+        os.chmod(tmp_path, plain_open_mode(target))
+        fsync_path(tmp_path)
         os.replace(tmp_path, target)
+        fsync_path(target.parent, directory=True)
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
@@ -434,7 +487,8 @@ def cli_error(error: BaseException | str) -> int:
 def save_folder_atomically(out_dir: Path, write: Any) -> None:
     """Write a whole folder through `write(tmp_dir)` into a hidden sibling, then swap the folders by
     two renames: a reader sees the old folder, no folder, or the new one, never a mix (a kill
-    between the renames leaves no folder, so the model is trained again). Leftovers of a killed
+    between the renames leaves no folder, so the model is trained again). Its files are flushed to the
+    disk before the swap and the swap itself after it. Leftovers of a killed
     swap (hidden siblings) are removed first."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -445,9 +499,15 @@ def save_folder_atomically(out_dir: Path, write: Any) -> None:
     tmp.mkdir()
     try:
         write(tmp)
+        for f in sorted(tmp.rglob("*")):           # every file's data on the disk before the folder is swapped in
+            if f.is_file() and not f.is_symlink():
+                fsync_path(f)
+        for d in sorted({f.parent for f in tmp.rglob("*")} | {tmp}):
+            fsync_path(d, directory=True)
         if out_dir.exists():
             os.replace(out_dir, old)
         os.replace(tmp, out_dir)
+        fsync_path(out_dir.parent, directory=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)

@@ -154,11 +154,7 @@ def build(profile: str = "embedded", out: Path | None = None, trust_html: bool =
     if not trust_html:
         exporter.sanitize_html = True                      # text/html, markdown, JavaScript outputs and cells
         exporter.filters = {**exporter.filters, "clean_html": sanitize_html}
-    written: list[Path] = []
-
-    def write(path: Path, text: str) -> None:
-        write_text(path, text)
-        written.append(path)
+    write = write_text                       # atomic, and with the mode a plain open gives (a static server reads it)
     for i, p in enumerate(nbs):
         body, _ = exporter.from_filename(str(p))
         nav = _nav(pages, i)
@@ -181,7 +177,6 @@ def build(profile: str = "embedded", out: Path | None = None, trust_html: bool =
         dest.mkdir(parents=True, exist_ok=True)
         for png in figs_src.glob("*.png"):
             shutil.copy2(png, dest / png.name)
-            written.append(dest / png.name)
     index_md = figures_index(profile, ROOT)
     fig_body = _markdown(index_md.read_text(encoding="utf-8")) if index_md.exists() else "<p>No figure index yet (make reproduce NB=07).</p>"
     if figs_src.exists():
@@ -190,8 +185,6 @@ def build(profile: str = "embedded", out: Path | None = None, trust_html: bool =
             f'<img src="{_href(profile)}/{_href(png.name)}" alt="{html.escape(png.stem, quote=True)}">'
             for png in sorted(figs_src.glob("*.png")))
     write(out / "figures.html", _page("Figures", fig_body, _nav(pages, None)))
-    for f in written:
-        f.chmod(0o644)                    # a static server (or another user) reads them; nothing else is touched
     return out / "index.html"
 
 

@@ -22,7 +22,7 @@ from lib import ROOT
 from lib.compendium import numerics, results
 from lib.compendium.artifacts import ARTIFACTS_ROOT, cli_error, PUBLISHED_PROFILES, read_json, relpath, write_json, write_text
 from lib.models.chat import loopback
-from lib.models.chat.cache import STAGE_ENV, ResponseCache, default_cache_path
+from lib.models.chat.cache import STAGE_ENV, CacheError, ResponseCache, default_cache_path, read_exported
 from lib.models.chat.keys import read_dotenv, remembered_env_files
 from lib.compendium.params import ProfileError, Stage, section_digest, select_stages, stages, validate_profile
 from lib.compendium.presets import OVERLAY_ENV, overlay_path, presets, read_overlay, resolve_model_path
@@ -236,6 +236,11 @@ def reproduce(profile: str, only: str | None, force: bool = False, cold: bool = 
         return cli_error(e)
     os.environ.update({k: v for k, v in run_env().items() if k not in os.environ})
     publish = profile in PUBLISHED_PROFILES if publish is None else publish
+    committed = results.cache_export_path(profile)
+    try:        # the committed answers are untrusted input: read whole and checked before anything runs or is written
+        answers = read_exported(committed) if committed.exists() or committed.is_symlink() else None
+    except CacheError as e:
+        return cli_error(e)
     cache = default_cache_path(profile)
     if cold:
         force = True
@@ -246,9 +251,8 @@ def reproduce(profile: str, only: str | None, force: bool = False, cold: bool = 
                     os.replace(str(cache) + suffix, str(aside) + suffix)
             print(f">> COLD: every model is asked afresh; the old answers are kept in {relpath(aside)}", flush=True)
     added = 0
-    committed = results.cache_export_path(profile)
-    if not cold and committed.exists():
-        added = ResponseCache(cache).import_answers(committed)
+    if not cold and answers is not None:
+        added = ResponseCache(cache).import_rows(answers)
         if added:
             print(f">> loaded {added} committed model answers from {relpath(committed)} (COLD=1 asks afresh)",
                   flush=True)

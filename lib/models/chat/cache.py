@@ -11,15 +11,17 @@ import gzip
 import io
 import json
 import os
+import re
 import socket
 import sqlite3
 import threading
 import time
+import zlib
 from pathlib import Path
 
 from lib import ROOT
-from lib.models.chat.messages import ChatResult
-from lib.compendium.artifacts import write_bytes
+from lib.models.chat.messages import STATUSES, ChatResult
+from lib.compendium.artifacts import loads_strict, relpath, write_bytes
 
 #: the environment variable naming the stage that is running (set by lib.compendium.stages)
 STAGE_ENV = "COMPENDIUM_STAGE"
@@ -108,9 +110,10 @@ class ResponseCache:
         lines = {key: json.dumps({"key": key, "model": model, "status": status, "payload": json.loads(payload)},
                                  ensure_ascii=True).replace(root, "")     # answers are found by key: paths made relative
                  for key, model, status, payload in rows}
-        if keep and Path(out).exists():
-            with gzip.open(out, "rt", encoding="ascii") as f:
-                lines.update({json.loads(ln)["key"]: ln.rstrip("\n") for ln in f if ln.strip()})
+        if keep and Path(out).exists():       # checked as an import is: a damaged file is an error, never half-kept
+            kept = read_exported(out, allow_empty=True)
+            lines.update({key: json.dumps({"key": key, "model": model, "status": status, "payload": json.loads(payload)},
+                                          ensure_ascii=True) for key, (model, status, payload) in kept.items()})
         buf = io.BytesIO()
         with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz:
             for key in sorted(lines):
@@ -119,19 +122,14 @@ class ResponseCache:
         return len(lines)
 
     def import_answers(self, src: str | Path) -> int:
-        """Load exported answers (export's file) that this cache lacks; returns how many were added.
-        A malformed line is an error naming the file and line (nothing of that file is kept then)."""
-        src = Path(src)
-        rows = []
-        with gzip.open(src, "rt", encoding="ascii") as f:
-            for n, line in enumerate(f, 1):
-                try:
-                    r = json.loads(line)
-                    rows.append((r["key"], r["model"], r["status"], json.dumps(r["payload"], ensure_ascii=True)))
-                    ChatResult.from_json(r["payload"])
-                except (ValueError, KeyError, TypeError) as e:
-                    raise CacheError(f"{src}: line {n} is not an exported answer ({type(e).__name__}: {e}); "
-                                     f"regenerate it with `make reproduce COLD=1`") from None
+        """Load exported answers (export's file) that this cache lacks; returns how many were added. The file
+        is read whole and checked first (`read_exported`): any fault is one CacheError naming the file, the
+        line and the field, and nothing of that file is kept (the cache is not touched)."""
+        return self.import_rows(read_exported(src))
+
+    def import_rows(self, answers: dict[str, tuple[str, str, str]]) -> int:
+        """Add `read_exported`'s answers that this cache lacks, in one transaction; returns how many were added."""
+        rows = [(key, model, status, payload) for key, (model, status, payload) in answers.items()]
         c = self._conn()
 
         def insert() -> int:
@@ -223,6 +221,118 @@ class ResponseCache:
 
     def counts(self) -> dict[str, int]:
         return dict(self._conn().execute("SELECT status, COUNT(*) FROM responses GROUP BY status").fetchall())
+
+
+#: a cache key: the sha256 of the request (lib.models.chat.messages.cache_key)
+KEY = re.compile(r"[0-9a-f]{64}")
+#: what an exported line holds, and what its payload holds (ChatResult.to_json), with the types each field may take
+LINE_FIELDS = ("key", "model", "status", "payload")
+PAYLOAD_FIELDS: dict[str, tuple[type, ...]] = {
+    "text": (str,), "status": (str,), "usage": (dict,), "cost_usd": (int, float), "finish_reason": (str, type(None)),
+    "error": (str, type(None)), "model": (str,), "attempts": (int,), "parsed": (object,), "latency_s": (int, float)}
+#: the first bytes of a gzip file, and of the small text files a mirror or large-file tool leaves in a file's place
+GZIP_MAGIC = b"\x1f\x8b"
+POINTERS = {b"version https://git-lfs": "a Git LFS pointer (run `git lfs pull` to fetch the file itself)",
+            b"/annex/objects/": "a git-annex pointer (run `git annex get` to fetch the file itself)",
+            b"../.git/annex/": "a git-annex pointer (run `git annex get` to fetch the file itself)"}
+
+
+def read_exported(src: str | Path, allow_empty: bool = False) -> dict[str, tuple[str, str, str]]:
+    """The answers of an exported file (`ResponseCache.export`): key -> (model, status, payload as JSON text),
+    every line checked before any is used. Raises CacheError naming the file, the line and the field for: a
+    file that is not gzip (plain text, a Git LFS or git-annex pointer left in its place), a truncated or
+    corrupted gzip stream (a cut download, a wrong CRC), bytes that are not ASCII, a line that is not a JSON
+    object of exactly key, model, status and payload, a key that is not a request hash (64 hex digits), a
+    status that is not a stored one, a payload that is not a ChatResult (unknown or missing fields, a field of
+    the wrong type), a payload whose model or status differs from its line's (an answer filed under another
+    model), and the same key twice with different answers (which line won would be an accident of order).
+    An empty file (no answers: 0 bytes, or a gzip of nothing) is an error unless `allow_empty`: where a
+    profile's committed answers should be, it means they are lost, and a run would ask every model afresh."""
+    src = Path(src)
+    where = relpath(Path(os.path.abspath(src)).parent) + "/" + src.name      # the link's own name, not its target's
+    if src.is_symlink() and not src.exists():
+        target = os.readlink(src)
+        kind = "a git-annex pointer (run `git annex get` to fetch the file itself)" if "annex" in target else "a link"
+        raise CacheError(f"{where}: is {kind} to {target}, which is absent, not the gzipped answers")
+    try:
+        raw = src.read_bytes()
+    except OSError as e:
+        raise CacheError(f"{where}: cannot be read ({e.strerror or e})") from None
+    if not raw:
+        if allow_empty:
+            return {}
+        raise CacheError(f"{where}: the file is empty (0 bytes), where the committed model answers should be; "
+                         f"restore it (git checkout -- {where}) or regenerate it with `make reproduce COLD=1`")
+    if raw[:2] != GZIP_MAGIC:
+        kind = next((what for head, what in POINTERS.items() if head in raw[:200]), None)
+        if kind:
+            raise CacheError(f"{where}: is {kind}, not the gzipped answers")
+        raise CacheError(f"{where}: is not a gzip file (it starts with {raw[:16]!r}); the committed answers are "
+                         f"gzipped JSON lines (lib.models.chat.cache.export)")
+    try:
+        text = gzip.decompress(raw)
+    except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as e:
+        raise CacheError(f"{where}: the gzip stream is damaged ({type(e).__name__}: {e}): a cut-short or corrupted "
+                         f"copy; restore it (git checkout -- {where}) or regenerate it with `make reproduce COLD=1`") from None
+    out: dict[str, tuple[str, str, str]] = {}
+    first_line: dict[str, int] = {}
+    for n, bline in enumerate(text.split(b"\n"), 1):
+        if not bline.strip():
+            continue
+        at = f"{where}: line {n}"
+        try:
+            line = bline.decode("ascii")
+        except UnicodeDecodeError as e:
+            raise CacheError(f"{at}: byte {e.start + 1} is not ASCII (the export escapes every other character)") from None
+        try:
+            r = loads_strict(line, at, error=CacheError)
+        except json.JSONDecodeError as e:
+            raise CacheError(f"{at}: not JSON (column {e.colno}: {e.msg})") from None
+        if not isinstance(r, dict):
+            raise CacheError(f"{at}: a JSON {type(r).__name__}, not an exported answer (an object of "
+                             f"{', '.join(LINE_FIELDS)})")
+        missing = [k for k in LINE_FIELDS if k not in r]
+        extra = sorted(set(r) - set(LINE_FIELDS))
+        if missing or extra:
+            raise CacheError(f"{at}: " + (f"field {missing[0]!r} is missing" if missing else f"unknown field {extra[0]!r}")
+                             + f" (an exported answer has exactly {', '.join(LINE_FIELDS)})")
+        key, model, status, payload = (r[k] for k in LINE_FIELDS)
+        if not isinstance(key, str) or not KEY.fullmatch(key):
+            raise CacheError(f"{at}: field 'key' is {key!r}, not a cache key (the request's sha256: 64 hex digits)")
+        if not isinstance(model, str) or not model:
+            raise CacheError(f"{at}: field 'model' is {model!r}, not a model's name")
+        if status not in STATUSES or status == "failed":
+            raise CacheError(f"{at}: field 'status' is {status!r}, not a stored one "
+                             f"({', '.join(s for s in STATUSES if s != 'failed')})")
+        if not isinstance(payload, dict):
+            raise CacheError(f"{at}: field 'payload' is a JSON {type(payload).__name__}, not an answer object")
+        for k in payload:
+            if k not in PAYLOAD_FIELDS:
+                raise CacheError(f"{at}: field 'payload.{k}' is not a field of an answer "
+                                 f"({', '.join(PAYLOAD_FIELDS)})")
+        for k, types in PAYLOAD_FIELDS.items():
+            if k not in payload:
+                raise CacheError(f"{at}: field 'payload.{k}' is missing")
+            v = payload[k]
+            if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+                raise CacheError(f"{at}: field 'payload.{k}' is {v!r}, expected "
+                                 f"{' or '.join('null' if t is type(None) else t.__name__ for t in types)}")
+        if payload["model"] != model:
+            raise CacheError(f"{at}: field 'model' is {model!r} but its answer's 'payload.model' is "
+                             f"{payload['model']!r}: an answer filed under another model")
+        if payload["status"] != status:
+            raise CacheError(f"{at}: field 'status' is {status!r} but its answer's 'payload.status' is "
+                             f"{payload['status']!r}")
+        entry = (model, status, json.dumps(payload, ensure_ascii=True))
+        if key in out and out[key] != entry:
+            raise CacheError(f"{at}: field 'key' {key[:16]}... repeats line {first_line[key]} with a different "
+                             f"answer (which one a replay read would be an accident of order)")
+        out.setdefault(key, entry)
+        first_line.setdefault(key, n)
+    if not out and not allow_empty:
+        raise CacheError(f"{where}: holds no answers, where the committed model answers should be; restore it "
+                         f"(git checkout -- {where}) or regenerate it with `make reproduce COLD=1`")
+    return out
 
 
 def default_cache_path(profile: str) -> Path:
