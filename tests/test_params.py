@@ -134,6 +134,17 @@ NESTED_CASES = [
     ("05_debate.temperatures", {"judge_final": 0.1}, r"temperatures.judge_final: key 'judge_final'|temperatures': key"),
     ("05_debate.official_prompts_repo", 1, r"official_prompts_repo': 1 is int"),
     ("serving.schemas", ["nope"], r"schemas\[0\]': 'nope' is not a schema"),
+    # fields whose default is None are checked by their annotations (they accepted anything when types were
+    # guessed from defaults)
+    ("02_finetuning.method.fixed_weights", 3, r"method.fixed_weights': 3 is int, expected a mapping"),
+    ("02_finetuning.method.selection_temperature", "hot", r"method.selection_temperature': 'hot' is str, expected int/float"),
+    ("02_finetuning.method.head_final_dropout", "yes", r"method.head_final_dropout': 'yes' is str, expected bool"),
+    ("02_finetuning.method.scorer_dropout", [0.5, 0.4], r"method.scorer_dropout': \[0.5, 0.4\] has 2 item\(s\), expected 3"),
+    ("02_finetuning.method.unfreeze_text_layers", ["last"], r"method.unfreeze_text_layers\[0\]': 'last' is str, expected int"),
+    ("05_debate.variants", {"v": {"official_prompts_repo": 7}}, r"variants.v.official_prompts_repo': 7 is int, expected str"),
+    ("05_debate.variants", {"v": {"world_knowledge": ["a"]}}, r"variants.v.world_knowledge': \['a'\] is list, expected str"),
+    ("05_debate.variants", {"v": {"string_max_length": "long"}}, r"variants.v.string_max_length': 'long' is str"),
+    ("04_few_shot.agent_recipe", {"prompt_dir": 3}, r"agent_recipe.prompt_dir': 3 is int, expected str"),
 ]
 
 
@@ -143,6 +154,22 @@ def test_nested_sections_are_checked(profile_copy, path, value, match):
     with pytest.raises(ProfileError, match=match) as e:
         validate_profile("embedded")
     assert "params/embedded.yaml" in str(e.value)
+
+
+def test_every_dataclass_annotation_has_a_rule():
+    """Schemas come from the dataclasses' annotations: an annotation no rule reads is an error, not AnyValue."""
+    import dataclasses
+    from lib.compendium.param_schemas import AnyValue, _dataclass_fields, rule_for
+    from lib.arcade.court import CourtConfig
+    from lib.sei.agents import AgentRecipe
+    from lib.trace.interplay import InterplayConfig
+    from lib.trace.model import TrainConfig
+    for cls in (TrainConfig, CourtConfig, AgentRecipe, InterplayConfig):
+        st = _dataclass_fields(cls)
+        assert set(st.fields) == {f.name for f in dataclasses.fields(cls)}
+        assert not any(isinstance(r, AnyValue) for r in st.fields.values()), cls
+    with pytest.raises(TypeError, match="X.f: the annotation"):
+        rule_for(set[int], "X.f")
 
 
 def test_every_none_default_has_a_rule():

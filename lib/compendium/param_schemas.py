@@ -10,6 +10,8 @@ choices, ranges, and the type of every key whose notebook default is None.
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from pathlib import Path
 from typing import Any, Callable
 
@@ -218,24 +220,79 @@ class File(Folder):
         return p.is_file()
 
 
+def rule_for(annotation: Any, where: str = "") -> Rule:
+    """The Rule a type annotation states: int, float (an int is accepted), bool, str, `X | None`, `Literal[...]`,
+    list/tuple of a type (a fixed-length tuple checks its length), dict of key and value types, and `Any`.
+    An annotation this cannot read is an error naming the field, never a silent AnyValue."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is typing.Any:
+        return AnyValue()
+    if annotation in (int, str, bool):
+        return Type(annotation)
+    if annotation is float:
+        return Type(int, float)
+    if origin is typing.Literal:
+        return Choice(*args)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        rule = rule_for(inner[0], where) if len(inner) == 1 else AnyOf(*(rule_for(a, where) for a in inner))
+        return Opt(rule) if type(None) in args else rule
+    if origin in (list, tuple) or annotation in (list, tuple):
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return TupleOf(*(rule_for(a, where) for a in args))
+        return ListOf(rule_for(args[0], where) if args else AnyValue())
+    if origin is dict or annotation is dict:
+        return MapOf(rule_for(args[0], where), rule_for(args[1], where)) if args else Type(dict)
+    raise TypeError(f"{where}: the annotation {annotation!r} has no parameter rule (lib/compendium/param_schemas.py rule_for)")
+
+
+class AnyOf(Rule):
+    """What one of `rules` accepts (an annotation `int | str`)."""
+    def __init__(self, *rules: Rule):
+        self.rules = rules
+
+    def check(self, v, path):
+        found = [r.check(v, path) for r in self.rules]
+        return [] if any(not f for f in found) else found[0]
+
+
+class TupleOf(Rule):
+    """A list of exactly one value per rule (an annotation `tuple[float, float, float]`)."""
+    def __init__(self, *rules: Rule):
+        self.rules = rules
+
+    def check(self, v, path):
+        if not isinstance(v, (list, tuple)):
+            return [f"{path}: {v!r} is {type(v).__name__}, expected a list of {len(self.rules)}"]
+        if len(v) != len(self.rules):
+            return [f"{path}: {v!r} has {len(v)} item(s), expected {len(self.rules)}"]
+        return [e for i, (r, x) in enumerate(zip(self.rules, v)) for e in r.check(x, f"{path}[{i}]")]
+
+
 def _dataclass_fields(cls, **extra: Rule) -> Struct:
-    """A Struct over a dataclass's fields, typed by their defaults (None defaults accept str or None)."""
-    fields: dict[str, Rule] = {}
-    for f in dataclasses.fields(cls):
-        d = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # type: ignore[misc]
-        if d is None:
-            fields[f.name] = AnyValue()
-        elif isinstance(d, bool):
-            fields[f.name] = Type(bool)
-        elif isinstance(d, float):
-            fields[f.name] = Type(int, float)
-        elif isinstance(d, (list, tuple)):
-            fields[f.name] = Type(list, tuple)
-        else:
-            fields[f.name] = Type(type(d))
-    fields.update(extra)
+    """A Struct over a dataclass's fields, each checked by the rule its type annotation states (`rule_for`);
+    `extra` narrows a field further (a choice of values, a range). A field whose default is None is checked
+    by its annotation like any other (`X | None`), never accepted whatever its type."""
+    hints = typing.get_type_hints(cls)
+    fields: dict[str, Rule] = {f.name: rule_for(hints[f.name], f"{cls.__name__}.{f.name}")
+                               for f in dataclasses.fields(cls)}
+    for name, rule in extra.items():
+        base = fields.get(name)
+        fields[name] = rule if base is None else AllOf(base, rule)
     return Struct(fields)
+
+
+class AllOf(Rule):
+    """What every rule accepts (a field's annotation, then a narrower rule): the first that refuses speaks."""
+    def __init__(self, *rules: Rule):
+        self.rules = rules
+
+    def check(self, v, path):
+        for r in self.rules:
+            errs = r.check(v, path)
+            if errs:
+                return errs
+        return []
 
 
 def _trace_recipe(with_backbone: bool = False) -> Rule:

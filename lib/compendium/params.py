@@ -66,6 +66,15 @@ def _module_schema(module: str) -> Callable[[], dict[str, Any]]:
     return schema
 
 
+def module_section_problems(stage: Stage, section: dict[str, Any]) -> list[str]:
+    """A python step's section checked against its Config's type annotations (unknown keys are reported apart)."""
+    from lib.compendium.param_schemas import _dataclass_fields
+    assert stage.module is not None
+    rule = _dataclass_fields(importlib.import_module(stage.module).Config)
+    rule.open = True
+    return rule.check(section, stage.name)
+
+
 def stages() -> list[Stage]:
     """Stages in run order: the numbered notebooks that exist, python steps after their notebook."""
     nbs = sorted(p for p in NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
@@ -325,10 +334,14 @@ def validate_profile(profile: str, only: list[Stage] | None = None) -> dict[str,
             elif not _compatible(default, given[key]):
                 errors.append(f"{fname}: key '{st.name}.{key}' for {st.label} is {_type_name(given[key])} "
                               f"({given[key]!r}); the parameters cell declares {_type_name(default)} ({default!r})")
-            if default is None and key not in rules:
+            if default is None and key not in rules and st.module is None:
                 errors.append(f"{fname}: key '{st.name}.{key}' defaults to None in {st.label}, so its type cannot "
                               f"be checked: give it a rule in lib/compendium/param_schemas.py")
-        for problem in check_section(st.name, given):
+        problems = check_section(st.name, given)
+        if st.module is not None:           # a python step's optional parameters: its Config's annotations
+            optional = {k for k, d in declared.items() if d is None and k not in rules}
+            problems += [p for p in module_section_problems(st, {k: v for k, v in given.items() if k in optional})]
+        for problem in problems:
             where, _, msg = problem.partition(": ")
             errors.append(f"{fname}: key '{where}': {msg}")
     if errors:
