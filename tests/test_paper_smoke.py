@@ -174,7 +174,7 @@ def test_a_smoke_run_never_rewrites_the_readme_results(monkeypatch, tmp_path):
     monkeypatch.setattr(stages_mod, "ARTIFACTS_ROOT", tmp_path)
     monkeypatch.setattr(stages_mod, "default_cache_path", lambda profile: tmp_path / profile / "cache" / "responses.sqlite")
     monkeypatch.setattr(stages_mod, "profile_services", lambda profile: contextlib.nullcontext())
-    monkeypatch.setattr(stages_mod, "run_notebook", lambda st, profile, params: None)
+    monkeypatch.setattr(stages_mod, "run_notebook", lambda st, profile, params, **kw: None)
     monkeypatch.setattr(stages_mod, "update_readme", lambda path: calls.append(path))
     monkeypatch.setattr(stages_mod.results, "publish_stage", lambda profile, stage: published.append((profile, stage)))
     monkeypatch.setattr(stages_mod.results, "publish_run", lambda profile, partial=False, **kw: published.append((profile, "run")))

@@ -13,7 +13,7 @@ from lib.compendium.params import ProfileError, parameters_cell, stages, validat
 @pytest.mark.parametrize("profile", ["embedded", "paper"])
 def test_shipped_profiles_are_valid(profile):
     data = validate_profile(profile)
-    assert set(data) == {s.name for s in stages()}
+    assert set(data) - {params.RUNNER_SECTION} == {s.name for s in stages()}
 
 
 @pytest.fixture
@@ -172,6 +172,19 @@ def test_every_dataclass_annotation_has_a_rule():
         rule_for(set[int], "X.f")
 
 
+@pytest.mark.parametrize("runner, match", [
+    ({"executor": "jupyter"}, r"runner.executor': 'jupyter' is not one of 'papermill', 'nbval'"),
+    ({"cell_timeout_s": "long"}, r"runner.cell_timeout_s': 'long' is str"),
+    ({"stage_timeout_s": 0}, r"runner.stage_timeout_s': 0 is outside"),
+    ({"timeout_multiple": 0.5}, r"runner.timeout_multiple': 0.5 is outside"),
+    ({"cell_timeout": 5}, r"runner.cell_timeout': unknown key"),
+])
+def test_the_runner_section_is_checked(profile_copy, runner, match):
+    profile_copy(lambda d: d.update(runner=runner))
+    with pytest.raises(ProfileError, match=match):
+        validate_profile("embedded")
+
+
 def test_every_none_default_has_a_rule():
     from lib.compendium.param_schemas import SCHEMAS
     for st in stages():
@@ -275,7 +288,8 @@ def test_the_ci_profile_changes_sizes_only():
                 yield from leaves(v, f"{prefix}{k}.")
             else:
                 yield f"{prefix}{k}", v
-    a, b = dict(leaves(emb)), dict(leaves(ci))
+    # how the run executes and its time limits (the `runner` section) are no result's parameters
+    a, b = dict(leaves(emb)), {k: v for k, v in leaves(ci) if not k.startswith(params.RUNNER_SECTION + ".")}
     # the one exception, named: an option the embedded profile leaves off (null) until its embedded run is
     # committed, which make test still runs at test size (notebook 05's adapted judge)
     def is_size(key):     # the key or a mapping above it names a size (05_debate.max_new_tokens.judge)

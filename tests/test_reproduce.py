@@ -34,7 +34,7 @@ def sandbox(tmp_path, monkeypatch):
     monkeypatch.setattr("lib.models.chat.cache.ROOT", tmp_path)
     ran, fail = [], set()
 
-    def fake(stage, profile, params=None):
+    def fake(stage, profile, params=None, **kw):
         if stage.name in fail:
             raise stages_mod.StageError(f"{stage.name} stopped")
         ran.append(stage.name)
@@ -42,7 +42,7 @@ def sandbox(tmp_path, monkeypatch):
         d.mkdir(parents=True, exist_ok=True)
         (d / "metrics.json").write_text(json.dumps({"acc": 0.5, "wall_s": 3.0}))
     monkeypatch.setattr(stages_mod, "run_notebook", fake)
-    monkeypatch.setattr(stages_mod, "run_module", lambda st, p: fake(st, p))
+    monkeypatch.setattr(stages_mod, "run_module", lambda st, p, **kw: fake(st, p))
     return tmp_path, ran, fail
 
 
@@ -215,7 +215,7 @@ def test_a_run_counts_the_answers_it_loaded_and_the_ones_it_asked_for(sandbox, m
 
     found = []
 
-    def stage(st, profile, params=None):          # each stage reads k1 and asks for one answer of its own
+    def stage(st, profile, params=None, **kw):          # each stage reads k1 and asks for one answer of its own
         ran.append(st.name)
         (tmp / "artifacts" / profile / st.name).mkdir(parents=True, exist_ok=True)
         c = ResponseCache(stages_mod.default_cache_path(profile))
@@ -223,7 +223,7 @@ def test_a_run_counts_the_answers_it_loaded_and_the_ones_it_asked_for(sandbox, m
         if c.get(K(f"new-{st.name}")) is None:
             c.put(K(f"new-{st.name}"), _answer("asked"))
     monkeypatch.setattr(stages_mod, "run_notebook", stage)
-    monkeypatch.setattr(stages_mod, "run_module", lambda st, p: stage(st, p))
+    monkeypatch.setattr(stages_mod, "run_module", lambda st, p, **kw: stage(st, p))
     assert stages_mod.reproduce("ci", None, publish=False) == 0
     rec = read_json(tmp / "artifacts" / "ci" / "timings.json")["answers"]
     assert rec == {"loaded": 3, "asked": len(stages())} and all(found)
@@ -249,7 +249,7 @@ def test_a_stage_that_reuses_cached_answers_is_not_timed_from_nothing(sandbox, m
     cache = ResponseCache(stages_mod.default_cache_path("embedded"))
     cache.put(K("old"), _answer("asked before"))
 
-    def stage(st, profile, params=None):
+    def stage(st, profile, params=None, **kw):
         ran.append(st.name)
         (tmp / "artifacts" / profile / st.name).mkdir(parents=True, exist_ok=True)
         c = ResponseCache(stages_mod.default_cache_path(profile))
@@ -258,7 +258,7 @@ def test_a_stage_that_reuses_cached_answers_is_not_timed_from_nothing(sandbox, m
         elif c.get(K(f"new-{st.name}")) is None:
             c.put(K(f"new-{st.name}"), _answer("asked"))          # asked in this run
     monkeypatch.setattr(stages_mod, "run_notebook", stage)
-    monkeypatch.setattr(stages_mod, "run_module", lambda st, p: stage(st, p))
+    monkeypatch.setattr(stages_mod, "run_module", lambda st, p, **kw: stage(st, p))
     assert _run() == 0
     t = read_json(tmp / "artifacts" / "embedded" / "timings.json")
     assert "05_debate" not in t["stages"] and "05_debate" in t["last_run"]
@@ -334,14 +334,14 @@ def test_a_run_of_some_stages_keeps_the_other_stages_committed_answers(sandbox, 
     monkeypatch.delenv("COMPENDIUM_STAGE")
     seed.export(committed)
 
-    def stage(st, profile, params=None):          # each stage asks one answer of its own
+    def stage(st, profile, params=None, **kw):          # each stage asks one answer of its own
         ran.append(st.name)
         (tmp / "artifacts" / profile / st.name).mkdir(parents=True, exist_ok=True)
         c = ResponseCache(stages_mod.default_cache_path(profile))
         if c.get(K(f"new-{st.name}")) is None:
             c.put(K(f"new-{st.name}"), _answer("asked"))
     monkeypatch.setattr(stages_mod, "run_notebook", stage)
-    monkeypatch.setattr(stages_mod, "run_module", lambda st, p: stage(st, p))
+    monkeypatch.setattr(stages_mod, "run_module", lambda st, p, **kw: stage(st, p))
     monkeypatch.setattr(results, "publish_stage", lambda profile, name: [])
     results.timings_path("embedded").write_text(json.dumps({"stages": {}, "last_run": {"04_few_shot": {"wall_s": 60.0}}}))
     assert stages_mod.reproduce("embedded", "02", publish=True) == 0

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from lib.compendium.artifacts import RESULTS_ROOT, cli_error, write_json
+from lib.compendium.params import stages
 from lib.compendium.results import RESULT_FILES, TIMING, compare_metrics
 
 #: fields that record how a run went rather than what it found
@@ -150,7 +151,6 @@ def run_stages(root: Path, published_only: bool = False) -> dict[str, dict[str, 
 
 
 def _stage_order(name: str) -> tuple[int, str]:
-    from lib.compendium.params import stages
     names = [s.name for s in stages()]
     return (names.index(name) if name in names else len(names), name)
 

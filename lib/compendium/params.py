@@ -17,16 +17,48 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import yaml
 
 from lib.compendium.artifacts import cli_error
 from lib import ROOT
-from lib.compendium.param_schemas import SCHEMAS, check_section
+from lib.compendium.param_schemas import SCHEMAS, Opt, Range, _dataclass_fields, check_section
 
 PARAMS_DIR = ROOT / "params"
 NOTEBOOKS_DIR = ROOT / "notebooks"
+
+
+#: The profile section that is no stage's: how the stages execute and their time limits (lib.compendium.execution).
+RUNNER_SECTION = "runner"
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """How a profile's stages execute and how long they may take (the profile's `runner:` section)."""
+    executor: Literal["papermill", "nbval"] = "papermill"   # nbval: the checked cells compared with the reference
+    timeout_multiple: float = 4.0         # a limit is this many times the longest recorded time...
+    cell_floor_s: float = 900.0           # ...and never under these floors
+    stage_floor_s: float = 1800.0
+    unrecorded_stage_s: float = 4 * 3600.0   # a stage with no recorded time (the whole budget of `make reproduce`)
+    cell_timeout_s: float | None = None   # set: every cell's limit, whatever was recorded (the paper profile's long cells)
+    stage_timeout_s: float | None = None  # set: every stage's limit
+
+
+def runner_config(sections: dict[str, Any]) -> RunnerConfig:
+    """The RunnerConfig of a loaded profile (its `runner` section over the defaults)."""
+    return RunnerConfig(**(sections.get(RUNNER_SECTION) or {}))
+
+
+def runner_config(sections: dict[str, Any]) -> RunnerConfig:
+    """The RunnerConfig of a loaded profile (its `runner` section over the defaults)."""
+    return RunnerConfig(**(sections.get(RUNNER_SECTION) or {}))
+
+
+def runner_schema():
+    """The rule of the `runner` section: RunnerConfig's annotations, limits positive, the multiple at least 1."""
+    pos = Range(1)
+    return _dataclass_fields(RunnerConfig, timeout_multiple=Range(1), cell_floor_s=pos, stage_floor_s=pos,
+                             unrecorded_stage_s=pos, cell_timeout_s=Opt(pos), stage_timeout_s=Opt(pos))
 
 
 #: Parameters every notebook declares but no profile sets: the runner injects them.
@@ -68,7 +100,6 @@ def _module_schema(module: str) -> Callable[[], dict[str, Any]]:
 
 def module_section_problems(stage: Stage, section: dict[str, Any]) -> list[str]:
     """A python step's section checked against its Config's type annotations (unknown keys are reported apart)."""
-    from lib.compendium.param_schemas import _dataclass_fields
     assert stage.module is not None
     rule = _dataclass_fields(importlib.import_module(stage.module).Config)
     rule.open = True
@@ -313,8 +344,12 @@ def validate_profile(profile: str, only: list[Stage] | None = None) -> dict[str,
     known = {s.name for s in all_stages}
     errors: list[str] = []
     for section in data:
-        if section not in known:
-            errors.append(f"{fname}: section '{section}' matches no stage (stages: {', '.join(sorted(known))})")
+        if section == RUNNER_SECTION:          # how the stages execute and how long they may take (no stage)
+            errors += [f"{fname}: key '{w}': {m}" for w, _, m in
+                       (p.partition(": ") for p in runner_schema().check(data[section], RUNNER_SECTION))]
+        elif section not in known:
+            errors.append(f"{fname}: section '{section}' matches no stage (stages: {', '.join(sorted(known))}, "
+                          f"and {RUNNER_SECTION})")
     for st in (only or all_stages):
         if st.name not in data:
             errors.append(f"{fname}: missing section '{st.name}' for {st.label}")

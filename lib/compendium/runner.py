@@ -23,9 +23,10 @@ from pathlib import Path
 
 from lib import ROOT
 from lib.compendium import results
-from lib.compendium.artifacts import ARTIFACTS_ROOT, cli_error, PUBLISHED_PROFILES, relpath, write_json
+from lib.compendium.artifacts import ARTIFACTS_ROOT, RESULTS_ROOT, cli_error, PUBLISHED_PROFILES, read_json, relpath, write_json
 from lib.compendium.params import ProfileError, profile_path, validate_profile
 from lib.compendium.presets import SHARED_CPU
+from lib.compendium.procs import RUN_IDS_ENV, Stopped, end_processes, new_id, owned_run
 from lib.compendium.stages import SMOKE_PROFILE, run_env, recorded_answers, export_answers, reproduce
 
 
@@ -71,11 +72,45 @@ SHARED_CPU_ENV = {"OMP_WAIT_POLICY": "PASSIVE", SHARED_CPU: "1"}
 Command = tuple[str, list[str]]          # (name, argv)
 
 
+#: a step of `make test` may take this many times its recorded time (results/make_test.json), never under the
+#: floor; a step with no record gets the floor times the multiple
+STEP_TIMEOUT_MULTIPLE = 3.0
+STEP_TIMEOUT_FLOOR_S = 1200.0
+
+
+def step_timeout(name: str) -> tuple[float, str]:
+    """(seconds, why) a step of `make test` may take before it is ended as hung."""
+    try:
+        rec = float(read_json(RESULTS_ROOT / "make_test.json")["steps"][name])
+    except (OSError, ValueError, KeyError, TypeError):
+        rec = None
+    if rec is None:
+        return STEP_TIMEOUT_MULTIPLE * STEP_TIMEOUT_FLOOR_S, "no recorded time"
+    s = max(STEP_TIMEOUT_FLOOR_S, STEP_TIMEOUT_MULTIPLE * rec)
+    return s, f"{STEP_TIMEOUT_MULTIPLE:g} x its recorded {rec:.0f} s (results/make_test.json), floor {STEP_TIMEOUT_FLOOR_S:.0f} s"
+
+
 def _run_command(name: str, cmd: list[str], env: dict[str, str], xml: Path, out=None) -> tuple[str, float, int]:
+    """One step, every process it starts marked as its own: past its timeout (`step_timeout`) they are all
+    ended and the step fails with 124, its error naming the step and the time."""
     if cmd[1:3] == ["-m", "pytest"]:
         cmd = cmd + [f"--junitxml={xml}"]
+    timeout, why = step_timeout(name)
+    step_id = new_id("step")
+    env = dict(env)
+    env[RUN_IDS_ENV] = f"{env[RUN_IDS_ENV]}:{step_id}" if env.get(RUN_IDS_ENV) else step_id
     t0 = time.time()
-    rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT if out else None).returncode
+    p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT if out else None)
+    try:
+        rc = p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        end_processes(step_id)
+        p.wait()
+        rc = 124
+        print(f"\nerror: make test's step '{name}' ran past its timeout of {timeout:.0f} s ({why}); every process "
+              f"it started was ended", file=sys.stderr if out is None else out, flush=True)
+    finally:
+        end_processes(step_id)
     return name, time.time() - t0, rc
 
 
@@ -245,6 +280,21 @@ def main(argv: list[str] | None = None) -> int:
                                                        "the committed ci answers")
     t.add_argument("--record", type=Path, default=None, help="write the measured record (steps, times, machine) here")
     args = ap.parse_args(argv)
+    what = f"runner {args.cmd}" + (f" --profile {args.profile}" if getattr(args, "profile", None) else "")
+    try:
+        with owned_run(what):      # every process the run starts ends with it (lib.compendium.procs)
+            return _main(args)
+    except KeyboardInterrupt:
+        print("\nstopped (SIGINT): every process the run started was ended; `make reproduce` resumes where it stopped",
+              file=sys.stderr)
+        return 130
+    except Stopped as e:
+        print(f"\nstopped (signal {int(e.code) - 128}): every process the run started was ended; `make reproduce` "
+              f"resumes where it stopped", file=sys.stderr)
+        return int(e.code)
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.cmd == "reproduce":
         if args.fresh:
             try:

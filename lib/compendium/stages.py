@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,13 @@ from lib.compendium.artifacts import ARTIFACTS_ROOT, cli_error, PUBLISHED_PROFIL
 from lib.models.chat import loopback
 from lib.models.chat.cache import STAGE_ENV, CacheError, ResponseCache, default_cache_path, read_exported
 from lib.models.chat.keys import read_dotenv, remembered_env_files
-from lib.compendium.params import ProfileError, Stage, section_digest, select_stages, stages, validate_profile
+from lib.compendium.params import (ProfileError, Stage, runner_config, section_digest, select_stages, stages,
+                                   validate_profile)
 from lib.compendium.presets import OVERLAY_ENV, overlay_path, presets, read_overlay, resolve_model_path
 from lib.compendium.results import README_PROFILES, update_readme
+from lib.compendium.execution import (CellTimeout, Limits, NbvalFailure, cell_text, execute_nbval, execute_papermill,
+                                      stage_limits)
+from lib.compendium.procs import end_processes, new_id, tagged
 
 
 #: the profile `make test` runs after the embedded stages: the paper profile on tiny stand-ins
@@ -127,9 +132,18 @@ class StageError(RuntimeError):
     """A stage failed; the message says which, where, and the error it raised."""
 
 
-def run_notebook(stage: Stage, profile: str, params: dict) -> Path:
-    import papermill as pm
+class StageTimeout(StageError):
+    """A stage ran past its stage timeout: the message names it, the cell it was in and the limit."""
+
+
+def run_notebook(stage: Stage, profile: str, params: dict, limits: Limits | None = None,
+                 executor: str = "papermill") -> Path:
+    """Execute a stage's notebook (papermill, or nbval for a profile whose runner says so), each cell under
+    `limits.cell_s`; the executed notebook replaces the saved one only when it ran through. A failure is a
+    StageError naming the notebook, the cell and the error (the failed run parked under
+    artifacts/<profile>/notebooks/FAILED_<name>)."""
     assert stage.notebook is not None
+    limits = limits or Limits(24 * 3600.0, 24 * 3600.0, "no limit given", "no limit given")
     src = stage.notebook
     if profile == "embedded":
         out = src
@@ -139,18 +153,20 @@ def run_notebook(stage: Stage, profile: str, params: dict) -> Path:
     tmp = out.with_name(f".{out.stem}.running.ipynb")
     parameters = {"profile": profile, **params}
     try:
-        pm.execute_notebook(os.path.relpath(src, ROOT), os.path.relpath(tmp, ROOT), parameters=parameters,
-                            cwd=str(src.parent), kernel_name="python3", progress_bar=True,
-                            report_mode=False, request_save_on_cell_execute=False)
-    except pm.PapermillExecutionError as e:
+        if executor == "nbval":
+            execute_nbval(src, tmp, parameters, limits, ARTIFACTS_ROOT / profile / "notebooks")
+        else:
+            execute_papermill(src, tmp, parameters, limits)
+    except Exception as e:  # noqa: BLE001 - every failure of the notebook: named, the saved notebook kept
         # keep the committed notebook; park the failed run where it can be inspected
         failed = ROOT / "artifacts" / profile / "notebooks" / f"FAILED_{src.name}"
         failed.parent.mkdir(parents=True, exist_ok=True)
+        where = None
         if tmp.exists():
+            where = cell_text(tmp)
             scrub_notebook(tmp, output_path=failed.relative_to(ROOT))
             os.replace(tmp, failed)
-        raise StageError(f"{stage.label} failed (profile {profile}) in cell {e.exec_count}:\n"
-                         f"{e.ename}: {e.evalue}\n(executed notebook: {failed.relative_to(ROOT)})") from None
+        raise StageError(_failure_text(stage, profile, e, where, failed)) from None
     finally:
         if tmp.exists() and sys.exc_info()[0] is not None:
             tmp.unlink()
@@ -158,6 +174,17 @@ def run_notebook(stage: Stage, profile: str, params: dict) -> Path:
     scrub_notebook(tmp, output_path=out.relative_to(ROOT))
     os.replace(tmp, out)  # the executed notebook replaces the old one only when it ran through
     return out
+
+
+def _failure_text(stage: Stage, profile: str, e: Exception, where: str | None, failed: Path) -> str:
+    import papermill as pm
+    if isinstance(e, pm.PapermillExecutionError):
+        return (f"{stage.label} failed (profile {profile}) in cell {e.exec_count}:\n{e.ename}: {e.evalue}\n"
+                f"(executed notebook: {failed.relative_to(ROOT)})")
+    if isinstance(e, (CellTimeout, NbvalFailure)):
+        return f"{stage.label} (profile {profile}): {e}\n(executed notebook: {failed.relative_to(ROOT)})"
+    return (f"{stage.label} failed (profile {profile}) in {where or 'a cell'}: {type(e).__name__}: {e}\n"
+            f"(executed notebook: {failed.relative_to(ROOT)})")
 
 
 def write_cell_timings(executed: Path, dest: Path, min_s: float = 0.5) -> list[dict[str, Any]]:
@@ -176,10 +203,22 @@ def write_cell_timings(executed: Path, dest: Path, min_s: float = 0.5) -> list[d
     return rows
 
 
-def run_module(stage: Stage, profile: str) -> None:
+def run_module(stage: Stage, profile: str, limits: Limits | None = None) -> None:
+    """A python step in a process of its own, under its stage's timeout (`limits.stage_s`)."""
     cmd = [sys.executable, "-m", stage.module, "--profile", profile]
     print(">>", " ".join(cmd[1:]), flush=True)
-    subprocess.run(cmd, cwd=ROOT, env=run_env(), check=True)
+    timeout = limits.stage_s if limits is not None else None
+    try:
+        subprocess.run(cmd, cwd=ROOT, env=run_env(), check=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise StageTimeout(f"{stage.label} (profile {profile}) ran past its timeout of {timeout:.0f} s "
+                           f"({limits.stage_why}); every process it started was ended") from None
+    except subprocess.CalledProcessError as e:
+        raise StageError(f"{stage.label} (profile {profile}) exited with status {e.returncode}") from None
+
+
+#: a profile's `prepare` module (the paper-smoke stand-ins: about a minute) may take at most this long
+PREPARE_TIMEOUT_S = 1800
 
 
 @contextlib.contextmanager
@@ -197,7 +236,14 @@ def profile_services(profile: str):
     if spec.get("prepare"):
         cmd = [sys.executable, "-m", *(resolve_model_path(str(a)) for a in spec["prepare"])]
         print(">>", " ".join(cmd[1:]), flush=True)
-        subprocess.run(cmd, cwd=ROOT, env=run_env(), check=True)
+        try:
+            subprocess.run(cmd, cwd=ROOT, env=run_env(), check=True, timeout=PREPARE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise StageError(f"the prepare step of profile {profile} ({' '.join(cmd[2:])}) ran past its timeout of "
+                             f"{PREPARE_TIMEOUT_S} s") from None
+        except subprocess.CalledProcessError as e:
+            raise StageError(f"the prepare step of profile {profile} ({' '.join(cmd[2:])}) exited with status "
+                             f"{e.returncode}") from None
     env = {OVERLAY_ENV: str(path)}
     srv = None
     if "loopback_port" in spec:                      # 0: a free port (two runs on one machine never collide)
@@ -257,8 +303,12 @@ def reproduce(profile: str, only: str | None, force: bool = False, cold: bool = 
             print(f">> loaded {added} committed model answers from {relpath(committed)} (COLD=1 asks afresh)",
                   flush=True)
     held = len(ResponseCache(cache)) if cache.exists() else 0
-    with profile_services(profile):
-        rc = _run_stages(chosen, profile, sections, force, publish, cold_run=cold)
+    try:
+        with profile_services(profile):
+            rc = _run_stages(chosen, profile, sections, force, publish, cold_run=cold)
+    except StageError as e:
+        print(f"\nerror: {e}", file=sys.stderr)
+        rc = 1
     record_answers(profile, loaded=added, asked=(len(ResponseCache(cache)) if cache.exists() else 0) - held,
                    every_stage=only is None)
     return rc
@@ -376,8 +426,18 @@ def time_left(names: list[str], est: dict[str, tuple[float, str]]) -> str:
     return f"about {_minutes(known)} left in this run, besides {', '.join(unknown)} (no time recorded)"
 
 
+def _slowest_cell(profile: str, st: Stage) -> float | None:
+    """The seconds of the stage's slowest cell in the run that just ended (its cells.json), for the cell timeout."""
+    f = ARTIFACTS_ROOT / profile / "notebooks" / f"{st.name}.cells.json"
+    try:
+        cells = read_json(f).get("cells", []) if st.notebook is not None and f.exists() else []
+        return max((float(c["seconds"]) for c in cells), default=None)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def record_timing(timings: dict[str, Any], stage: str, wall_s: float, cold: bool, fresh: bool = False,
-                  params: str | None = None) -> dict[str, Any]:
+                  params: str | None = None, slowest_cell_s: float | None = None) -> dict[str, Any]:
     """timings.json: `stages` holds each stage's time from nothing (a run that found none of the stage's
     own outputs, trained models or cached answers: its cold cost), which a rerun on caches does not
     replace, and nothing else: a stage never run from nothing has no entry (the README says "not measured"
@@ -386,11 +446,12 @@ def record_timing(timings: dict[str, Any], stage: str, wall_s: float, cold: bool
     earlier run asked: a fresh clone's `make reproduce`, which replays the committed answers; `last_run`
     holds every stage's time in the latest run, whatever it reused. `params`: the digest of the stage's
     parameters it ran at (params.section_digest), kept with each time so the README can say which times were
-    measured at parameters that have changed since."""
+    measured at parameters that have changed since. `slowest_cell_s`: its slowest cell (the cell timeout's base)."""
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     timings.setdefault("stages", {})
     timings.setdefault("last_run", {})
-    row = {"wall_s": round(wall_s, 1), "cold": cold, "finished": when, **({"params": params} if params else {})}
+    row = {"wall_s": round(wall_s, 1), "cold": cold, "finished": when, **({"params": params} if params else {}),
+           **({"slowest_cell_s": round(slowest_cell_s, 1)} if slowest_cell_s is not None else {})}
     if cold:
         timings["stages"][stage] = row
     elif fresh:
@@ -407,6 +468,7 @@ def _minutes(s: float) -> str:
 def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str, Any]], force: bool = False,
                 publish: bool = False, cold_run: bool = False) -> int:
     code = code_digest()
+    cfg = runner_config(sections)
     est = estimates(profile, cold=cold_run)
     timings_file = ARTIFACTS_ROOT / profile / "timings.json"
     timings = read_json(timings_file) if timings_file.exists() else {}
@@ -442,12 +504,10 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
             ResponseCache(cache).clear_used(st.name)
             held = len(ResponseCache(cache))
         t0 = time.time()
+        limits = stage_limits(profile, st.name, cfg)
         try:
-            if st.notebook is not None:
-                run_notebook(st, profile, sections[st.name])
-            else:
-                run_module(st, profile)
-        except (StageError, subprocess.CalledProcessError) as e:
+            _run_one(st, profile, sections[st.name], limits, cfg.executor)
+        except StageError as e:
             print(f"\nerror: {e}", file=sys.stderr)
             _print_timings(rows + [(st.name, time.time() - t0, "FAILED")], time.time() - t_all)
             return 1
@@ -458,7 +518,8 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
             used, asked = ResponseCache(cache).used_count(st.name), len(ResponseCache(cache)) - held
             cold = used <= asked          # answers reused from earlier runs: not a time from nothing
         write_json(stamp_file, {"stamp": stamps[st.name]})
-        write_json(timings_file, record_timing(timings, st.name, dt, cold, fresh, section_digest(sections[st.name])))
+        write_json(timings_file, record_timing(timings, st.name, dt, cold, fresh, section_digest(sections[st.name]),
+                                               slowest_cell_s=_slowest_cell(profile, st)))
         rows.append((st.name, dt, "ran"))
         print(f"== {st.name} done in {_minutes(dt)}", flush=True)
         if publish:
@@ -470,6 +531,39 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
             update_readme(ROOT / "README.md")
     _print_timings(rows, time.time() - t_all)
     return 0
+
+
+def _run_one(st: Stage, profile: str, params: dict[str, Any], limits: Limits, executor: str) -> None:
+    """One stage, every process it starts marked as the stage's (lib.compendium.procs): a watchdog ends them all
+    when the stage runs past `limits.stage_s` (its error then says so, with the cell it was in), and whatever the
+    stage leaves running when it ends, or fails, is ended with it."""
+    stage_id = new_id("stage")
+    expired = threading.Event()
+
+    def watchdog() -> None:
+        expired.set()
+        end_processes(stage_id)
+    timer = threading.Timer(limits.stage_s, watchdog)
+    timer.daemon = True
+    with tagged(stage_id):
+        timer.start()
+        try:
+            if st.notebook is not None:
+                run_notebook(st, profile, params, limits=limits, executor=executor)
+            else:
+                run_module(st, profile, limits=limits)
+        except StageError as e:
+            if expired.is_set() and not isinstance(e, StageTimeout):
+                cell = re.search(r"in (cell \d+ \([^\n]*?\))", str(e))
+                raise StageTimeout(f"{st.label} (profile {profile}) ran past its stage timeout of {limits.stage_s:.0f} s "
+                                   f"({limits.stage_why}){' in ' + cell.group(1) if cell else ''}; every process it "
+                                   f"started was ended") from None
+            raise
+        finally:
+            timer.cancel()
+            left = end_processes(stage_id)
+            if left:
+                print(f">> {st.name} left {len(left)} process(es) running; ended", flush=True)
 
 
 def _print_timings(rows: list[tuple[str, float, str]], total: float) -> None:
