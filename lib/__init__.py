@@ -17,3 +17,8 @@ ROOT = Path(__file__).resolve().parent.parent
 from lib.compendium import numerics as _numerics  # noqa: E402
 
 _numerics.apply()
+
+# what a stage's processes import and open, recorded for its stamp when `make reproduce` asks (COMPENDIUM_USAGE_DIR)
+from lib.compendium import usage as _usage  # noqa: E402
+
+_usage.install(ROOT)

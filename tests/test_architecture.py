@@ -17,7 +17,8 @@ LIB = Path(__file__).resolve().parents[1] / "lib"
 #: layer is that of the longest name that holds it.
 LAYERS = {
     0: {"lib", "lib.compendium.artifacts", "lib.compendium.prompts", "lib.compendium.presets",
-        "lib.compendium.envfiles", "lib.compendium.numerics", "lib.compendium.procs", "lib.compendium.nbval_record", "lib.evaluation.metrics", "lib.evaluation.claims", "lib.evaluation.plotting", "lib.models.train_memory",
+        "lib.compendium.envfiles", "lib.compendium.numerics", "lib.compendium.procs", "lib.compendium.nbval_record",
+        "lib.compendium.usage", "lib.evaluation.metrics", "lib.evaluation.claims", "lib.evaluation.plotting", "lib.models.train_memory",
         "lib.compendium", "lib.data", "lib.evaluation", "lib.models", "lib.trace", "lib.clip4dm", "lib.sei",
         "lib.arcade"},     # the package files: a docstring each, no imports
     1: {"lib.data.datasets", "lib.data.render", "lib.data.injection", "lib.data.memeworld", "lib.data.memeworld_draw", "lib.data.memeworld_align",
@@ -36,6 +37,8 @@ LAYERS = {
         "lib.evaluation.crosseval", "lib.evaluation.figures", "lib.evaluation.figure_kit", "lib.evaluation.recompute", "lib.evaluation.preconditions",
         "lib.compendium.results", "lib.compendium.compare", "lib.compendium.findings", "lib.compendium.report", "lib.compendium.params", "lib.compendium.param_schemas",
         "lib.compendium.runner", "lib.compendium.stages", "lib.compendium.costs", "lib.compendium.measure", "lib.compendium.nbcheck",
+        "lib.compendium.stamps",
+        "lib.compendium.outputs",
         "lib.compendium.execution"},
 }
 #: the largest a lib file may grow: past it, a file holds more than one concern

@@ -71,15 +71,19 @@ def test_a_killed_run_resumes_at_the_stage_it_stopped_in(sandbox):
     assert _run() == 0 and ran == names[4:]
 
 
-def test_a_stage_reruns_when_its_parameters_or_an_earlier_stage_change():
-    code = "lib digest"
+def test_a_stage_reruns_when_its_parameters_or_what_it_used_change():
+    from lib.compendium.stamps import Digests, stage_stamp
     st = stages()
     p = load_profile("embedded")
-    a = stages_mod.stage_stamp(st[3], p[st[3].name], code, "x")
-    assert a == stages_mod.stage_stamp(st[3], dict(p[st[3].name]), code, "x")
-    assert a != stages_mod.stage_stamp(st[3], {**p[st[3].name], "seed": 7}, code, "x")
-    assert a != stages_mod.stage_stamp(st[3], p[st[3].name], code, "y")             # an earlier stage changed
-    assert a != stages_mod.stage_stamp(st[3], p[st[3].name], "other lib", "x")      # the library changed
+    d = Digests()
+    usage = {"modules": {"lib.trace.model": "lib/trace/model.py"}, "opened": ["params/prompts/caption/x.txt"]}
+    a = stage_stamp(st[3], p[st[3].name], "embedded", usage, "x", d)
+    assert a == stage_stamp(st[3], dict(p[st[3].name]), "embedded", usage, "x", d)
+    assert a != stage_stamp(st[3], {**p[st[3].name], "seed": 7}, "embedded", usage, "x", d)
+    assert a == stage_stamp(st[3], p[st[3].name], "embedded", usage, "y", d)          # with usage: no chain
+    assert a != stage_stamp(st[3], p[st[3].name], "embedded", {**usage, "modules": {}}, "x", d)
+    legacy = stage_stamp(st[3], p[st[3].name], "embedded", None, "x", d)                # no record: everything
+    assert legacy != stage_stamp(st[3], p[st[3].name], "embedded", None, "y", d)        # an earlier stage changed
 
 
 def _answer(text):

@@ -17,6 +17,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from lib.models.encoders.loading import default_loader_workers, image_batches as encoder_image_batches, load_pixels
+from lib.compendium.artifacts import code_of
 from lib.clip4dm.method import CLIP4DM, length_batches
 
 
@@ -216,7 +217,9 @@ def attribute_pairs(model: CLIP4DM, pairs: Sequence[tuple[str, str]], cache_path
     cache_path = Path(cache_path)
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     tag = json.dumps([model.template, model.start_layer_text,
-                      model.encoder.preset.identity() if model.encoder.preset else None, "format 2"], sort_keys=True)
+                      model.encoder.preset.identity() if model.encoder.preset else None, "format 2",
+                      code_of("lib.clip4dm.method", "lib.models.encoders.base", "lib.models.encoders.hf",
+                              *[m for m in (type(model.encoder).__module__,) if m.startswith("lib.")])], sort_keys=True)
 
     def key(p):
         return hashlib.sha1(f"{tag}\x00{os.path.realpath(p[0])}\x00{p[1]}".encode()).hexdigest()

@@ -456,24 +456,65 @@ def _strip_docstring(node: ast.AST) -> ast.AST:
     return node
 
 
+def _definitions(text: str) -> list[str]:
+    """A module's top-level definitions and statements as dumps, without imports, docstrings, comments,
+    formatting or a `__main__` guard."""
+    parts = []
+    for node in ast.parse(text).body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)) or _is_main_guard(node):
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            continue                                 # the module docstring, or a string on its own
+        for sub in ast.walk(node):
+            _strip_docstring(sub)
+        parts.append(ast.dump(node, annotate_fields=False))
+    return parts
+
+
 def code_digest(*modules: Any) -> str:
     """What the code of `modules` computes, independent of where it sits: a digest of their top-level
     definitions and statements (sorted), without imports, docstrings, comments, formatting or a
     `__main__` guard. A model or dataset cached under it is rebuilt when a rule changes, not when
     code moves between files, gets a comment or imports from a new place (a digest of the file's
     bytes rebuilt the world and retrained every model for a moved `__main__` guard)."""
-    parts: list[str] = []
-    for mod in modules:
-        tree = ast.parse(Path(mod.__file__).read_text(encoding="utf-8"))
-        for node in tree.body:
-            if isinstance(node, (ast.Import, ast.ImportFrom)) or _is_main_guard(node):
-                continue
-            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-                continue                                 # the module docstring, or a string on its own
-            for sub in ast.walk(node):
-                _strip_docstring(sub)
-            parts.append(ast.dump(node, annotate_fields=False))
+    return _digest_parts([p for mod in modules for p in _definitions(Path(mod.__file__).read_text(encoding="utf-8"))])
+
+
+def _digest_parts(parts: list[str]) -> str:
     return hashlib.sha256("\n".join(sorted(parts)).encode()).hexdigest()
+
+
+#: the repository whose lib/ `code_of` reads (a test points it at a scratch copy to see what an edit rebuilds)
+CODE_ROOT: list[Path] = [ROOT]
+
+
+def module_file(name: str, root: Path | None = None) -> Path:
+    """The file of lib module `name` ("lib.trace.model") under `root` (default CODE_ROOT)."""
+    base = (root or CODE_ROOT[-1]).joinpath(*name.split("."))
+    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+
+
+def code_of(*names: str, root: Path | None = None) -> str:
+    """`code_digest` of lib modules named by their dotted names, read from their files (under CODE_ROOT): the key
+    every cached trained artifact carries for the code that trains it, so a changed rule retrains exactly the
+    artifacts whose training modules it is in (16 hex digits)."""
+    parts = []
+    for n in names:
+        f = module_file(n, root)
+        try:
+            parts += _definitions(f.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise FileNotFoundError(f"code_of: no module {n} ({f}): {e.strerror or e}") from None
+    return _digest_parts(parts)[:16]
+
+
+def source_digest(path: Path | str) -> str:
+    """The definitions' digest of one Python file (its bytes' digest when it does not parse)."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        return _digest_parts(_definitions(text))[:16]
+    except SyntaxError:
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 # ----------------------------------------------------------------------------- command lines

@@ -1,45 +1,59 @@
-"""Output checks of the notebooks run at ci sizes: nbval's NBVAL_CHECK_OUTPUT, without a second run.
+"""The recorded outputs nbval compares the notebooks' checked cells with, at ci sizes.
 
-`make test` executes every notebook once under the ci profile (papermill: each cell runs, each
-assertion in a notebook is checked). A cell whose source starts with `# NBVAL_CHECK_OUTPUT` prints
-something that holds at those sizes on any machine (data counts, the Bayes readers of MemeWorld,
-benchmark sizes); its text outputs are compared with tests/reference/ci_checked_outputs.json.
+`make test` runs every notebook once under the ci profile with nbval as the executor (lib.compendium.execution:
+papermill injects the parameters, nbval runs each cell as a test and compares the cells a notebook marks with
+nbval's own `# NBVAL_CHECK_OUTPUT`). What those cells print holds at ci sizes on any machine (counts, shapes,
+the schema of each stage's outputs, MemeWorld's Bayes readers); their recorded outputs live in
+tests/reference/ci_checked_outputs.json, each with the digest of the cell's source, so an edited cell is never
+compared with what another version of it printed.
 
-    python -m lib.compendium.nbcheck --write      # record the ci run's checked outputs as the new reference
+    python -m lib.compendium.nbcheck            # which checked cells have no recorded output for their current source
+    python -m lib.compendium.nbcheck --write    # record the ci run's checked outputs (artifacts/ci/notebooks/)
 """
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
-
-import nbformat
+from typing import Any
 
 from lib import ROOT
-from lib.compendium.artifacts import ARTIFACTS_ROOT, read_json, write_json
+from lib.compendium.artifacts import ARTIFACTS_ROOT, write_json
+from lib.compendium.execution import REFERENCE, cell_digest, checked_cells, read_reference
+from lib.compendium.params import NOTEBOOKS_DIR
 
-MARK = "NBVAL_CHECK_OUTPUT"
-REFERENCE = ROOT / "tests" / "reference" / "ci_checked_outputs.json"
+#: output fields nbval never compares (and that change from run to run)
+VOLATILE = ("execution_count", "metadata", "transient")
 
 
-def checked_outputs(path: Path) -> list[str]:
-    """The text each checked cell printed (stdout and text/plain results, in order), one string per cell."""
+def recorded_outputs(executed: Path) -> list[dict[str, Any]]:
+    """The checked cells of an executed notebook, in order: {"source": digest, "outputs": [...]}, the outputs
+    without the fields nbval does not compare."""
+    import nbformat
+    nb = nbformat.read(str(executed), as_version=4)
     out = []
-    for c in nbformat.read(str(path), as_version=4).cells:
-        if c.cell_type != "code" or not c.source.lstrip().startswith(f"# {MARK}"):
-            continue
-        texts = []
-        for o in c.get("outputs", []):
-            if o.get("output_type") == "stream" and o.get("name") == "stdout":
-                texts.append(o.get("text", ""))
-            elif "data" in o and "text/plain" in o["data"]:
-                texts.append(o["data"]["text/plain"])
-        out.append("".join(texts))
+    for i in checked_cells(nb):
+        cell = nb.cells[i]
+        outs = [{k: v for k, v in dict(o).items() if k not in VOLATILE} for o in cell.get("outputs", [])]
+        out.append({"source": cell_digest(cell.source), "outputs": json.loads(json.dumps(outs))})
     return out
 
 
-def read_reference() -> dict[str, list[str]]:
-    return read_json(REFERENCE) if REFERENCE.exists() else {}
+def unrecorded(reference: dict[str, list[dict[str, Any]]] | None = None) -> list[str]:
+    """Every checked cell of the committed notebooks without a recorded output for its current source."""
+    import nbformat
+    ref = read_reference() if reference is None else reference
+    missing = []
+    for nb_file in sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb")):
+        nb = nbformat.read(str(nb_file), as_version=4)
+        recs = ref.get(nb_file.name, [])
+        for k, i in enumerate(checked_cells(nb)):
+            if k >= len(recs) or recs[k].get("source") != cell_digest(nb.cells[i].source):
+                missing.append(f"notebooks/{nb_file.name} cell {i}")
+        if len(recs) > len(checked_cells(nb)):
+            missing.append(f"notebooks/{nb_file.name}: {len(recs) - len(checked_cells(nb))} recorded output(s) "
+                           f"for cells no longer checked")
+    return missing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,16 +61,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--write", action="store_true", help="record the ci run's checked outputs as the reference")
     ap.add_argument("--profile", default="ci")
     a = ap.parse_args(argv)
-    nbs = sorted((ARTIFACTS_ROOT / a.profile / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-    got = {p.name: checked_outputs(p) for p in nbs if checked_outputs(p)}
     if a.write:
+        nbs = sorted((ARTIFACTS_ROOT / a.profile / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+        if not nbs:
+            print(f"error: no executed notebook under artifacts/{a.profile}/notebooks/: run "
+                  f"`make reproduce PROFILE={a.profile}` first")
+            return 2
+        got = {p.name: recs for p in nbs if (recs := recorded_outputs(p))}
         write_json(REFERENCE, got)
         print(f"{REFERENCE.relative_to(ROOT)}: {sum(len(v) for v in got.values())} checked cells of {len(got)} notebooks")
         return 0
-    ref = read_reference()
-    bad = [nb for nb in ref if got.get(nb) != ref[nb]]
-    print(json.dumps({"checked_notebooks": len(ref), "differ": bad}))
-    return 1 if bad else 0
+    missing = unrecorded()
+    print(json.dumps({"unrecorded": missing}, indent=1))
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":

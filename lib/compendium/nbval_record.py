@@ -4,6 +4,7 @@ cell's outputs, execution count and duration (metadata.papermill), and in the no
 checked: {"cells", "checked", "failed", "failure": {"cell", "first_line", "message", "timed_out"}}."""
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -13,6 +14,14 @@ from lib.compendium.artifacts import write_text
 
 _RECORDS: dict[int, dict] = {}
 _FAILURE: dict = {}
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _plain(text: str) -> str:
+    """Text without the terminal colours IPython and pytest put in tracebacks."""
+    return _ANSI.sub("", text)
 
 
 def pytest_addoption(parser):
@@ -44,12 +53,15 @@ def pytest_runtest_makereport(item, call):
             text = str(rep.longrepr)
             first = next((ln for ln in item.cell.source.splitlines() if ln.strip() and not ln.lstrip().startswith("#")), "")
             exc = getattr(call.excinfo, "value", None)
-            message = str(exc) if exc is not None else text
+            message = _plain(str(exc) if exc is not None else text)
+            errors = [o for o in (item.test_outputs or []) if o.get("output_type") == "error"]
             if "Cell outputs differ" in text:
                 message = "its output differs from the recorded one (tests/reference/ci_checked_outputs.json):\n" + \
-                          text[text.find("Cell outputs differ"):][:3000]
-            elif getattr(exc, "inner_traceback", None):
-                message += "\n" + exc.inner_traceback[-3000:]
+                          _plain(text[text.find("Cell outputs differ"):])[:3000]
+            elif errors:
+                e = errors[-1]
+                tb = _plain("\n".join(e.get("traceback", []))).splitlines()
+                message = f"{e.get('ename')}: {e.get('evalue')}\n" + "\n".join(tb[-25:])
             _FAILURE.update({"code_cell": item.cell_num, "first_line": first[:80], "message": message,
                              "timed_out": "Timeout of" in message or "Timeout of" in text})
 

@@ -8,10 +8,10 @@ outputs; other profiles write theirs under `artifacts/<profile>/notebooks/`.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -32,6 +32,8 @@ from lib.compendium.results import README_PROFILES, update_readme
 from lib.compendium.execution import (CellTimeout, Limits, NbvalFailure, cell_text, execute_nbval, execute_papermill,
                                       stage_limits)
 from lib.compendium.procs import end_processes, new_id, tagged
+from lib.compendium.stamps import Digests, current_stamps, stage_stamp, stamp_file, up_to_date
+from lib.compendium.usage import USAGE_ENV, collect
 
 
 #: the profile `make test` runs after the embedded stages: the paper profile on tiny stand-ins
@@ -266,9 +268,9 @@ def profile_services(profile: str):
 
 def reproduce(profile: str, only: str | None, force: bool = False, cold: bool = False,
               publish: bool | None = None) -> int:
-    """Run the chosen stages of a profile (all by default), in order. A stage whose inputs are
-    unchanged since it last finished (its parameters, its notebook's code, the library, the prompts
-    and every earlier stage: `stage_stamp`) is skipped as up to date, so a run killed at any point
+    """Run the chosen stages of a profile (all by default), in order. A stage is skipped as up to date
+    while nothing its last run used has changed (its parameters, its notebook's code, the library modules,
+    prompt files and other stages' outputs its processes used: lib.compendium.stamps), so a run killed at any point
     resumes at the stage it stopped in (whose own caches - trained runs, model answers - make the
     finished part cheap). `force`: run every chosen stage. `cold`: ask every model afresh (the
     response cache is moved aside, kept, and no committed answer is loaded; implies `force`).
@@ -344,41 +346,6 @@ def export_answers(profile: str, keep: bool = False) -> int:
     print(f">> {n} model answers the stages of profile {profile} used -> {relpath(out)} "
           f"({out.stat().st_size / 2 ** 20:.2f} MB)")
     return 0
-
-
-def _digest_files(paths: list[Path]) -> str:
-    h = hashlib.sha256()
-    for f in sorted(paths):
-        h.update(str(f.relative_to(ROOT)).encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()
-
-
-def code_digest() -> str:
-    """What every stage's behaviour depends on beyond its own parameters: the library and the
-    prompts, schemas and presets it reads."""
-    files = [f for f in (ROOT / "lib").rglob("*.py")]
-    files += [f for d in ("prompts", "schemas", "presets") for f in (ROOT / "params" / d).rglob("*") if f.is_file()]
-    return _digest_files(files)
-
-
-def _notebook_code(nb: Path) -> str:
-    import nbformat
-    cells = nbformat.read(str(nb), as_version=4).cells
-    return "\n".join(c.source for c in cells if c.cell_type == "code"
-                     and "injected-parameters" not in c.metadata.get("tags", []))
-
-
-def stage_stamp(stage: Stage, section: dict[str, Any], code: str, before: str) -> str:
-    """The identity of a stage's inputs: its parameters, its notebook's code cells (or module), the
-    library (`code`) and the stamps of the stages before it (`before`)."""
-    own = _notebook_code(stage.notebook) if stage.notebook is not None else stage.module
-    blob = json.dumps({"params": section, "code": own, "lib": code, "before": before}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:20]
-
-
-def _stamp_file(profile: str, stage: Stage) -> Path:
-    return ARTIFACTS_ROOT / profile / stage.name / ".stamp.json"
 
 
 #: where a stage's expected time comes from, by the kind of run: one that asks every model afresh (COLD=1)
@@ -467,38 +434,36 @@ def _minutes(s: float) -> str:
 
 def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str, Any]], force: bool = False,
                 publish: bool = False, cold_run: bool = False) -> int:
-    code = code_digest()
     cfg = runner_config(sections)
     est = estimates(profile, cold=cold_run)
     timings_file = ARTIFACTS_ROOT / profile / "timings.json"
     timings = read_json(timings_file) if timings_file.exists() else {}
-    before = ""
-    stamps = {}
-    for st in stages():                                   # every stage's stamp chains the ones before it
-        before = stamps[st.name] = stage_stamp(st, sections[st.name], code, before)
+    digests = Digests()
+    every = stages()
+    stamps = current_stamps(every, sections, profile, digests, ARTIFACTS_ROOT)
     rows = []
     published: list[str] = []
     t_all = time.time()
     for k, st in enumerate(chosen, 1):
-        stamp_file = _stamp_file(profile, st)
-        if not force and stamp_file.exists() and read_json(stamp_file).get("stamp") == stamps[st.name]:
-            print(f"== [{k}/{len(chosen)}] {st.name}: up to date (inputs unchanged since it last ran; FORCE=1 reruns it)",
-                  flush=True)
+        if not force and up_to_date(profile, st, stamps[st.name], ARTIFACTS_ROOT):
+            print(f"== [{k}/{len(chosen)}] {st.name}: up to date (nothing it used changed since it last ran; FORCE=1 "
+                  f"reruns it)", flush=True)
             rows.append((st.name, 0.0, "up to date"))
             continue
-        todo = [s.name for s in chosen[k - 1:]
-                if not (_stamp_file(profile, s).exists()
-                        and read_json(_stamp_file(profile, s)).get("stamp") == stamps[s.name]) or force]
+        todo = [s.name for s in chosen[k - 1:] if force or not up_to_date(profile, s, stamps[s.name], ARTIFACTS_ROOT)]
         this = f"{est[st.name][1]} {_minutes(est[st.name][0])}" if st.name in est else "never timed"
         guess = f"; {this}; {time_left(todo, est)}"
         print(f"== [{k}/{len(chosen)}] {st.name} ({st.label}, profile {profile}{guess})", flush=True)
-        stamp_file.unlink(missing_ok=True)               # a stage that starts is not done until it finishes again
+        stamp_file(profile, st, ARTIFACTS_ROOT).unlink(missing_ok=True)   # a stage that starts is not done until it finishes again
         # from nothing: every model is asked afresh (COLD=1), or the stage's folder (its trained runs, models,
         # agents) does not exist yet and every model answer it uses is asked in this run (checked when it ends)
         cache = default_cache_path(profile)
         fresh = not (ARTIFACTS_ROOT / profile / st.name).exists()
         cold = cold_run or fresh
         os.environ[STAGE_ENV] = st.name
+        usage_dir = ARTIFACTS_ROOT / profile / ".usage" / st.name
+        shutil.rmtree(usage_dir, ignore_errors=True)
+        os.environ[USAGE_ENV] = str(usage_dir)            # every process of the stage records what it used
         held = 0
         if cache.exists():
             ResponseCache(cache).clear_used(st.name)
@@ -513,11 +478,17 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
             return 1
         finally:
             os.environ.pop(STAGE_ENV, None)
+            os.environ.pop(USAGE_ENV, None)
         dt = time.time() - t0
         if cold and not cold_run and cache.exists():
             used, asked = ResponseCache(cache).used_count(st.name), len(ResponseCache(cache)) - held
             cold = used <= asked          # answers reused from earlier runs: not a time from nothing
-        write_json(stamp_file, {"stamp": stamps[st.name]})
+        usage = collect(usage_dir)
+        names = [s.name for s in every]
+        prev = names[names.index(st.name) - 1] if names.index(st.name) else None
+        stamp = stage_stamp(st, sections[st.name], profile, usage, stamps.get(prev, "") if prev else "", digests)
+        write_json(stamp_file(profile, st, ARTIFACTS_ROOT), {"stamp": stamp, "usage": usage})
+        stamps = current_stamps(every, sections, profile, digests, ARTIFACTS_ROOT)   # its outputs move later stamps
         write_json(timings_file, record_timing(timings, st.name, dt, cold, fresh, section_digest(sections[st.name]),
                                                slowest_cell_s=_slowest_cell(profile, st)))
         rows.append((st.name, dt, "ran"))

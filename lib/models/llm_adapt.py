@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from lib.compendium.artifacts import ARTIFACTS_ROOT, atomic_path, read_json, write_json
+from lib.compendium.artifacts import ARTIFACTS_ROOT, atomic_path, code_of, read_json, write_json
 from lib.compendium.presets import PresetError, get_preset, resolve_model_path, weights_digest
 from lib.models.chat.messages import parts_of
 
@@ -105,7 +105,8 @@ def load_base_cached(gguf: str, cache_dir: str | Path | None):
     path = Path(resolve_model_path(gguf))
     if not path.is_file():
         raise AdaptError(f"base GGUF {path} (from {gguf!r}) does not exist")
-    key = f"{weights_digest(path)} torch {torch.__version__} transformers {transformers.__version__}"
+    key = (f"{weights_digest(path)} torch {torch.__version__} transformers {transformers.__version__} "
+           f"code {code_of(*TRAINING_CODE)}")
     kept = Path(cache_dir) / f"{path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.pt"
     if kept.exists():
         try:
@@ -255,10 +256,15 @@ def served_adapter(preset_name: str) -> dict[str, Any]:
     return {"served": served.name, "adapter": Path(resolve_model_path(str(serve["lora"]))), "base": str(serve["gguf"])}
 
 
+#: the modules whose definitions train an adapter (the base's dequantised copy, the LoRA loop, the GGUF writer)
+TRAINING_CODE = ("lib.models.llm_adapt",)
+
+
 def examples_digest(examples: Sequence[tuple[Sequence[dict[str, str]], str]], recipe: LoraRecipe, base: str) -> str:
-    """What an adapter is trained from: its examples, recipe and base; a changed one retrains it."""
-    blob = json.dumps({"examples": [[list(m), a] for m, a in examples], "recipe": asdict(recipe), "base": base},
-                      sort_keys=True, ensure_ascii=False)
+    """What an adapter is trained from: its examples, recipe and base, and the code that trains it
+    (`TRAINING_CODE`); a changed one retrains it."""
+    blob = json.dumps({"examples": [[list(m), a] for m, a in examples], "recipe": asdict(recipe), "base": base,
+                       "code": code_of(*TRAINING_CODE)}, sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 

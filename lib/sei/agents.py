@@ -50,7 +50,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from lib import ROOT
-from lib.compendium.artifacts import MissingInputError
+from lib.compendium.artifacts import MissingInputError, code_of
 from lib.models.chat import Chat, GenParams, image, text, user
 from lib.models.chat.hf import HFChatBackend
 from lib.compendium.artifacts import save_model
@@ -59,6 +59,9 @@ from lib.compendium.presets import default_device, folder_identity, get_preset, 
 from lib.models.train_memory import check_fits, shape_of
 
 AGENTS = ("captioner", "explainer", "commonsense", "intervention")
+#: the modules whose definitions train an agent (its recipe, encoding and loop; the embedded base VLM's model
+#: class): a change to them retrains the agents, a change elsewhere reads them back
+TRAINING_CODE = ("lib.sei.agents", "lib.models.memeworld_vlm")
 AGENT_SOURCES = {"captioner": "memecap", "explainer": "hatred", "commonsense": "memesense", "intervention": "memesense"}
 LABEL_WORDS = {0: "non-hateful", 1: "hateful"}
 
@@ -295,6 +298,16 @@ def _collate(batch: list[dict[str, Any]], pad_id: int):
 
 
 # ----------------------------------------------------------------------------- training
+def agent_key(base_digest: Any, recipe: AgentRecipe, train: Sequence[AgentExample], template: str) -> str:
+    """What a trained agent is read back under: its base's weights, the parts of the recipe that change the weights
+    it trains, its examples and prompt, and the code that trains it (TRAINING_CODE)."""
+    rec_json = {k: v for k, v in asdict(recipe).items()             # what changes the weights a recipe trains
+                if k not in ("threads", "prompt_dir", "gradient_checkpointing", "answer_logits_only", "attn_implementation")
+                and not (k == "drop_cut_answers" and not v)}
+    return hashlib.sha256(json.dumps({"base": base_digest, "recipe": rec_json, "code": code_of(*TRAINING_CODE),
+                                      "data": examples_digest(train, template)}, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: AgentRecipe, template: str,
                 progress: bool = True, force: bool = False) -> dict[str, Any]:
     """Fine-tune recipe.base on the train examples; save to out_dir; return the training record.
@@ -309,11 +322,7 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
         train = sorted(rng.sample(train, recipe.max_train), key=lambda e: e.id)
     model, proc, src = _load_base(recipe.base, recipe.dtype, recipe.attn_implementation)
     base_digest = folder_identity(src)
-    rec_json = {k: v for k, v in asdict(recipe).items()             # what changes the weights a recipe trains
-                if k not in ("threads", "prompt_dir", "gradient_checkpointing", "answer_logits_only", "attn_implementation")
-                and not (k == "drop_cut_answers" and not v)}
-    key = hashlib.sha256(json.dumps({"base": base_digest, "recipe": rec_json,
-                                     "data": examples_digest(train, template)}, sort_keys=True).encode()).hexdigest()[:16]
+    key = agent_key(base_digest, recipe, train, template)
     rec_path = out_dir / "training.json"
     if not force and rec_path.exists() and (out_dir / "config.json").exists():
         old = json.loads(rec_path.read_text())

@@ -15,8 +15,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from lib.compendium.artifacts import atomic_path
-from lib.models.encoders import load_encoder
-from lib.compendium.presets import folder_identity, get_preset
+from lib.models.encoders import encoder_identity, load_encoder
 from lib.sei.fewshot import Meme
 
 
@@ -43,10 +42,7 @@ def embed_memes(retriever: str, memes: Sequence[Meme], cache_file: str | Path, b
     the text where it is embedded); only missing ids are computed."""
     import torch
     encoder, with_text = split_retriever(retriever)
-    try:
-        ident = get_preset("encoders", encoder).identity()
-    except Exception:                                   # a local folder
-        ident = folder_identity(encoder)
+    ident = encoder_identity(encoder)                   # weights and the backend's code (a local folder too)
     key = hashlib.sha256(json.dumps([ident, with_text], sort_keys=True, default=str).encode()).hexdigest()[:16]
     cache_file = Path(cache_file)
     have: dict[str, np.ndarray] = {}

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 from PIL import Image
 
-from lib.compendium.artifacts import read_json, read_jsonl, save_model
+from lib.compendium.artifacts import code_of, read_json, read_jsonl, save_model
 from lib.compendium.presets import get_preset, weights_digest
 from lib.compendium.prompts import prompt_line
 from lib.models.chat import load_chat
@@ -42,6 +42,11 @@ INTERPLAY_PROMPT = prompt_line("caption/interplay.txt")     # {text}: the meme's
 
 class InterplayError(ValueError):
     """Bad input to the interplay captioner; the message names the file, record and field."""
+
+
+#: the modules whose definitions fine-tune the captioner (its own recipe and the base VLM's training): a change to
+#: them fine-tunes it again, a change elsewhere reads it back
+TRAINING_CODE = ("lib.trace.interplay", "lib.models.memeworld_vlm")
 
 
 @dataclass
@@ -84,7 +89,7 @@ def train_rows(memeworld: Path, max_train: int = 0) -> list[dict[str, Any]]:
 
 def train_interplay_captioner(memeworld: Path | str, base_dir: Path | str, out_dir: Path | str,
                               cfg: InterplayConfig = InterplayConfig(), progress: bool = True,
-                              base_weights: list[str] | None = None) -> dict[str, Any]:
+                              base_weights: list[str] | None = None, code: str | None = None) -> dict[str, Any]:
     """Fine-tune the LLaVA folder `base_dir` (memeworld-vlm) to answer `interplay_prompt(text)` about a meme's
     picture with the meme's account; save it to `out_dir` (atomically) with its training record."""
     import torch
@@ -114,7 +119,8 @@ def train_interplay_captioner(memeworld: Path | str, base_dir: Path | str, out_d
     curve, train_s = fit(model, opt, sched, cfg.epochs, cfg.epochs * steps_per_epoch, losses,
                          "fine-tune the interplay captioner", progress)
     model.eval()
-    record = {"config": asdict(cfg), "base": base_dir.name, "base_weights": base_weights, "n_train": len(rows), "curve": curve,
+    record = {"config": asdict(cfg), "base": base_dir.name, "base_weights": base_weights, "code": code or code_of(*TRAINING_CODE),
+              "n_train": len(rows), "curve": curve,
               "train_s": train_s, "prompt": INTERPLAY_PROMPT}
     save_model(model, proc, out_dir, record)
     return record
@@ -126,12 +132,13 @@ def ensure_captioner(memeworld: Path | str, base_dir: Path | str, out_dir: Path 
     recipe (its training.json), else fine-tuned now. Returns its training record (`reused` says which)."""
     base_dir, out_dir = Path(base_dir), Path(out_dir)
     base_weights = [weights_digest(w) for w in sorted(base_dir.glob("*.safetensors"))]
+    code = code_of(*TRAINING_CODE)
     rec_file = out_dir / "training.json"
     if rec_file.exists():
         rec = read_json(rec_file)
-        if rec.get("config") == asdict(cfg) and rec.get("base_weights") == base_weights:
+        if rec.get("config") == asdict(cfg) and rec.get("base_weights") == base_weights and rec.get("code") == code:
             return {**rec, "reused": True}
-    rec = train_interplay_captioner(memeworld, base_dir, out_dir, cfg, progress, base_weights=base_weights)
+    rec = train_interplay_captioner(memeworld, base_dir, out_dir, cfg, progress, base_weights=base_weights, code=code)
     return {**rec, "reused": False}
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from PIL import Image
 
 from lib.compendium.artifacts import atomic_path
-from lib.models.encoders import load_encoder
+from lib.models.encoders import encoder_identity, load_encoder
 from lib.evaluation.metrics import paired_accuracy_test
 
 
@@ -40,7 +40,7 @@ def embed_sources(encoder: str, recs: Sequence[dict[str, Any]], columns: Sequenc
         for field in ("id", "img", "text"):
             if field not in r:
                 raise ProbeError(f"embed_sources: record {k} (id {r.get('id')!r}) has no field {field!r}")
-    sig = [[encoder, list(columns)]] + [[str(r["id"]), Path(r["img"]).name, Path(r["img"]).stat().st_size,
+    sig = [[encoder, list(columns), encoder_identity(encoder)]] + [[str(r["id"]), Path(r["img"]).name, Path(r["img"]).stat().st_size,
                                          str(r["text"]), *[str(r.get(c) or "") for c in columns]] for r in recs]
     key = hashlib.sha256(json.dumps(sig).encode()).hexdigest()[:20]
     cache_file = Path(cache_file)

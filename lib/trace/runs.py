@@ -25,10 +25,10 @@ import torch
 from tqdm.auto import tqdm
 
 from lib.data import datasets
-from lib.compendium.artifacts import require, stage_dir, write_json, write_text
+from lib.compendium.artifacts import code_of, require, stage_dir, write_json, write_text
 from lib.models.encoders import load_encoder
 from lib.compendium.params import load_profile
-from lib.compendium.presets import new_accelerator
+from lib.compendium.presets import PresetError, folder_identity, get_preset, new_accelerator
 from lib.trace.model import LOSS_CONFIGS, MODALITIES, MULTIOFF_RECIPE, TrainConfig, unfrozen_layer_indices
 from lib.trace.training import Trainer, load_checkpoint
 from lib.trace.features import CACHE_DTYPES, FeatureCache, MemeBatchData
@@ -152,12 +152,27 @@ def selected_share(predictions: Sequence[dict[str, Any]], columns: Sequence[str]
 
 #: bumped when result.json gains fields, so older finished runs are retrained rather than half-read
 RESULT_FORMAT = 2
+#: the modules whose definitions train a run (the model, its loss and training loop, the frozen-feature cache): a
+#: change to them retrains every run; a change anywhere else (a figure, a report) retrains none
+TRAINING_CODE = ("lib.trace.model", "lib.trace.training", "lib.trace.features")
+
+
+def backbone_weights(backbone: str) -> str:
+    """A short digest of what an encoder preset names: its hub id and revision, or a local folder's weights (a
+    retrained memeworld-clip is another backbone, although its name is the same)."""
+    try:
+        ident: Any = get_preset("encoders", backbone).identity()
+    except PresetError:
+        ident = folder_identity(backbone)
+    return hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def run_identity(data: MemeBatchData, backbone: str, cfg: TrainConfig, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What a run's config.json holds: a finished run with the same identity is read back, not retrained."""
+    """What a run's config.json holds: a finished run with the same identity is read back, not retrained. It names
+    the code that trains it (`TRAINING_CODE`'s definitions) and the backbone's weights beside the data and config."""
     return {"backbone": backbone, "data": data_fingerprint(data), "config": json.loads(json.dumps(asdict(cfg))),
-            "result_format": RESULT_FORMAT, **(extra or {})}
+            "result_format": RESULT_FORMAT, "training_code": code_of(*TRAINING_CODE),
+            "backbone_weights": backbone_weights(backbone), **(extra or {})}
 
 
 def is_finished(run_dir, data: MemeBatchData, backbone: str, cfg: TrainConfig) -> bool:

@@ -29,7 +29,7 @@ files into any encoder's inputs batch by batch, on threads ahead of the model on
 from __future__ import annotations
 
 from lib.compendium.presets import lazy_exports
-from lib.models.encoders.registry import BACKENDS, encoder_class, load_encoder, register_encoder
+from lib.models.encoders.registry import BACKENDS, encoder_class, encoder_identity, load_encoder, register_encoder
 
 #: Classes load with their module on first use (every backend imports torch; open_clip its own package).
 _LAZY = {"Encoder": "lib.models.encoders.base", "AttentionUnavailable": "lib.models.encoders.base",

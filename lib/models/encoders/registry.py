@@ -6,7 +6,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lib.compendium.presets import Preset, PresetError, default_device, get_preset, registered_class, registrar
+from lib.compendium.artifacts import code_of
+from lib.compendium.presets import (Preset, PresetError, default_device, folder_identity, get_preset, registered_class,
+                                    registrar)
 
 if TYPE_CHECKING:          # the protocol imports torch; the registry itself does not
     from lib.models.encoders.base import Encoder
@@ -40,6 +42,21 @@ def _detect_backend(path: Path) -> str:
     if mt == "blip":
         return "hf_blip"
     raise PresetError(f"{path}/config.json: model_type '{mt}' is not a supported encoder (clip, siglip, siglip2, blip)")
+
+
+def encoder_identity(name_or_path: str | Path) -> dict:
+    """What an encoder's embeddings depend on, for the caches that read them back (probe features, retrieval
+    embeddings, CLIP4DM attributions): the preset's identity (a local folder's weights) and the definitions of
+    the backend's code (its module and the protocol it builds on)."""
+    p = Path(str(name_or_path))
+    if p.is_dir() and (p / "config.json").exists():
+        backend, ident = _detect_backend(p), folder_identity(p)
+    else:
+        preset = get_preset("encoders", str(name_or_path))
+        backend, ident = preset.backend, preset.identity()
+    module = BACKENDS.get(backend, "").split(":")[0]
+    code = code_of(*(m for m in ("lib.models.encoders.base", "lib.models.encoders.hf", module) if m))
+    return {"model": ident, "backend": backend, "code": code}
 
 
 def load_encoder(name_or_path: str | Path, device: str | None = None, **overrides) -> "Encoder":
