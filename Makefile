@@ -14,6 +14,8 @@
 #                                   paper-smoke; leaves the working tree as it was
 #   make test-answers               refresh the model answers make test replays (results/ci/, results/paper-smoke/)
 #   make report                     the executed notebooks as a static HTML site (artifacts/<profile>/report/)
+#   make lab                        JupyterLab on copies of the notebooks prepared for the ci profile (PROFILE=x: another),
+#                                   in artifacts/<profile>/lab/, with this file's environment; the committed ones stay as they are
 
 PROFILE ?= embedded
 NB ?=
@@ -31,7 +33,7 @@ export TOKENIZERS_PARALLELISM := false
 export PYTHONHASHSEED := 0
 export MPLBACKEND := Agg
 
-.PHONY: disk-check reproduce test test-answers test-unit test-notebooks test-gpu data venv lock environment.yml check-params results clean-artifacts help report browser
+.PHONY: lab disk-check reproduce test test-answers test-unit test-notebooks test-gpu data venv lock environment.yml check-params results clean-artifacts help report browser
 
 help:
 	@sed -n '1,20p' Makefile
@@ -86,6 +88,11 @@ test-answers: $(STAMP)
 
 report: $(STAMP)
 	$(PY) -m lib.compendium.report --profile $(PROFILE)
+
+# the ci profile unless PROFILE is given on the command line (the embedded one is full size and publishes figures)
+LAB_PROFILE = $(if $(filter command line environment,$(origin PROFILE)),$(PROFILE),ci)
+lab: $(STAMP)
+	$(PY) -m lib.compendium.lab --profile $(LAB_PROFILE) $(if $(filter 1,$(FRESH)),--fresh,)
 
 # Headless Chromium (Debian's package) opens the rendered report in a test; installed once per machine.
 browser:

@@ -37,7 +37,7 @@ LAYERS = {
         "lib.evaluation.crosseval", "lib.evaluation.figures", "lib.evaluation.figure_kit", "lib.evaluation.recompute", "lib.evaluation.preconditions",
         "lib.compendium.results", "lib.compendium.compare", "lib.compendium.findings", "lib.compendium.report", "lib.compendium.params", "lib.compendium.param_schemas",
         "lib.compendium.runner", "lib.compendium.stages", "lib.compendium.costs", "lib.compendium.measure", "lib.compendium.nbcheck",
-        "lib.compendium.stamps",
+        "lib.compendium.stamps", "lib.compendium.lab",
         "lib.compendium.outputs",
         "lib.compendium.execution"},
 }

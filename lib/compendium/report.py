@@ -3,7 +3,8 @@
     python -m lib.compendium.report --profile embedded            # -> artifacts/embedded/report/index.html
 
 The front page is the README (its results tables included) followed by a table of contents in
-notebook order; each notebook is one page (nbconvert's HTML exporter: code, outputs and the
+notebook order; every page of docs/ becomes docs/<name>.html, and every local link of the README and the docs
+leads to its page or to a copy of the file it names; each notebook is one page (nbconvert's HTML exporter: code, outputs and the
 figures embedded in the page itself), with links to the previous and next notebook; the figure
 index (`figures/README.md`) becomes `figures.html` beside a copy of the profile's PNGs. The site
 is plain files: open index.html, or serve the folder with any static server.
@@ -13,8 +14,8 @@ markdown cells, JavaScript outputs) is sanitised by an allow-list (tables, text 
 images from data:image/png|jpeg|gif|webp, links to http(s), mailto or relative targets; no
 script, style, event handler or javascript: URL); `--trust-html` renders a notebook's HTML as it is,
 for notebooks you wrote and ran yourself. Every file name is escaped in text and percent-encoded in
-links. The report writes only its own pages and figure copies and sets only their permissions
-(0644); nothing else already in the output folder is touched.
+links. The report writes only its own pages and the copies they link (with the mode the umask gives a new
+file); nothing else already in the output folder is touched.
 
 Embedded notebooks are read from notebooks/ (they are executed in place); another profile's from
 artifacts/<profile>/notebooks/, where the runner writes them.
@@ -24,11 +25,13 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import posixpath
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Sequence
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit
 
 import bleach
 from markdown_it import MarkdownIt
@@ -121,14 +124,72 @@ def _title_and_blurb(nb_path: Path) -> tuple[str, str]:
     return nb_path.stem, ""
 
 
-def _nav(pages: list[tuple[str, str]], i: int | None) -> str:
-    links = ['<a href="index.html">Contents</a>', '<a href="figures.html">Figures</a>']
+def _nav(pages: list[tuple[str, str]], i: int | None, depth: int = 0) -> str:
+    up = "../" * depth
+    links = [f'<a href="{up}index.html">Contents</a>', f'<a href="{up}figures.html">Figures</a>']
     if i is not None:
         if i > 0:
             links.insert(1, f'<a href="{_href(pages[i - 1][0])}">&larr; {html.escape(pages[i - 1][1])}</a>')
         if i + 1 < len(pages):
             links.append(f'<a href="{_href(pages[i + 1][0])}">{html.escape(pages[i + 1][1])} &rarr;</a>')
     return '<nav class="site">' + " | ".join(links) + "</nav>"
+
+
+def _title(md: Path) -> str:
+    first = next((ln for ln in md.read_text(encoding="utf-8").splitlines() if ln.startswith("#")), md.stem)
+    return first.lstrip("# ").strip()
+
+
+#: the markdown files the site renders, by their path in the repository -> their page in the site
+def site_page(rel: str) -> str | None:
+    """The site page of a repository file that the site renders (README.md, docs/*.md), or None."""
+    if rel == "README.md":
+        return "index.html"
+    if rel.startswith("docs/") and rel.endswith(".md") and "/" not in rel[5:]:
+        return rel[:-3] + ".html"
+    return None
+
+
+_HREF = re.compile(r'(href|src)="([^"]*)"')
+
+
+def _local_links(body: str, source: Path, page: str, out: Path) -> str:
+    """Links of a rendered markdown file made to work in the site: a link to a rendered page (README.md,
+    docs/*.md) points at its HTML page, a link to another file of the repository points at a copy of it in the
+    site (at the same place), both relative to `page`; external links and anchors are left as they are."""
+    def fix(m: re.Match) -> str:
+        attr, href = m.group(1), html.unescape(m.group(2))
+        parts = urlsplit(href)
+        if parts.scheme or parts.netloc or not parts.path or href.startswith("#"):
+            return m.group(0)
+        target = (source.parent / unquote(parts.path)).resolve()
+        try:
+            rel = target.relative_to(ROOT).as_posix()
+        except ValueError:
+            return m.group(0)                     # outside the repository: left alone (and reported as broken)
+        dest = site_page(rel)
+        if dest is None and target.is_file():
+            dest = rel
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(target, out / rel)
+        if dest is None:
+            return m.group(0)
+        new = posixpath.relpath(dest, posixpath.dirname(page) or ".") + (f"#{parts.fragment}" if parts.fragment else "")
+        return f'{attr}="{html.escape(new, quote=True)}"'
+    return _HREF.sub(fix, body)
+
+
+def broken_links(site: Path) -> list[str]:
+    """Every local link or image of the site's pages that resolves to no file of the site ("page: link")."""
+    bad = []
+    for page in sorted(site.rglob("*.html")):
+        for _, href in _HREF.findall(page.read_text(encoding="utf-8")):
+            parts = urlsplit(html.unescape(href))
+            if parts.scheme or parts.netloc or not parts.path:
+                continue
+            if not (page.parent / unquote(parts.path)).resolve().is_file():
+                bad.append(f"{page.relative_to(site).as_posix()}: {href}")
+    return bad
 
 
 def _page(title: str, body: str, nav: str) -> str:
@@ -168,8 +229,12 @@ def build(profile: str = "embedded", out: Path | None = None, trust_html: bool =
                    f'{_markdown_inline(meta[p][1])}</span></li>')
     toc.append("</ol>")
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    front = "\n".join(toc) + _markdown(readme)
+    front = "\n".join(toc) + _local_links(_markdown(readme), ROOT / "README.md", "index.html", out)
     write(out / "index.html", _page("Research compendium", front, _nav(pages, None)))
+    for md in sorted((ROOT / "docs").glob("*.md")):        # the pages the README links: rendered, their links kept
+        page = f"docs/{md.stem}.html"
+        body = _local_links(_markdown(md.read_text(encoding="utf-8")), md, page, out)
+        write(out / page, _page(_title(md), body, _nav(pages, None, depth=1)))
     # figures: the index and the PNGs it links
     figs_src = figures_dir(profile, ROOT)
     if figs_src.exists():
@@ -199,7 +264,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         index = build(a.profile, Path(a.out) if a.out else None, trust_html=a.trust_html)
     except ProfileError as e:
         return cli_error(e)
-    print(f"report: {index} ({len(list(index.parent.glob('*.html')))} pages)")
+    bad = broken_links(index.parent)
+    print(f"report: {index} ({len(list(index.parent.rglob('*.html')))} pages)")
+    for b in bad:
+        print(f"warning: a link leads nowhere in the site: {b}", file=sys.stderr)
     return 0
 
 
