@@ -6,7 +6,8 @@
 #                                   resumes after a kill, skips stages whose inputs are unchanged, replays the
 #                                   committed model answers, and copies its results to results/embedded/
 #   make reproduce NB=03            one stage (by number prefix or stem); FORCE=1 reruns up-to-date stages,
-#                                   COLD=1 asks every model afresh
+#                                   COLD=1 asks every model afresh; what it reads comes from the committed results,
+#                                   and DEPS=1 regenerates first what is not committed (it says what and how long)
 #   make reproduce PROFILE=paper    the same notebooks with params/paper.yaml
 #   make reproduce PROFILE=paper-smoke   the paper profile's code on tiny stand-in models and data (CPU, ~6 min)
 #   make test                       the code: committed-results checks, unit tests, every stage at test sizes
@@ -21,6 +22,7 @@ PROFILE ?= embedded
 NB ?=
 FORCE ?=
 COLD ?=
+DEPS ?=
 RECORD ?=
 PYTHON ?= python3
 VENV := .venv
@@ -62,7 +64,7 @@ disk-check:
 	done
 
 reproduce: $(STAMP)
-	$(PY) -m lib.compendium.runner reproduce --profile $(PROFILE) $(if $(NB),--only $(NB),) $(if $(filter 1,$(FORCE)),--force,) $(if $(filter 1,$(COLD)),--cold,)
+	$(PY) -m lib.compendium.runner reproduce --profile $(PROFILE) $(if $(NB),--only $(NB),) $(if $(filter 1,$(FORCE)),--force,) $(if $(filter 1,$(COLD)),--cold,) $(if $(filter 1,$(DEPS)),--deps,)
 
 data: $(STAMP)
 	$(PY) -m lib.compendium.runner reproduce --profile $(PROFILE) --only 00

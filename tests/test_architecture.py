@@ -18,6 +18,7 @@ LIB = Path(__file__).resolve().parents[1] / "lib"
 LAYERS = {
     0: {"lib", "lib.compendium.artifacts", "lib.compendium.prompts", "lib.compendium.presets",
         "lib.compendium.envfiles", "lib.compendium.numerics", "lib.compendium.procs", "lib.compendium.nbval_record",
+        "lib.compendium.bookkeeping",
         "lib.compendium.usage", "lib.evaluation.metrics", "lib.evaluation.claims", "lib.evaluation.plotting", "lib.models.train_memory",
         "lib.compendium", "lib.data", "lib.evaluation", "lib.models", "lib.trace", "lib.clip4dm", "lib.sei",
         "lib.arcade"},     # the package files: a docstring each, no imports
@@ -37,7 +38,7 @@ LAYERS = {
         "lib.evaluation.crosseval", "lib.evaluation.figures", "lib.evaluation.figure_kit", "lib.evaluation.recompute", "lib.evaluation.preconditions",
         "lib.compendium.results", "lib.compendium.compare", "lib.compendium.findings", "lib.compendium.report", "lib.compendium.params", "lib.compendium.param_schemas",
         "lib.compendium.runner", "lib.compendium.stages", "lib.compendium.costs", "lib.compendium.measure", "lib.compendium.nbcheck",
-        "lib.compendium.stamps", "lib.compendium.lab",
+        "lib.compendium.stamps", "lib.compendium.lab", "lib.compendium.scrub", "lib.compendium.inputs",
         "lib.compendium.outputs",
         "lib.compendium.execution"},
 }

@@ -145,6 +145,7 @@ def sandbox(tmp_path, monkeypatch):
     monkeypatch.setattr(results, "RESULTS_ROOT", tmp_path / "results")
     ran = []
     monkeypatch.setattr(stages_mod, "run_notebook", lambda st, p, params=None, **kw: ran.append(st.name))
+    monkeypatch.setattr(stages_mod, "check_outputs", lambda *a, **k: None)
     monkeypatch.setattr(stages_mod, "run_module", lambda st, p, **kw: ran.append(st.name))
     return tmp_path, ran
 

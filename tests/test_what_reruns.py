@@ -192,3 +192,41 @@ def test_an_encoders_embeddings_are_keyed_by_its_backend_code(scratch):
     assert encoder_identity("clip-vit-b32") == a
     _append(scratch, "lib.models.encoders.hf_clip", "\n\ndef pooled_differently():\n    return 1\n")
     assert encoder_identity("clip-vit-b32") != a
+
+
+# ----------------------------------------------------------------------------- recorded from the stage's own processes
+def test_a_python_steps_process_records_what_it_imported_and_opened(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from lib.compendium.usage import USAGE_ENV, collect
+    env = {**os.environ, USAGE_ENV: str(tmp_path / "u")}
+    subprocess.run([sys.executable, "-m", "lib.compendium.nbcheck"], cwd=ROOT, env=env, capture_output=True, timeout=120)
+    u = collect(tmp_path / "u", main="lib.compendium.nbcheck")
+    assert u is not None and "lib.compendium.nbcheck" in u["modules"] and "lib.compendium.execution" in u["modules"]
+    assert "tests/reference/ci_checked_outputs.json" in u["opened"]                   # a file it read
+    assert collect(tmp_path / "u", main="lib.models.embedded") is None               # not that step's own record
+
+
+def test_a_notebooks_kernel_records_lazy_imports_after_each_cell(tmp_path):
+    """The kernel may be stopped without atexit (nbval stops it at once): it records after every cell, lazy imports
+    and registries included; a notebook whose kernel left no record counts as using everything."""
+    import os
+    import nbformat
+    import papermill as pm
+    from lib.compendium.usage import USAGE_ENV, collect
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import importlib\nm = importlib.import_module('lib.arcade.' + 'scoring')"),
+                nbformat.v4.new_code_cell("open(%r).read()" % str(ROOT / "params" / "ci.yaml"))]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    src = tmp_path / "t.ipynb"
+    nbformat.write(nb, str(src))
+    old = os.environ.get(USAGE_ENV)
+    os.environ[USAGE_ENV] = str(tmp_path / "u")
+    try:
+        pm.execute_notebook(str(src), str(tmp_path / "o.ipynb"), kernel_name="python3", progress_bar=False)
+    finally:
+        os.environ.pop(USAGE_ENV) if old is None else os.environ.__setitem__(USAGE_ENV, old)
+    u = collect(tmp_path / "u")
+    assert u is not None and "lib.arcade.scoring" in u["modules"] and "params/ci.yaml" in u["opened"]
+    assert collect(tmp_path / "nothing") is None

@@ -30,18 +30,15 @@ from typing import Any
 
 from lib.compendium.artifacts import RESULTS_ROOT, cli_error, write_json
 from lib.compendium.params import stages
-from lib.compendium.results import RESULT_FILES, TIMING, compare_metrics
+from lib.compendium.bookkeeping import BOOKKEEPING, bookkeeping  # noqa: F401  (compare.BOOKKEEPING as before)
+from lib.compendium.results import RESULT_FILES, compare_metrics
 
-#: fields that record how a run went rather than what it found
-BOOKKEEPING = frozenset({"from_cache", "cache_hits", "calls_made", "cache_key", "generator_sha256", "key",
-                         "created", "finished", "seconds", "render_seconds"})
-SKIP_FILES = frozenset({".stamp.json", "timings.json", "manifest.json"})
-SKIP_DIRS = frozenset({"cache", "notebooks", "figures", "report", "test-logs"})
+SKIP_FILES = frozenset({".stamp.json", "timings.json", "manifest.json", ".from_results.json"})
+SKIP_DIRS = frozenset({"cache", "notebooks", "figures", "report", "test-logs", "lab"})
 
 
 def _bookkeeping(key: str, value: Any) -> bool:
-    return (key in BOOKKEEPING or bool(TIMING.search(key)) or "/s" in key
-            or (key == "calls" and isinstance(value, int) and not isinstance(value, bool)))
+    return bookkeeping(key, value)
 
 
 def normalise(value: Any, roots: tuple[str, ...]) -> Any:

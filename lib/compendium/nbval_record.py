@@ -38,7 +38,7 @@ def pytest_runtest_call(item):
     yield
     if _is_cell(item):
         _RECORDS[item.cell_num] = {"outputs": list(item.test_outputs or []), "seconds": time.time() - t0,
-                                   "checked": bool(item.options.get("check"))}
+                                   "checked": bool(item.options.get("check")) and item.cell.execution_count is not None}
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -47,7 +47,7 @@ def pytest_runtest_makereport(item, call):
     rep = outcome.get_result()
     if _is_cell(item) and rep.when == "call":
         rec = _RECORDS.setdefault(item.cell_num, {"outputs": list(item.test_outputs or []), "seconds": rep.duration,
-                                                  "checked": bool(item.options.get("check"))})
+                                                  "checked": bool(item.options.get("check")) and item.cell.execution_count is not None})
         rec["passed"] = rep.passed
         if rep.failed and not _FAILURE:
             text = str(rep.longrepr)

@@ -70,3 +70,44 @@ def describe_figures(profile: str) -> str:
     lines = [f"{len(stems)} figures in {relpath(d)}"]
     lines += [f"{s}: {' + '.join(x for x in ('png', 'pdf') if (d / f'{s}.{x}').exists())}" for s in stems]
     return "\n".join(lines)
+
+
+class OutputsMissing(RuntimeError):
+    """A stage ran through but did not write what it declares: the message names each missing or empty output."""
+
+
+#: stages with no metrics.json of their own (notebook 07 draws the figures of the others)
+NO_METRICS = ("07_figures",)
+
+
+def check_outputs(profile: str, stage: str, root: Path | None = None, since: float | None = None) -> None:
+    """Raise OutputsMissing unless the stage wrote what it declares: its metrics.json, a non-empty JSON object
+    written by this run (modified at or after `since`), every result file it wrote non-empty, and for notebook 07
+    at least one figure drawn by this run. A run that did less never replaces a saved notebook or publishes."""
+    folder = (root or ARTIFACTS_ROOT) / profile / stage
+    problems = []
+    if stage not in NO_METRICS:
+        m = folder / "metrics.json"
+        try:
+            data = json.loads(m.read_text(encoding="utf-8")) if m.exists() else None
+        except (OSError, ValueError) as e:
+            data = None
+            problems.append(f"{m.name} is not readable JSON ({e})")
+        if data is None and not problems:
+            problems.append(f"{m.name} was not written")
+        elif not problems and (not isinstance(data, dict) or not data):
+            problems.append(f"{m.name} holds no metric")
+        elif not problems and since is not None and m.stat().st_mtime < since - 1:
+            problems.append(f"{m.name} is an earlier run's (this run did not write it)")
+    for pattern in RESULT_FILES.get(stage, ()):
+        for f in folder.glob(pattern):
+            if f.is_file() and f.stat().st_size == 0:
+                problems.append(f"{f.relative_to(folder)} is empty")
+    if stage == "07_figures":
+        d = figures_dir(profile, (root or ARTIFACTS_ROOT).parent) if root is not None else figures_dir(profile)
+        drawn = [p for p in d.glob("*.png") if since is None or p.stat().st_mtime >= since - 1] if d.exists() else []
+        if not drawn:
+            problems.append(f"no figure was drawn in {relpath(d)}")
+    if problems:
+        raise OutputsMissing(f"finished without writing what it declares (artifacts/{profile}/{stage}/): "
+                             + "; ".join(problems))

@@ -24,6 +24,8 @@ from typing import Any, Sequence
 from lib import ROOT
 from lib.compendium.artifacts import ARTIFACTS_ROOT, RESULTS_ROOT, read_json, write_bytes, write_json, write_text
 from lib.compendium import numerics
+from lib.compendium.bookkeeping import TIMING, same_result  # noqa: F401  (results.TIMING as before)
+from lib.compendium.inputs import publish_figure_images
 from lib.models.chat.cache import ResponseCache, default_cache_path
 from lib.compendium.costs import Assumptions, cost_rows, markdown
 from lib.compendium.findings import findings_block, findings_rows  # noqa: F401  (the README's block; results.findings_rows as before)
@@ -137,9 +139,11 @@ def publish_stage(profile: str, stage: str) -> list[str]:
         if any(fnmatch.fnmatch(rel, pat) for pat in RESULT_GZIP.get(stage, ())):
             rel, data = rel + ".gz", gzip.compress(data, mtime=0)       # no timestamp: the same rows, the same bytes
         target = dest / rel
-        if not target.exists() or target.read_bytes() != data:
-            write_bytes(target, data)
+        if not target.exists() or (target.read_bytes() != data and not same_result(target, data)):
+            write_bytes(target, data)                                     # a result moved (times move with it)
         written[rel] = target
+    for rel in publish_figure_images(profile, stage, ARTIFACTS_ROOT / profile / stage, dest):
+        written[rel] = dest / rel                 # the dataset images its figures show: they redraw from results alone
     if dest.exists():
         for old in [x for x in dest.rglob("*") if x.is_file()]:
             if old.relative_to(dest).as_posix() not in written:
@@ -147,37 +151,37 @@ def publish_stage(profile: str, stage: str) -> list[str]:
     return sorted(written)
 
 
-def publish_run(profile: str, partial: bool = False, published: Sequence[str] | None = None) -> None:
+def publish_run(profile: str, partial: bool = False, published: Sequence[str] | None = None,
+                measured: dict[str, dict[str, Any]] | None = None) -> None:
     """After a run: the answers its stages used (results/<profile>/cache/), the stage timings and the
     machine (results/<profile>/timings.json), the digests of the saved notebooks' code and outputs
     (results/<profile>/notebooks.json: the notebooks that go with these results); then the size check.
     `partial`: the run covered some stages only (e.g. `make reproduce NB=02` on a fresh clone): the committed
-    answers stay beside the ones it used (it has not used the other stages' answers and must not drop them) and
-    the other stages' latest times stay in timings.json; a run of every stage writes exactly what it used.
-    `published`: the stages this run ran and published; only their times come from the run's timings
-    (artifacts/<profile>/timings.json also holds the times of `--no-publish` runs and of stages found up to
-    date, whose results this run did not publish). None: every stage's."""
+    answers stay beside the ones it used (it has not used the other stages' answers and must not drop them); a
+    run of every stage writes exactly what it used. `measured`: stage -> {"section", "row"}, the times this run
+    measured and what kind each is ("stages": from nothing, "replayed": a fresh clone's, None: neither, which is
+    never published); only those of the `published` stages are written, so an old cold time a later warm rerun
+    found in artifacts/ is never published as its own, and a rerun that measured nothing leaves timings.json as
+    it was (the latest run's times stay in artifacts/<profile>/timings.json)."""
     cache = default_cache_path(profile)
     if cache.exists():
         n = ResponseCache(cache).export(cache_export_path(profile), keep=partial)
         print(f">> {n} model answers the stages used -> {cache_export_path(profile).relative_to(ROOT)}")
-    run_timings = ARTIFACTS_ROOT / profile / "timings.json"
-    if run_timings.exists():                # a stage's cold time replaces the committed one; a warm rerun's does not
+    if measured:                             # only the times this run measured of the kind each row records
         old = read_json(timings_path(profile)) if timings_path(profile).exists() else {}
-        new = read_json(run_timings)
-
-        def ours(section: str) -> dict[str, Any]:
-            return {k: v for k, v in new.get(section, {}).items() if published is None or k in published}
         stages_ = dict(old.get("stages", {}))
-        for k, v in ours("stages").items():
-            if v.get("cold", True) or k not in stages_:
-                stages_[k] = v
-        replayed = {**old.get("replayed", {}), **ours("replayed")}
-        keep_last = partial or published is not None     # a stage this run did not publish keeps its committed time
-        write_json(timings_path(profile), {"machine": new.get("machine", machine_description()), "stages": stages_,
-                                           **({"replayed": replayed} if replayed else {}),
-                                           "last_run": {**(old.get("last_run", {}) if keep_last else {}),
-                                                        **ours("last_run")}})
+        replayed = dict(old.get("replayed", {}))
+        for k, m in measured.items():
+            if published is not None and k not in published:
+                continue
+            if m.get("section") == "stages":
+                stages_[k] = m["row"]                  # from nothing: every model trained and asked in this run
+            elif m.get("section") == "replayed":
+                replayed[k] = m["row"]                 # a fresh clone's: trained here, committed answers replayed
+        new = {"machine": machine_description() if (stages_ != old.get("stages", {}) or replayed != old.get("replayed", {}))
+               else old.get("machine", machine_description()), "stages": stages_, **({"replayed": replayed} if replayed else {})}
+        if new != {k: v for k, v in old.items() if k != "last_run"} or "last_run" in old:
+            write_json(timings_path(profile), new)
     write_json(results_dir(profile) / "notebooks.json", notebook_digests(profile))
     size = sum(f.stat().st_size for f in results_dir(profile).rglob("*") if f.is_file()) / 2 ** 20
     note = "" if size <= SIZE_CAP_MB else f" (over the {SIZE_CAP_MB} MB cap: commit fewer per-item files)"
@@ -203,9 +207,7 @@ def notebook_digests(profile: str) -> dict[str, str]:
 
 
 # ----------------------------------------------------------------------------- comparing a run with the committed results
-#: metrics that measure the machine, not the method (timings, rates, call and token counts): never compared
-TIMING = re.compile(r"(_s$|_s_|_per_s|^ttft|speedup|tokens_per|requests_per|scaling|latency|wall|^calls$|_calls$|"
-                    r"^rerun_calls$|_tokens$|floor_ratio|render_s|cache_hits)")
+
 
 
 def seed_spread(profile: str, stage: str, root: Path | None = None) -> dict[str, tuple[float, float]]:
@@ -402,8 +404,8 @@ def timings_block(profile: str = "embedded") -> str:
         t = read_json(timings_path(profile))
         st = t.get("stages", {})
         total = sum(v["wall_s"] for v in st.values())
-        last, replayed = t.get("last_run", {}), t.get("replayed", {})
-        names = [s.name for s in stages() if s.name in st or s.name in last or s.name in replayed]
+        replayed = t.get("replayed", {})
+        names = [s.name for s in stages()]
         unmeasured = [n for n in names if n not in st]
         fresh = fresh_clone_times(t, names)
         fresh_total = sum(v for v in fresh.values() if v is not None)
@@ -425,8 +427,7 @@ def timings_block(profile: str = "embedded") -> str:
                          + (f" ({', '.join(older)} timed at {'its' if len(older) == 1 else 'their'} earlier parameters"
                             f"{EARLIER})" if older else ""))
                       if replayed else "")
-                   + f"; the latest run, whatever it reused of earlier runs' models and answers: "
-                   f"{_minutes(sum(v['wall_s'] for v in last.values()))}.\n")
+                   + ".\n")
         out.append("| | " + " | ".join(names) + " |")
         out.append("|---|" + "---|" * len(names))
         out.append("| from nothing | " + " | ".join(_minutes(st[n]["wall_s"]) + mark("stages", n) if n in st
@@ -437,10 +438,6 @@ def timings_block(profile: str = "embedded") -> str:
                        + " | ".join(_minutes(fresh[n]) + fresh_mark[n] if fresh[n] is not None else "—" for n in names)
                        + " |")
             marked = marked or bool(older)
-        if last:
-            out.append("| latest run | " + " | ".join(_minutes(last[n]["wall_s"]) + mark("last_run", n) if n in last
-                                                     else "—" for n in names) + " |")
-            marked = marked or any(mark("last_run", n) for n in names if n in last)
         out.append("")
         if marked:
             out.append(_earlier_note(profile) + "\n")
@@ -477,12 +474,12 @@ def serving_block(profile: str = "embedded") -> str:
 
 
 def notebook_cost(stage: str, profile: str = "embedded") -> str:
-    """A notebook header's cost cell: the stage's measured time from nothing and in the latest run
+    """A notebook header's cost cell: the stage's measured time from nothing and from a fresh clone
     (results/<profile>/timings.json), and the paper profile's estimate on one GPU (lib.compendium.costs)."""
     parts = []
     if timings_path(profile).exists():
         t = read_json(timings_path(profile))
-        cold, last = t.get("stages", {}).get(stage), t.get("last_run", {}).get(stage)
+        cold = t.get("stages", {}).get(stage)
         fresh = t.get("replayed", {}).get(stage)
         cores = re.search(r"(\d+) CPU cores", t.get("machine", ""))
         where = f"{cores.group(1)} CPU cores" if cores else "this machine"
@@ -491,14 +488,12 @@ def notebook_cost(stage: str, profile: str = "embedded") -> str:
             return " at this stage's earlier parameters" if earlier_parameters(t, profile, section, stage) else ""
         clone = (f", {_minutes(fresh['wall_s'])} from a fresh clone (its models trained here, the committed answers "
                  f"replayed{then('replayed')})" if fresh else "")
-        latest = (f", {_minutes(last['wall_s'])} in the latest run on what earlier runs left{then('last_run')}"
-                  if last else "")
         if cold:
             parts.append(f"embedded: {_minutes(cold['wall_s'])} on {where} from nothing (`make reproduce`"
-                         f"{then('stages')})" + clone + latest)
-        elif last or fresh:
+                         f"{then('stages')})" + clone)
+        elif fresh:
             parts.append(f"embedded: not yet timed from nothing on {where} (its model answers were asked over "
-                         f"several runs)" + clone + latest)
+                         f"several runs)" + clone)
     rows = [r for r in cost_rows("paper", Assumptions()) if r.stage[:2] == stage[:2]]
     if rows:
         hours, gib = sum(r.gpu_hours for r in rows), max(r.gpu_gib for r in rows)

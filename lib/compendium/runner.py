@@ -270,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--fresh", action="store_true", help="delete artifacts/<profile>/ first (not for a published "
                                                          "profile: its trained models and answers are hours of work)")
     r.add_argument("--no-publish", action="store_true", help="do not copy the results to results/<profile>/")
+    r.add_argument("--deps", action="store_true", help="regenerate first what the chosen stages read and nothing "
+                                                        "here or committed holds (make reproduce NB=06 DEPS=1)")
     a = sub.add_parser("answers", help="export the model answers a profile's last run used to results/<profile>/cache/")
     a.add_argument("--profile", default=CI_PROFILE)
     a.add_argument("--keep", action="store_true", help="keep the committed answers beside the new ones (a CPU of "
@@ -307,7 +309,7 @@ def _main(args: argparse.Namespace) -> int:
                 return 2
             shutil.rmtree(ARTIFACTS_ROOT / args.profile, ignore_errors=True)
         return reproduce(args.profile, args.only, force=args.force, cold=args.cold,
-                         publish=False if args.no_publish else None)
+                         publish=False if args.no_publish else None, deps=args.deps)
     if args.cmd == "answers":
         try:
             profile_path(args.profile)

@@ -8,7 +8,6 @@ outputs; other profiles write theirs under `artifacts/<profile>/notebooks/`.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -17,76 +16,29 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from lib import ROOT
 from lib.compendium import numerics, results
-from lib.compendium.artifacts import ARTIFACTS_ROOT, cli_error, PUBLISHED_PROFILES, read_json, relpath, write_json, write_text
+from lib.compendium.artifacts import ARTIFACTS_ROOT, cli_error, PUBLISHED_PROFILES, read_json, relpath, write_json
 from lib.models.chat import loopback
 from lib.models.chat.cache import STAGE_ENV, CacheError, ResponseCache, default_cache_path, read_exported
-from lib.models.chat.keys import read_dotenv, remembered_env_files
 from lib.compendium.params import (ProfileError, Stage, runner_config, section_digest, select_stages, stages,
                                    validate_profile)
-from lib.compendium.presets import OVERLAY_ENV, overlay_path, presets, read_overlay, resolve_model_path
+from lib.compendium.presets import OVERLAY_ENV, overlay_path, read_overlay, resolve_model_path
 from lib.compendium.results import README_PROFILES, update_readme
 from lib.compendium.execution import (CellTimeout, Limits, NbvalFailure, cell_text, execute_nbval, execute_papermill,
                                       stage_limits)
 from lib.compendium.procs import end_processes, new_id, tagged
+from lib.compendium.scrub import ABS_PATH, loaded_secrets, scrub_notebook  # noqa: F401  (stages.scrub_notebook as before)
 from lib.compendium.stamps import Digests, current_stamps, stage_stamp, stamp_file, up_to_date
 from lib.compendium.usage import USAGE_ENV, collect
+from lib.compendium.inputs import NEEDS, drop_taken, plan, take_from_results, taken
+from lib.compendium.outputs import OutputsMissing, check_outputs
 
 
 #: the profile `make test` runs after the embedded stages: the paper profile on tiny stand-ins
 SMOKE_PROFILE = "paper-smoke"
-
-
-SECRET_ENV = re.compile(r"(API_KEY|TOKEN|SECRET|PASSWORD)", re.I)
-
-
-#: An absolute path outside the project and the home folder (those are made relative first): a
-#: "/" that does not continue a word, a URL or a relative path, followed by at least one folder.
-ABS_PATH = re.compile(r"(?<![\w:/.~\-}])/(?:[^\s\"'/:,;()\[\]{}<>]+/)+")
-
-
-def loaded_secrets() -> list[str]:
-    """Every secret the compendium may have loaded: environment variables, `.env` entries and the
-    entries of every other env file keys were read from (lib.models.chat remembers them) whose names look
-    secret, and every key named by a chat preset's api_key_env (with its _1, _2...)."""
-    sources = [dict(os.environ)]
-    for f in [ROOT / ".env", *remembered_env_files()]:
-        try:
-            sources.append(read_dotenv(f))
-        except (OSError, ValueError) as e:    # an unreadable file must not stop the scrubber; say so
-            print(f"warning: secrets of {f} cannot be read to scrub saved notebooks ({e})", file=sys.stderr)
-    try:
-        key_envs = {str(p.options["api_key_env"]) for p in presets("chat").values() if p.options.get("api_key_env")}
-    except Exception:  # a broken preset file must not stop the scrubber
-        key_envs = set()
-    found = set()
-    for env in sources:
-        names = {k for k in env if SECRET_ENV.search(k)}
-        names |= {k for k in env if any(k == e or re.fullmatch(rf"{re.escape(e)}_\d+", k) for e in key_envs)}
-        found |= {env[k] for k in names if env.get(k) and len(env[k]) >= 8}
-    return sorted(found, key=len, reverse=True)
-
-
-def _scrub_strings(value, replacements: list[tuple[str, str]], secrets: list[str]):
-    """Apply the replacements, redact secrets and absolute paths in every string of an output."""
-    if isinstance(value, str):
-        for old, new in replacements:
-            value = value.replace(old, new)
-        for secret in secrets:
-            value = value.replace(secret, "***")
-        return ABS_PATH.sub("<abs>/", value)
-    if isinstance(value, list):
-        return [_scrub_strings(v, replacements, secrets) for v in value]
-    if isinstance(value, dict):
-        return {k: (v if k in ("image/png", "image/jpeg") else _scrub_strings(v, replacements, secrets))
-                for k, v in value.items()}
-    return value
-
-
-_TQDM = re.compile(r"(\d+it/s|s/it|it/s\]|\|[#█▏▎▍▌▋▊▉ ]+\|)")
 
 
 def run_env() -> dict[str, str]:
@@ -99,37 +51,6 @@ def run_env() -> dict[str, str]:
     return env
 
 
-def scrub_notebook(path: Path, output_path: Path | None = None) -> None:
-    """Remove run-to-run churn and machine details from a saved notebook, in place."""
-    import nbformat
-    nb = nbformat.read(str(path), as_version=4)
-    pm = nb.metadata.get("papermill", {})
-    for k in ("start_time", "end_time", "duration", "environment_variables", "exception"):
-        pm.pop(k, None)
-    if output_path is not None:
-        pm["output_path"] = str(output_path)
-    for k in ("input_path", "output_path"):
-        if k in pm and pm[k]:
-            pm[k] = os.path.relpath(pm[k], ROOT) if os.path.isabs(pm[k]) else pm[k]
-    secrets = loaded_secrets()
-    replacements = [(str(ROOT) + "/", ""), (str(ROOT), "."), (os.path.expanduser("~") + "/", "~/")]
-    for cell in nb.cells:
-        if "injected-parameters" in cell.metadata.get("tags", []):
-            cell["id"] = "injected-parameters"  # papermill draws a random id on every run
-        cell.metadata.pop("papermill", None)
-        cell.metadata.pop("execution", None)
-        if cell.cell_type != "code":
-            continue
-        kept = []
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "stream" and out.get("name") == "stderr" and (
-                    _TQDM.search(out.get("text", "")) or not out.get("text", "").strip()):
-                continue  # progress bars (and their blank leftovers): useful live, churn when saved
-            kept.append(nbformat.from_dict(_scrub_strings(json.loads(json.dumps(out)), replacements, secrets)))
-        cell.outputs = kept
-    write_text(path, nbformat.writes(nb) + "\n")
-
-
 class StageError(RuntimeError):
     """A stage failed; the message says which, where, and the error it raised."""
 
@@ -139,15 +60,17 @@ class StageTimeout(StageError):
 
 
 def run_notebook(stage: Stage, profile: str, params: dict, limits: Limits | None = None,
-                 executor: str = "papermill") -> Path:
+                 executor: str = "papermill", check: Callable[[], None] | None = None, in_place: bool = True) -> Path:
     """Execute a stage's notebook (papermill, or nbval for a profile whose runner says so), each cell under
-    `limits.cell_s`; the executed notebook replaces the saved one only when it ran through. A failure is a
-    StageError naming the notebook, the cell and the error (the failed run parked under
-    artifacts/<profile>/notebooks/FAILED_<name>)."""
+    `limits.cell_s`; the executed notebook replaces the saved one only when it ran through and `check` (the
+    stage's outputs, lib.compendium.outputs.check_outputs) passed. A failure is a StageError naming the notebook,
+    the cell and the error (the failed run parked under artifacts/<profile>/notebooks/FAILED_<name>). `in_place`
+    (the embedded profile): the committed notebook is the one rewritten; a run that only provides another stage's
+    inputs writes its copy under artifacts/<profile>/notebooks/ instead."""
     assert stage.notebook is not None
     limits = limits or Limits(24 * 3600.0, 24 * 3600.0, "no limit given", "no limit given")
     src = stage.notebook
-    if profile == "embedded":
+    if profile == "embedded" and in_place:
         out = src
     else:
         out = ROOT / "artifacts" / profile / "notebooks" / src.name
@@ -159,6 +82,8 @@ def run_notebook(stage: Stage, profile: str, params: dict, limits: Limits | None
             execute_nbval(src, tmp, parameters, limits, ARTIFACTS_ROOT / profile / "notebooks")
         else:
             execute_papermill(src, tmp, parameters, limits)
+        if check is not None:
+            check()
     except Exception as e:  # noqa: BLE001 - every failure of the notebook: named, the saved notebook kept
         # keep the committed notebook; park the failed run where it can be inspected
         failed = ROOT / "artifacts" / profile / "notebooks" / f"FAILED_{src.name}"
@@ -183,7 +108,7 @@ def _failure_text(stage: Stage, profile: str, e: Exception, where: str | None, f
     if isinstance(e, pm.PapermillExecutionError):
         return (f"{stage.label} failed (profile {profile}) in cell {e.exec_count}:\n{e.ename}: {e.evalue}\n"
                 f"(executed notebook: {failed.relative_to(ROOT)})")
-    if isinstance(e, (CellTimeout, NbvalFailure)):
+    if isinstance(e, (CellTimeout, NbvalFailure, OutputsMissing)):
         return f"{stage.label} (profile {profile}): {e}\n(executed notebook: {failed.relative_to(ROOT)})"
     return (f"{stage.label} failed (profile {profile}) in {where or 'a cell'}: {type(e).__name__}: {e}\n"
             f"(executed notebook: {failed.relative_to(ROOT)})")
@@ -267,7 +192,7 @@ def profile_services(profile: str):
 
 
 def reproduce(profile: str, only: str | None, force: bool = False, cold: bool = False,
-              publish: bool | None = None) -> int:
+              publish: bool | None = None, deps: bool = False) -> int:
     """Run the chosen stages of a profile (all by default), in order. A stage is skipped as up to date
     while nothing its last run used has changed (its parameters, its notebook's code, the library modules,
     prompt files and other stages' outputs its processes used: lib.compendium.stamps), so a run killed at any point
@@ -276,7 +201,10 @@ def reproduce(profile: str, only: str | None, force: bool = False, cold: bool = 
     response cache is moved aside, kept, and no committed answer is loaded; implies `force`).
     Otherwise a published profile first loads the committed answers (results/<profile>/cache/) that
     its cache lacks, so a fresh clone replays them. `publish` (default: a published profile) copies
-    each finished stage's results to results/<profile>/ after comparing them with the committed ones."""
+    each finished stage's results to results/<profile>/ after comparing them with the committed ones.
+    Stages chosen alone get their inputs first (`provide_inputs`): committed results copied, and with `deps`
+    (DEPS=1) what is not committed regenerated; without it, a run that needs regenerating stops before anything
+    runs and says what and how long."""
     try:
         chosen = select_stages(only)
         sections = validate_profile(profile, only=None)
@@ -307,13 +235,85 @@ def reproduce(profile: str, only: str | None, force: bool = False, cold: bool = 
     held = len(ResponseCache(cache)) if cache.exists() else 0
     try:
         with profile_services(profile):
-            rc = _run_stages(chosen, profile, sections, force, publish, cold_run=cold)
+            rc = provide_inputs(profile, chosen, sections, deps)
+            if rc == 0:
+                rc = _run_stages(chosen, profile, sections, force, publish, cold_run=cold,
+                                 no_times={s.name for s in chosen} if _borrowed(profile, chosen) else set())
     except StageError as e:
         print(f"\nerror: {e}", file=sys.stderr)
         rc = 1
     record_answers(profile, loaded=added, asked=(len(ResponseCache(cache)) if cache.exists() else 0) - held,
                    every_stage=only is None)
     return rc
+
+
+def provide_inputs(profile: str, chosen: list[Stage], sections: dict[str, dict[str, Any]], deps: bool) -> int:
+    """What the chosen stages read of stages that have not run here (lib.compendium.inputs.plan): said first, with
+    the measured time of what must be regenerated; committed results are copied at once; what is not committed
+    (MemeWorld's files, trained models, the TRACE runs notebook 06 loads) is regenerated only with `deps`, else the
+    run stops here (exit 2) naming it. Returns 0 when every input is there."""
+    pl = plan(profile, [s.name for s in chosen], ARTIFACTS_ROOT, results.RESULTS_ROOT)
+    if not (pl.copy or pl.run or pl.trace_runs):
+        return 0
+    est = estimates(profile)
+    names = ", ".join(s.name for s in chosen)
+    print(f">> {names} reads what stages that have not run here wrote:", flush=True)
+    if pl.copy:
+        print(f"   taken from results/{profile}/ (the committed results, copied; never written back): "
+              f"{', '.join(pl.copy)}", flush=True)
+    cost = sum(est[s][0] for s in pl.run if s in est)
+    if pl.run:
+        print("   regenerated here first (not committed: "
+              + ", ".join(f"{s} ({est[s][1]} {_minutes(est[s][0])})" if s in est else f"{s} (never timed)" for s in pl.run)
+              + ")", flush=True)
+    if pl.trace_runs:
+        t = trace_retrain_seconds(profile, pl.trace_runs, sections)
+        cost += t
+        print(f"   {len(pl.trace_runs)} TRACE runs of 02_finetuning retrained from their committed configurations "
+              f"(their weights are not committed): {', '.join(pl.trace_runs)} (about {_minutes(t)})", flush=True)
+    if pl.run or pl.trace_runs:
+        print(f"   about {_minutes(cost)} before {names} starts", flush=True)
+        if not deps:
+            first = " then ".join(f"make reproduce NB={s}" + (f" PROFILE={profile}" if profile != "embedded" else "")
+                                  for s in pl.run) or "make reproduce NB=02"
+            return cli_error(f"{names} needs what {', '.join(pl.run + (['02_finetuning (its TRACE runs)'] if pl.trace_runs else []))} "
+                             f"would write, which is neither in artifacts/{profile}/ nor committed: rerun with DEPS=1 "
+                             f"(`make reproduce NB={chosen[0].name[:2]} DEPS=1`) to regenerate it here first, or run "
+                             f"`{first}`")
+    for s in pl.copy:
+        n = len(take_from_results(profile, s, ARTIFACTS_ROOT, results.RESULTS_ROOT))
+        print(f"   {s}: {n} files from results/{profile}/{s}/", flush=True)
+    if pl.run:
+        rc = _run_stages([st for st in stages() if st.name in pl.run], profile, sections, publish=False, in_place=False,
+                         no_times=set(pl.run))
+        if rc:
+            return rc
+    if pl.trace_runs:
+        cmd = [sys.executable, "-m", "lib.trace.runs", "--profile", profile, "--retrain-committed", ",".join(pl.trace_runs)]
+        print(">>", " ".join(cmd[1:]), flush=True)
+        try:
+            subprocess.run(cmd, cwd=ROOT, env=run_env(), check=True, timeout=max(3600.0, 4 * cost))
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+            return cli_error(f"retraining the TRACE runs {', '.join(pl.trace_runs)} failed ({e})")
+    return 0
+
+
+def _borrowed(profile: str, chosen: list[Stage]) -> bool:
+    """Whether the chosen stages read anything this run took from the committed results or regenerated for them:
+    their times are then no stage's time from nothing or from a fresh clone, and are not published."""
+    return any(taken(profile, up, ARTIFACTS_ROOT) for st in chosen for up in NEEDS.get(st.name, {}))
+
+
+def trace_retrain_seconds(profile: str, names: list[str], sections: dict[str, dict[str, Any]]) -> float:
+    """The recorded training time of committed TRACE runs (their result.json), spread over notebook 02's workers."""
+    total = 0.0
+    for n in names:
+        f = results.RESULTS_ROOT / profile / "02_finetuning" / "runs" / n / "result.json"
+        try:
+            total += float(read_json(f).get("seconds", 0.0)) if f.exists() else 0.0
+        except (OSError, ValueError):
+            pass
+    return total / max(1, int(sections.get("02_finetuning", {}).get("train_workers", 1) or 1))
 
 
 def record_answers(profile: str, loaded: int, asked: int, every_stage: bool = True) -> dict[str, int]:
@@ -433,7 +433,11 @@ def _minutes(s: float) -> str:
 
 
 def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str, Any]], force: bool = False,
-                publish: bool = False, cold_run: bool = False) -> int:
+                publish: bool = False, cold_run: bool = False, in_place: bool = True,
+                no_times: set[str] | frozenset[str] = frozenset()) -> int:
+    """Run the chosen stages in order (see `reproduce`). A stage publishes (`publish`) only once it ran through and
+    wrote what it declares; `in_place`: the embedded profile's saved notebooks are the ones rewritten; `no_times`:
+    stages whose times are no stage's from nothing or from a fresh clone (their inputs were borrowed)."""
     cfg = runner_config(sections)
     est = estimates(profile, cold=cold_run)
     timings_file = ARTIFACTS_ROOT / profile / "timings.json"
@@ -443,6 +447,7 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
     stamps = current_stamps(every, sections, profile, digests, ARTIFACTS_ROOT)
     rows = []
     published: list[str] = []
+    measured: dict[str, dict[str, Any]] = {}
     t_all = time.time()
     for k, st in enumerate(chosen, 1):
         if not force and up_to_date(profile, st, stamps[st.name], ARTIFACTS_ROOT):
@@ -458,6 +463,10 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
         # from nothing: every model is asked afresh (COLD=1), or the stage's folder (its trained runs, models,
         # agents) does not exist yet and every model answer it uses is asked in this run (checked when it ends)
         cache = default_cache_path(profile)
+        if drop_taken(profile, st.name, ARTIFACTS_ROOT):      # it computes its own: never the committed ones read back
+            folder = ARTIFACTS_ROOT / profile / st.name
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
         fresh = not (ARTIFACTS_ROOT / profile / st.name).exists()
         cold = cold_run or fresh
         os.environ[STAGE_ENV] = st.name
@@ -471,7 +480,7 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
         t0 = time.time()
         limits = stage_limits(profile, st.name, cfg)
         try:
-            _run_one(st, profile, sections[st.name], limits, cfg.executor)
+            _run_one(st, profile, sections[st.name], limits, cfg.executor, in_place=in_place)
         except StageError as e:
             print(f"\nerror: {e}", file=sys.stderr)
             _print_timings(rows + [(st.name, time.time() - t0, "FAILED")], time.time() - t_all)
@@ -483,7 +492,9 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
         if cold and not cold_run and cache.exists():
             used, asked = ResponseCache(cache).used_count(st.name), len(ResponseCache(cache)) - held
             cold = used <= asked          # answers reused from earlier runs: not a time from nothing
-        usage = collect(usage_dir)
+        if st.name in no_times:           # its inputs were borrowed: no time from nothing or from a fresh clone
+            cold = fresh = False
+        usage = collect(usage_dir, main=st.module)
         names = [s.name for s in every]
         prev = names[names.index(st.name) - 1] if names.index(st.name) else None
         stamp = stage_stamp(st, sections[st.name], profile, usage, stamps.get(prev, "") if prev else "", digests)
@@ -491,20 +502,23 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
         stamps = current_stamps(every, sections, profile, digests, ARTIFACTS_ROOT)   # its outputs move later stamps
         write_json(timings_file, record_timing(timings, st.name, dt, cold, fresh, section_digest(sections[st.name]),
                                                slowest_cell_s=_slowest_cell(profile, st)))
+        measured[st.name] = {"section": None if st.name in no_times else "stages" if cold else "replayed" if fresh
+                             else None, "row": timings["last_run"][st.name]}
         rows.append((st.name, dt, "ran"))
         print(f"== {st.name} done in {_minutes(dt)}", flush=True)
         if publish:
             results.publish_stage(profile, st.name)
             published.append(st.name)
     if publish:       # some stages: keep the others' answers; only the published stages' times
-        results.publish_run(profile, partial=len(chosen) < len(stages()), published=published)
+        results.publish_run(profile, partial=len(chosen) < len(stages()), published=published, measured=measured)
         if profile in README_PROFILES:      # the README's results table; a smoke run must not rewrite it
             update_readme(ROOT / "README.md")
     _print_timings(rows, time.time() - t_all)
     return 0
 
 
-def _run_one(st: Stage, profile: str, params: dict[str, Any], limits: Limits, executor: str) -> None:
+def _run_one(st: Stage, profile: str, params: dict[str, Any], limits: Limits, executor: str,
+             in_place: bool = True) -> None:
     """One stage, every process it starts marked as the stage's (lib.compendium.procs): a watchdog ends them all
     when the stage runs past `limits.stage_s` (its error then says so, with the cell it was in), and whatever the
     stage leaves running when it ends, or fails, is ended with it."""
@@ -519,10 +533,16 @@ def _run_one(st: Stage, profile: str, params: dict[str, Any], limits: Limits, ex
     with tagged(stage_id):
         timer.start()
         try:
+            since = time.time()
+            check = (lambda: check_outputs(profile, st.name, ARTIFACTS_ROOT, since=since))
             if st.notebook is not None:
-                run_notebook(st, profile, params, limits=limits, executor=executor)
+                run_notebook(st, profile, params, limits=limits, executor=executor, check=check, in_place=in_place)
             else:
                 run_module(st, profile, limits=limits)
+                try:
+                    check()
+                except OutputsMissing as e:
+                    raise StageError(f"{st.label} (profile {profile}): {e}") from None
         except StageError as e:
             if expired.is_set() and not isinstance(e, StageTimeout):
                 cell = re.search(r"in (cell \d+ \([^\n]*?\))", str(e))

@@ -21,7 +21,8 @@ USAGE_ENV = "COMPENDIUM_USAGE_DIR"
 
 _OPENED: set[str] = set()
 _INSTALLED = False
-_WRITTEN = False
+_TOKEN = uuid.uuid4().hex[:8]           # one record file per process, however often it is rewritten
+_KERNEL = False                          # this process is a notebook's kernel
 
 
 def _hook(event: str, args: tuple) -> None:
@@ -40,24 +41,26 @@ def _hook(event: str, args: tuple) -> None:
 
 
 def _write(root: str, out_dir: str) -> None:
-    global _WRITTEN
-    if _WRITTEN:
-        return
-    _WRITTEN = True
+    """Write (or rewrite) this process's record: one file per process, replaced atomically each time."""
     try:
         mods = {}
         for name, m in list(sys.modules.items()):
             f = getattr(m, "__file__", None)
+            spec = getattr(m, "__spec__", None)
+            if name == "__main__" and spec is not None:       # `python -m lib.x` runs lib.x as __main__
+                name = spec.name
             if (name == "lib" or name.startswith("lib.")) and f:
                 mods[name] = os.path.relpath(f, root)
         prefix = root.rstrip(os.sep) + os.sep
         opened = sorted(r for r in (os.path.relpath(p, root) for p in _OPENED if p.startswith(prefix))
                         if not r.startswith((".venv", ".git" + os.sep)) and "__pycache__" not in r)
         os.makedirs(out_dir, exist_ok=True)
-        name = f"{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+        name = f"{os.getpid()}-{_TOKEN}.json"
         tmp = os.path.join(out_dir, f".{name}.tmp")
         with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump({"pid": os.getpid(), "argv": sys.argv[:3], "modules": mods, "opened": opened}, fh)
+            json.dump({"pid": os.getpid(), "argv": sys.argv[:3], "kernel": _KERNEL, "main": sys.modules.get("__main__").__spec__.name
+                       if getattr(sys.modules.get("__main__"), "__spec__", None) else None,
+                       "modules": mods, "opened": opened}, fh)
         os.replace(tmp, os.path.join(out_dir, name))
     except Exception:  # noqa: BLE001 - recording usage must never fail the process; a stage without a record
         pass            # counts as using every module and every earlier stage
@@ -77,20 +80,33 @@ def install(root: str | Path) -> None:
         util.Finalize(None, _write, args=(str(root), out), exitpriority=-100)
     except Exception:  # noqa: BLE001
         pass
+    try:                                   # a notebook's kernel may be stopped without running atexit: after every cell
+        from IPython import get_ipython    # lazy: only inside a kernel
+        ip = get_ipython()
+        if ip is not None and type(ip).__name__ == "ZMQInteractiveShell":
+            global _KERNEL
+            _KERNEL = True
+            ip.events.register("post_run_cell", lambda *_: _write(str(root), out))
+    except Exception:  # noqa: BLE001
+        pass
 
 
-def collect(usage_dir: Path) -> dict[str, object] | None:
-    """The union of a stage's usage records (None when none was written: a process killed before it could)."""
+def collect(usage_dir: Path, main: str | None = None) -> dict[str, object] | None:
+    """The union of a stage's usage records, or None when the stage's own process left none (a kernel stopped
+    before its first cell ended, a process killed first): then nobody can say what it used. `main`: the module a
+    python step runs (`python -m <main>`); None: a notebook, whose kernel must have written a record."""
     files = sorted(Path(usage_dir).glob("*.json")) if Path(usage_dir).exists() else []
-    if not files:
-        return None
     mods: dict[str, str] = {}
     opened: set[str] = set()
+    found_main = False
     for f in files:
         try:
             rec = json.loads(f.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
+        found_main = found_main or (rec.get("main") == main if main else bool(rec.get("kernel")))
         mods.update(rec.get("modules", {}))
         opened.update(rec.get("opened", []))
+    if not found_main:
+        return None
     return {"modules": dict(sorted(mods.items())), "opened": sorted(opened)}

@@ -24,7 +24,7 @@ from lib.trace import figures as _trace_figures  # noqa: F401
 from lib.clip4dm import figures as _clip4dm_figures  # noqa: F401
 from lib.sei import figures as _sei_figures  # noqa: F401
 from lib.arcade import figures as _arcade_figures  # noqa: F401
-from lib.compendium.artifacts import PUBLISHED_PROFILES, figures_dir, figures_index, read_json, write_text
+from lib.compendium.artifacts import PUBLISHED_PROFILES, RESULTS_ROOT, figures_dir, figures_index, read_json, write_text
 from lib.evaluation import plotting
 from lib.evaluation.crosseval import plot_flips, plot_forest, plot_mcnemar, plot_type_heatmap
 from lib.evaluation.figure_kit import (REGISTRY, Figure, art_frame, art_path, available, figure,  # noqa: F401
@@ -99,6 +99,25 @@ def redraw_all(profile: str, progress: bool = True, root: Path | None = None) ->
         rows.append({"name": f.name, "notebook": f.notebook, "artifacts": f.relpaths(), "caption": f.caption,
                      "status": "drawn"})
     return rows
+
+
+class FiguresNotDrawn(RuntimeError):
+    """A figures run drew nothing, or left out a figure whose inputs the profile's committed results hold."""
+
+
+def require_drawn(rows: list[dict[str, Any]], profile: str) -> None:
+    """Fail a figures run that drew fewer figures than it has inputs for: none at all, or a figure not drawn
+    whose inputs the committed results (results/<profile>/) hold (`make reproduce NB=07` takes them from there)."""
+    drawn = [r for r in rows if r["status"] == "drawn"]
+    if not drawn:
+        raise FiguresNotDrawn(f"no figure drawn for profile {profile}: every figure's inputs are missing under "
+                              f"artifacts/{profile}/ ({rows[0]['status'] if rows else 'no figure registered'})")
+    held = [r["name"] for r in rows if r["status"] != "drawn" and not REGISTRY[r["name"]].optional
+            and all((RESULTS_ROOT / profile / rel).exists() or (RESULTS_ROOT / profile / (rel + ".gz")).exists()
+                    for rel in r["artifacts"])]
+    if held:
+        raise FiguresNotDrawn(f"{len(held)} figures not drawn although results/{profile}/ holds their inputs: "
+                              f"{', '.join(held)} (make reproduce NB=07 takes them from there)")
 
 
 def _link(folder: Path, base: Path) -> str:

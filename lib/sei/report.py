@@ -469,8 +469,8 @@ def claim_metrics(claims) -> dict[str, Any]:
 #: notebook 04's Table 2 columns
 TABLE2_COLUMNS = ("acc", "macro_f1", "n", "n_unparseable", "n_refused", "support", "pred_hateful_share",
                   "follows_majority", "expl_rouge_l", "expl_semsim", "expl_bertscore_f1", "expl_n", "int_rouge_l",
-                  "int_semsim", "int_n", "calls", "cache_hits", "prompt_tokens", "completion_tokens", "wall_s",
-                  "model_latency_s")
+                  "int_semsim", "int_n", "prompt_tokens", "completion_tokens")   # no call count or time: a replay
+                                                                                 # finds what a cold run found
 
 
 def table2_view(results: dict[str, dict[str, Any]], bertscore_label: str):

@@ -88,11 +88,12 @@ def predictions_file(name: str, tag: str = "") -> str:
 
 
 def run_summary(name: str, r: dict[str, Any], split: str = "test_seen") -> str:
-    """One printed line per run: trained or collected, epochs, validation AUROC, test numbers, seconds."""
+    """One printed line per run: epochs, validation AUROC, test numbers (not whether this run trained it or read it
+    back, nor its seconds: the saved notebook says what a run found, the same whether it trained or replayed)."""
     ts = r["eval"]["splits"][split]
-    return (f"{name:20s} {'trained' if r['trained'] else 'collected'} | epochs {r['fit']['epochs_run']:2d} "
+    return (f"{name:20s} epochs {r['fit']['epochs_run']:2d} "
             f"(best {r['fit']['best_epoch']:2d}) | val AUROC {r['fit']['best_val']:.3f} | {split} acc {ts['accuracy']:.3f} "
-            f"AUROC {ts['auroc']:.3f} | {r['seconds']:.0f}s")
+            f"AUROC {ts['auroc']:.3f}")
 
 
 def seed_replicates(stage: "TraceRuns", variants: dict[str, tuple[str, dict[str, Any], str]],

@@ -9,7 +9,9 @@ The method itself (model, losses, feature cache, `Trainer`) is `lib/trace/model.
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
+import io
 import json
 import multiprocessing as mp
 import shutil
@@ -25,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from lib.data import datasets
-from lib.compendium.artifacts import code_of, require, stage_dir, write_json, write_text
+from lib.compendium.artifacts import RESULTS_ROOT, code_of, require, stage_dir, write_json, write_text
 from lib.models.encoders import load_encoder
 from lib.compendium.params import load_profile
 from lib.compendium.presets import PresetError, folder_identity, get_preset, new_accelerator
@@ -344,6 +346,47 @@ def load_trained(run_dir, data: MemeBatchData, make_encoder) -> tuple["Trainer",
     return tr, threshold
 
 
+def retrain_committed(profile: str, names: Sequence[str], results_root: Path, progress: bool = True) -> list[str]:
+    """Retrain TRACE runs of notebook 02 from their committed configurations (results/<profile>/02_finetuning/runs/
+    <name>/config.json), on this checkout's caption file, the way notebook 02 trains them (worker processes of one
+    thread each), into artifacts/<profile>/02_finetuning/runs/<name>/: what a fresh clone's notebook 06 needs (the
+    trained weights it loads), without notebook 02. Each retrained run must give the committed predictions; a run
+    whose data or predictions differ from the committed ones is an error naming it (another CPU's numerics, or
+    captions that moved). Returns the names retrained."""
+    sec = load_profile(profile).get("02_finetuning", {})
+    src = require(profile, "trace_captions", "lib.trace.runs.retrain_committed")
+    columns, max_memes, seed = sec.get("caption_columns", []), int(sec.get("max_memes", 0) or 0), int(sec.get("seed", 0) or 0)
+    data = subsample(load_trace_data(src, columns), max_memes, seed)
+    runs_dir = stage_dir(profile, "02_finetuning") / "runs"
+    jobs = []
+    for name in names:
+        done = Path(results_root) / profile / "02_finetuning" / "runs" / name
+        cfg_file = done / "config.json"
+        if not cfg_file.exists():
+            raise FileNotFoundError(f"{cfg_file}: no committed run {name} to retrain (make reproduce NB=02)")
+        want = json.loads(cfg_file.read_text())
+        if want.get("data") != data_fingerprint(data):
+            raise ValueError(f"{name}: the captions here ({src}) differ from the committed run's data "
+                             f"({want.get('data')} != {data_fingerprint(data)}): run notebook 02 here instead")
+        d = runs_dir / name
+        for f in ("config.json", "result.json", "predictions.csv"):      # copied from the committed results: the
+            (d / f).unlink(missing_ok=True)                              # run trains, it does not read them back
+        jobs.append((d, want["backbone"], TrainConfig(**want["config"])))
+    run_variants(jobs, src, columns, max_memes, seed, workers=int(sec.get("train_workers", 1) or 1),
+                 device=sec.get("device"), progress=progress)
+    for (d, _, _), name in zip(jobs, names):
+        committed = Path(results_root) / profile / "02_finetuning" / "runs" / name / "predictions.csv.gz"
+        plain = committed.with_suffix("")
+        want = (gzip.decompress(committed.read_bytes()) if committed.exists() else plain.read_bytes()).decode()
+        got = pd.read_csv(d / "predictions.csv", dtype={"id": str})
+        old = pd.read_csv(io.StringIO(want), dtype={"id": str})
+        if not got[["id", "prediction"]].equals(old[["id", "prediction"]]):
+            raise ValueError(f"{name}: retrained here it predicts otherwise than the committed run "
+                             f"({int((got.prediction != old.prediction).sum())} of {len(old)} memes): this CPU trains "
+                             f"other weights; run notebook 02 here (make reproduce NB=02)")
+    return list(names)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Train one TRACE variant from a profile, single- or multi-process, as a resumable run:
 
@@ -366,7 +409,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--cache-dtype", choices=CACHE_DTYPES,
                     help="host dtype of the cached text hidden states (default float32, exact)")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--retrain-committed", default=None, metavar="RUN,RUN",
+                    help="retrain these committed runs of notebook 02 from their results/<profile>/ configurations "
+                         "(what a fresh clone's notebook 06 loads)")
     a = ap.parse_args(argv)
+    if a.retrain_committed:
+        names = [n for n in a.retrain_committed.split(",") if n]
+        print(f"retrained: {', '.join(retrain_committed(a.profile, names, RESULTS_ROOT, progress=not a.no_progress))}")
+        return 0
     p = load_profile(a.profile).get("02_finetuning", {})
     acc = None
     try:

@@ -1,0 +1,66 @@
+"""What in a result file says how a run went rather than what it found: times, rates, call counts, cache and code
+bookkeeping. Comparisons set it aside (lib.compendium.compare, the committed-results checks), and publishing keeps
+the committed bytes of a file whose new version differs only there, so a rerun that moves no result leaves every
+tracked file as it was."""
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+#: metrics that measure the machine, not the method (timings, rates, call and token counts): never compared
+TIMING = re.compile(r"(_s$|_s_|_per_s|^ttft|speedup|tokens_per|requests_per|scaling|latency|wall|^calls$|_calls$|"
+                    r"^rerun_calls$|_tokens$|floor_ratio|render_s|cache_hits)")
+
+
+#: fields that say how a run went (its times, its cache bookkeeping), not what it found
+BOOKKEEPING = frozenset({"from_cache", "cache_hits", "calls_made", "cache_key", "generator_sha256", "key",
+                         "created", "finished", "seconds", "render_seconds", "training_code", "backbone_weights"})
+
+
+def bookkeeping(key: str, value: Any) -> bool:
+    """Whether a result field records how a run went (a time, a rate, a call count, a code digest) rather than what
+    it found."""
+    return (key in BOOKKEEPING or bool(TIMING.search(key)) or "/s" in key
+            or (key == "calls" and isinstance(value, int) and not isinstance(value, bool)))
+
+
+def without_bookkeeping(value: Any) -> Any:
+    """A decoded result without its bookkeeping fields, at any depth (NaN made comparable)."""
+    if isinstance(value, dict):
+        return {k: without_bookkeeping(v) for k, v in value.items() if not bookkeeping(str(k), v)}
+    if isinstance(value, list):
+        return [without_bookkeeping(v) for v in value]
+    if isinstance(value, float) and math.isnan(value):
+        return "nan"
+    return value
+
+
+def _decoded(name: str, data: bytes) -> Any:
+    """A result file's content for comparison: JSON, JSON lines, or CSV rows without bookkeeping columns."""
+    if name.endswith(".gz"):
+        data, name = gzip.decompress(data), name[:-3]
+    text = data.decode("utf-8")
+    if name.endswith(".json"):
+        return without_bookkeeping(json.loads(text))
+    if name.endswith(".jsonl"):
+        return [without_bookkeeping(json.loads(x)) for x in text.splitlines() if x.strip()]
+    if name.endswith(".csv"):
+        rows = list(csv.reader(io.StringIO(text, newline="")))
+        keep = [i for i, c in enumerate(rows[0]) if not bookkeeping(c, None)] if rows else []
+        return [[r[i] if i < len(r) else None for i in keep] for r in rows]
+    return text
+
+
+def same_result(committed: Path, new: bytes) -> bool:
+    """Whether a published file's new bytes say what the committed file says, times and bookkeeping aside: then the
+    committed bytes stay, so a rerun that moves no result leaves every tracked file as it was."""
+    try:
+        return _decoded(committed.name, committed.read_bytes()) == _decoded(committed.name, new)
+    except (OSError, ValueError, UnicodeDecodeError, EOFError, csv.Error):
+        return False
