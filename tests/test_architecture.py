@@ -39,6 +39,7 @@ LAYERS = {
         "lib.compendium.results", "lib.compendium.compare", "lib.compendium.findings", "lib.compendium.report", "lib.compendium.params", "lib.compendium.param_schemas",
         "lib.compendium.runner", "lib.compendium.stages", "lib.compendium.costs", "lib.compendium.measure", "lib.compendium.nbcheck",
         "lib.compendium.stamps", "lib.compendium.lab", "lib.compendium.scrub", "lib.compendium.inputs",
+        "lib.compendium.timekeeping",
         "lib.compendium.outputs",
         "lib.compendium.execution"},
 }

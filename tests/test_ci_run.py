@@ -516,3 +516,42 @@ def test_a_stage_killed_twice_at_random_points_resumes_to_the_same_results(stage
     assert compare_metrics(before[0], after[0])[1:] == [], (kills, compare_metrics(before[0], after[0])[:8])
     assert before[1].keys() == after[1].keys() and len(before[1]) >= 2
     assert [f for f in before[1] if before[1][f] != after[1][f]] == [], kills
+
+
+# ----------------------------------------------------------------------------- the ablation path, at ci size
+def test_a_child_profile_reruns_one_stage_reusing_what_its_change_did_not_move(tmp_path):
+    """A child profile (`extends: ci`, one variant added to notebook 02) run with `reproduce --only 02 --deps`:
+    the stages before 02, whose parameters it leaves as they are, are the parent's (copied from artifacts/ci/);
+    its 02 reads back every TRACE run the change did not touch and trains only the new one; it writes only under
+    artifacts/<child>/; `compare` then names what moved against the parent's run, on the stages it ran."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    name = f"ablation-{os.getpid()}"
+    prof = ROOT / "params" / f"{name}.yaml"
+    prof.write_text('extends: ci\n02_finetuning:\n  extra_variants:\n    "cls+rel (head dropout 0.3)": {head_dropout: 0.3}\n')
+    before = {p: p.stat().st_mtime_ns for p in (RUN / "02_finetuning").rglob("*") if p.is_file()}
+    try:
+        r = subprocess.run([sys.executable, "-m", "lib.compendium.runner", "reproduce", "--profile", name, "--only", "02",
+                            "--deps"], cwd=ROOT, capture_output=True, text=True, timeout=1200)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        assert "reused from the profile it extends" in r.stdout
+        for st in ("00_data_prep", "models", "01_captioning"):
+            assert f"{st} (artifacts/ci/{st})" in r.stdout
+        child = ARTIFACTS_ROOT / name / "02_finetuning" / "runs"
+        new = [d for d in child.iterdir() if d.name.endswith("_head_dropout_0_3")]
+        assert len(new) == 1 and (new[0] / "checkpoint.pt").exists()                 # the one run the change made
+        for d in (RUN / "02_finetuning" / "runs").iterdir():                          # every other: the parent's
+            if (d / "predictions.csv").exists():
+                assert (child / d.name / "predictions.csv").read_bytes() == (d / "predictions.csv").read_bytes(), d.name
+        assert {p: p.stat().st_mtime_ns for p in (RUN / "02_finetuning").rglob("*") if p.is_file()} == before
+        c = subprocess.run([sys.executable, "-m", "lib.compendium.compare", str(RUN), str(ARTIFACTS_ROOT / name)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert c.returncode == 1, c.stdout + c.stderr                                  # something moved: named
+        assert "stages compared: 00_data_prep, models, 01_captioning, 02_finetuning" in c.stdout
+        assert "00_data_prep: " in c.stdout and "identical to the first run" in c.stdout.split("02_finetuning:")[0]
+        assert "head_dropout_0_3" in c.stdout or "new" in c.stdout.split("02_finetuning:")[1]
+    finally:
+        prof.unlink(missing_ok=True)
+        shutil.rmtree(ARTIFACTS_ROOT / name, ignore_errors=True)

@@ -43,6 +43,7 @@ def sandbox(tmp_path, monkeypatch):
         (d / "metrics.json").write_text(json.dumps({"acc": 0.5, "wall_s": 3.0}))
     monkeypatch.setattr(stages_mod, "run_notebook", fake)
     monkeypatch.setattr(stages_mod, "check_outputs", lambda *a, **k: None)   # the fakes write no real outputs
+    monkeypatch.setattr(stages_mod, "provide_inputs", lambda *a, **k: 0)    # tests/test_inputs.py covers inputs
     monkeypatch.setattr(stages_mod, "run_module", lambda st, p, **kw: fake(st, p))
     return tmp_path, ran, fail
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from lib import ROOT
 from lib.compendium.artifacts import ARTIFACTS, ARTIFACTS_ROOT, RESULTS_ROOT, read_json, write_bytes, write_json
-from lib.compendium.params import load_profile, stages
+from lib.compendium.params import ancestors, load_profile, stages
 
 #: stage -> {stage it reads: how a fresh clone gets it} (see the module's docstring); a stage it reads that is
 #: not listed must have run here (the runner says so and runs it with DEPS=1)
@@ -52,6 +52,23 @@ MARKER = ".from_results.json"
 FIGURE_IMAGES = "figure_images"
 
 
+def inherited_stages(profile: str) -> dict[str, str]:
+    """stage -> the nearest profile it extends whose section of that stage (and of every stage before it that the
+    stage reads, lib.compendium.inputs.NEEDS) the child leaves as it is: such a stage computes what the parent's
+    computes, so a child profile reuses the parent's outputs of it instead of running it again."""
+    mine = load_profile(profile)
+    out: dict[str, str] = {}
+    for parent in ancestors(profile):
+        theirs = load_profile(parent)
+        for st in stages():
+            if st.name in out:
+                continue
+            ups = [st.name] + [u for u in NEEDS.get(st.name, {})]
+            if all(mine.get(u) == theirs.get(u) for u in ups) and all(u == st.name or u in out for u in ups):
+                out[st.name] = parent
+    return out
+
+
 def finished(profile: str, stage: str, root: Path | None = None) -> bool:
     """Whether the stage has run to its end here (its stamp is written when it finishes)."""
     return ((root or ARTIFACTS_ROOT) / profile / stage / ".stamp.json").exists()
@@ -66,13 +83,15 @@ def committed(profile: str, stage: str, results: Path | None = None) -> bool:
 class Plan:
     """How the inputs of the chosen stages are provided, in the order the runner does it."""
     copy: list[str] = field(default_factory=list)          # take these stages' committed results
+    inherit: list[tuple[str, str]] = field(default_factory=list)   # (stage, parent profile): take the parent's
+    run_parent: list[tuple[str, str]] = field(default_factory=list)   # (stage, parent): run it for the parent first
     run: list[str] = field(default_factory=list)           # run these stages here first (not published)
     trace_runs: list[str] = field(default_factory=list)    # retrain these TRACE runs from their committed configs
     missing: list[tuple[str, str]] = field(default_factory=list)   # (stage, stage it reads): neither here nor committed
 
     @property
     def regenerates(self) -> bool:
-        return bool(self.run or self.trace_runs)
+        return bool(self.run or self.trace_runs or self.run_parent)
 
 
 def trace_runs_needed(profile: str) -> list[str]:
@@ -89,11 +108,23 @@ def plan(profile: str, chosen: list[str], root: Path | None = None, results: Pat
     order = [s.name for s in stages()]
     p = Plan()
     providing = set(chosen)                                # stages whose outputs this run will have
+    inherited = inherited_stages(profile)                  # a child profile's stages that compute what its parent's do
     todo = [s for s in order if s in providing]
     while todo:
         st = todo.pop(0)
         for up, how in NEEDS.get(st, {}).items():
             if up in providing or up in p.copy or finished(profile, up, root):
+                continue
+            parent = inherited.get(up)
+            if parent is not None:                         # the parent's outputs are this child's: reused, not rerun
+                providing.add(up)
+                if finished(parent, up, root):
+                    p.inherit.append((up, parent))
+                elif how.startswith("results") and committed(parent, up, results):
+                    p.inherit.append((up, parent + ":results"))
+                else:
+                    p.run_parent.append((up, parent))
+                    p.inherit.append((up, parent))
                 continue
             if how.startswith("results") and committed(profile, up, results):
                 p.copy.append(up)
@@ -110,11 +141,35 @@ def plan(profile: str, chosen: list[str], root: Path | None = None, results: Pat
     return p
 
 
-def take_from_results(profile: str, stage: str, root: Path | None = None, results: Path | None = None) -> list[str]:
+def take_from_parent(profile: str, stage: str, parent: str, root: Path | None = None,
+                     results: Path | None = None) -> list[str]:
+    """A child profile's stage that computes what its parent's computes (params.inherited_stages): the parent's
+    outputs copied into artifacts/<profile>/<stage>/ (from the parent's run here, or `parent:results`: its committed
+    results), marked as taken; the parent's stamp and usage are not copied (the child never ran it)."""
+    if parent.endswith(":results"):
+        return take_from_results(profile, stage, root, results, source=parent.rsplit(":", 1)[0])
+    src = (root or ARTIFACTS_ROOT) / parent / stage
+    dest = (root or ARTIFACTS_ROOT) / profile / stage
+    copied = []
+    for f in sorted(src.rglob("*")):
+        rel = f.relative_to(src).as_posix()
+        if not f.is_file() or rel in (".stamp.json", MARKER) or rel.startswith(".usage"):
+            continue
+        target = dest / rel
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, target)
+            copied.append(rel)
+    write_json(dest / MARKER, {"from": f"artifacts/{parent}/{stage}", "files": sorted(copied)})
+    return copied
+
+
+def take_from_results(profile: str, stage: str, root: Path | None = None, results: Path | None = None,
+                      source: str | None = None) -> list[str]:
     """Copy a stage's committed results into artifacts/<profile>/<stage>/ (gzipped files unpacked to their names,
     the dataset images its figures show put back where they were), never over a file a run wrote there; list what
     was copied in the folder's .from_results.json. Returns the relative paths copied."""
-    src = (results or RESULTS_ROOT) / profile / stage
+    src = (results or RESULTS_ROOT) / (source or profile) / stage
     base = (root or ARTIFACTS_ROOT) / profile
     dest = base / stage
     dest.mkdir(parents=True, exist_ok=True)
@@ -135,7 +190,7 @@ def take_from_results(profile: str, stage: str, root: Path | None = None, result
         write_bytes(target, gzip.decompress(data) if rel.endswith(".gz") and not rel.startswith(FIGURE_IMAGES) else data)
         if name not in copied:
             copied.append(name)
-    write_json(marker, {"from": f"results/{profile}/{stage}", "files": sorted(copied)})
+    write_json(marker, {"from": f"results/{source or profile}/{stage}", "files": sorted(copied)})
     return sorted(copied)
 
 

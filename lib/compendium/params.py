@@ -269,6 +269,20 @@ def _parent_and_own(profile: str, _seen: tuple[str, ...] = ()) -> tuple[dict[str
     return data, parent
 
 
+def ancestors(profile: str) -> list[str]:
+    """The profiles `profile` extends, nearest first (ci -> [embedded]; a child of ci -> [ci, embedded])."""
+    out, seen = [], [profile]
+    while True:
+        try:
+            parent = _parent_and_own(seen[-1], tuple(seen[:-1]))[1]
+        except ProfileError:
+            return out
+        if parent is None or parent in seen:
+            return out
+        out.append(parent)
+        seen.append(parent)
+
+
 def effective_changes(profile: str) -> list[tuple[str, Any, list[str]]]:
     """(section.key, effective value, keys kept from the parent) for every parameter a child
     profile's own file sets, after merging: what `make check-params` prints, so that a partial

@@ -116,6 +116,15 @@ def overlay_path(profile: str) -> Path:
     return PRESETS_DIR / "overlays" / f"{profile}.yaml"
 
 
+def nearest_overlay(profile: str, parents: list[str]) -> Path:
+    """The overlay a profile runs with: its own, else that of the nearest profile it extends (`parents`, nearest
+    first): a child of ci reads the models the ci run trained, as ci does."""
+    for p in [profile, *parents]:
+        if overlay_path(p).exists():
+            return overlay_path(p)
+    return overlay_path(profile)
+
+
 def read_overlay(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():

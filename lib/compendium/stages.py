@@ -23,9 +23,9 @@ from lib.compendium import numerics, results
 from lib.compendium.artifacts import ARTIFACTS_ROOT, cli_error, PUBLISHED_PROFILES, read_json, relpath, write_json
 from lib.models.chat import loopback
 from lib.models.chat.cache import STAGE_ENV, CacheError, ResponseCache, default_cache_path, read_exported
-from lib.compendium.params import (ProfileError, Stage, runner_config, section_digest, select_stages, stages,
-                                   validate_profile)
-from lib.compendium.presets import OVERLAY_ENV, overlay_path, read_overlay, resolve_model_path
+from lib.compendium.params import (ProfileError, Stage, ancestors, runner_config, section_digest, select_stages,
+                                   stages, validate_profile)
+from lib.compendium.presets import OVERLAY_ENV, nearest_overlay, read_overlay, resolve_model_path
 from lib.compendium.results import README_PROFILES, update_readme
 from lib.compendium.execution import (CellTimeout, Limits, NbvalFailure, cell_text, execute_nbval, execute_papermill,
                                       stage_limits)
@@ -33,8 +33,10 @@ from lib.compendium.procs import end_processes, new_id, tagged
 from lib.compendium.scrub import ABS_PATH, loaded_secrets, scrub_notebook  # noqa: F401  (stages.scrub_notebook as before)
 from lib.compendium.stamps import Digests, current_stamps, stage_stamp, stamp_file, up_to_date
 from lib.compendium.usage import USAGE_ENV, collect
-from lib.compendium.inputs import NEEDS, drop_taken, plan, take_from_results, taken
+from lib.compendium.inputs import NEEDS, drop_taken, plan, take_from_parent, take_from_results, taken
 from lib.compendium.outputs import OutputsMissing, check_outputs
+from lib.compendium.timekeeping import (ESTIMATE_SOURCES, _minutes, _slowest_cell, estimates,  # noqa: F401
+                                        record_timing, time_left)
 
 
 #: the profile `make test` runs after the embedded stages: the paper profile on tiny stand-ins
@@ -155,7 +157,7 @@ def profile_services(profile: str):
     module run first (the paper-smoke profile's checkpoints and datasets) and a loopback
     OpenAI-compatible server on `loopback_port` (0: a free one), whose URL replaces "{loopback}" in
     the overlay's base_urls. A profile without an overlay gets nothing."""
-    path = overlay_path(profile)
+    path = nearest_overlay(profile, ancestors(profile))
     if not path.exists():
         yield
         return
@@ -212,7 +214,8 @@ def reproduce(profile: str, only: str | None, force: bool = False, cold: bool = 
         return cli_error(e)
     os.environ.update({k: v for k, v in run_env().items() if k not in os.environ})
     publish = profile in PUBLISHED_PROFILES if publish is None else publish
-    committed = results.cache_export_path(profile)
+    committed = next((c for c in map(results.cache_export_path, [profile, *ancestors(profile)]) if c.exists()),
+                     results.cache_export_path(profile))    # a child profile replays what its parent committed
     try:        # the committed answers are untrusted input: read whole and checked before anything runs or is written
         answers = read_exported(committed) if committed.exists() or committed.is_symlink() else None
     except CacheError as e:
@@ -253,7 +256,7 @@ def provide_inputs(profile: str, chosen: list[Stage], sections: dict[str, dict[s
     (MemeWorld's files, trained models, the TRACE runs notebook 06 loads) is regenerated only with `deps`, else the
     run stops here (exit 2) naming it. Returns 0 when every input is there."""
     pl = plan(profile, [s.name for s in chosen], ARTIFACTS_ROOT, results.RESULTS_ROOT)
-    if not (pl.copy or pl.run or pl.trace_runs):
+    if not (pl.copy or pl.run or pl.trace_runs or pl.inherit):
         return 0
     est = estimates(profile)
     names = ", ".join(s.name for s in chosen)
@@ -261,7 +264,16 @@ def provide_inputs(profile: str, chosen: list[Stage], sections: dict[str, dict[s
     if pl.copy:
         print(f"   taken from results/{profile}/ (the committed results, copied; never written back): "
               f"{', '.join(pl.copy)}", flush=True)
+    if pl.inherit:
+        print("   reused from the profile it extends, whose parameters for them it leaves as they are: "
+              + ", ".join(f"{s} ({'results/' + par[:-8] if par.endswith(':results') else 'artifacts/' + par}/{s})"
+                          for s, par in pl.inherit), flush=True)
     cost = sum(est[s][0] for s in pl.run if s in est)
+    for s, par in pl.run_parent:
+        e = estimates(par).get(s)
+        cost += e[0] if e else 0.0
+        print(f"   regenerated for profile {par} first (then reused): {s} "
+              f"({e[1] + ' ' + _minutes(e[0]) if e else 'never timed'})", flush=True)
     if pl.run:
         print("   regenerated here first (not committed: "
               + ", ".join(f"{s} ({est[s][1]} {_minutes(est[s][0])})" if s in est else f"{s} (never timed)" for s in pl.run)
@@ -271,18 +283,31 @@ def provide_inputs(profile: str, chosen: list[Stage], sections: dict[str, dict[s
         cost += t
         print(f"   {len(pl.trace_runs)} TRACE runs of 02_finetuning retrained from their committed configurations "
               f"(their weights are not committed): {', '.join(pl.trace_runs)} (about {_minutes(t)})", flush=True)
-    if pl.run or pl.trace_runs:
+    if pl.run or pl.trace_runs or pl.run_parent:
         print(f"   about {_minutes(cost)} before {names} starts", flush=True)
         if not deps:
-            first = " then ".join(f"make reproduce NB={s}" + (f" PROFILE={profile}" if profile != "embedded" else "")
-                                  for s in pl.run) or "make reproduce NB=02"
-            return cli_error(f"{names} needs what {', '.join(pl.run + (['02_finetuning (its TRACE runs)'] if pl.trace_runs else []))} "
+            first = " then ".join([f"make reproduce NB={s}" + (f" PROFILE={par}" if par != "embedded" else "")
+                                   for s, par in pl.run_parent]
+                                  + [f"make reproduce NB={s}" + (f" PROFILE={profile}" if profile != "embedded" else "")
+                                     for s in pl.run]) or "make reproduce NB=02"
+            needed = ([s for s, _ in pl.run_parent] + pl.run + (['02_finetuning (its TRACE runs)'] if pl.trace_runs else []))
+            return cli_error(f"{names} needs what {', '.join(needed)} "
                              f"would write, which is neither in artifacts/{profile}/ nor committed: rerun with DEPS=1 "
                              f"(`make reproduce NB={chosen[0].name[:2]} DEPS=1`) to regenerate it here first, or run "
                              f"`{first}`")
     for s in pl.copy:
         n = len(take_from_results(profile, s, ARTIFACTS_ROOT, results.RESULTS_ROOT))
         print(f"   {s}: {n} files from results/{profile}/{s}/", flush=True)
+    for par in dict.fromkeys(p for _, p in pl.run_parent):
+        theirs = validate_profile(par)
+        rc = _run_stages([st for st in stages() if (st.name, par) in pl.run_parent], par, theirs, publish=False,
+                         in_place=False, no_times={s for s, q in pl.run_parent if q == par})
+        if rc:
+            return rc
+    for s, par in pl.inherit:
+        n = len(take_from_parent(profile, s, par, ARTIFACTS_ROOT, results.RESULTS_ROOT))
+        print(f"   {s}: {n} files from {'results/' + par[:-8] if par.endswith(':results') else 'artifacts/' + par}/{s}/",
+              flush=True)
     if pl.run:
         rc = _run_stages([st for st in stages() if st.name in pl.run], profile, sections, publish=False, in_place=False,
                          no_times=set(pl.run))
@@ -346,90 +371,6 @@ def export_answers(profile: str, keep: bool = False) -> int:
     print(f">> {n} model answers the stages of profile {profile} used -> {relpath(out)} "
           f"({out.stat().st_size / 2 ** 20:.2f} MB)")
     return 0
-
-
-#: where a stage's expected time comes from, by the kind of run: one that asks every model afresh (COLD=1)
-#: takes about its time from nothing; any other run starts a stage the way a fresh clone does (models
-#: trained, the committed answers replayed) or resumes it; the latest run, whatever it reused, is the
-#: last resort. The words say which record an estimate rests on.
-ESTIMATE_SOURCES = {"stages": "from nothing", "replayed": "fresh clone", "last_run": "latest run"}
-
-
-def estimates(profile: str, cold: bool = False) -> dict[str, tuple[float, str]]:
-    """stage -> (seconds it is expected to take, which record that is: ESTIMATE_SOURCES' words), from this
-    machine's timings.json over the committed one. A stage with no usable record is absent: the caller says
-    it cannot be estimated rather than count it as zero."""
-    order = ("stages", "replayed", "last_run") if cold else ("replayed", "stages", "last_run")
-    records: dict[str, dict[str, float]] = {k: {} for k in order}
-    for f in (results.timings_path(profile), ARTIFACTS_ROOT / profile / "timings.json"):
-        if not f.exists():
-            continue
-        try:
-            data = read_json(f)
-        except ValueError:
-            continue                                       # a damaged record only costs the estimate
-        for key in order:
-            rows = data.get(key) if isinstance(data, dict) else None
-            for stage, row in (rows.items() if isinstance(rows, dict) else ()):
-                try:
-                    records[key][stage] = float(row["wall_s"])
-                except (KeyError, TypeError, ValueError):
-                    pass
-    out: dict[str, tuple[float, str]] = {}
-    for key in reversed(order):                            # the preferred record is written last and wins
-        out.update({stage: (s, ESTIMATE_SOURCES[key]) for stage, s in records[key].items()})
-    return out
-
-
-def time_left(names: list[str], est: dict[str, tuple[float, str]]) -> str:
-    """The words for the time `names` (the stages still to run, in order) should take: their estimates'
-    sum, and the stages that have none named rather than counted as zero."""
-    known = sum(est[n][0] for n in names if n in est)
-    unknown = [n for n in names if n not in est]
-    if not unknown:
-        return f"about {_minutes(known)} left in this run"
-    if len(unknown) == len(names):
-        return "no time recorded for " + ", ".join(unknown) + ": the time left cannot be estimated"
-    return f"about {_minutes(known)} left in this run, besides {', '.join(unknown)} (no time recorded)"
-
-
-def _slowest_cell(profile: str, st: Stage) -> float | None:
-    """The seconds of the stage's slowest cell in the run that just ended (its cells.json), for the cell timeout."""
-    f = ARTIFACTS_ROOT / profile / "notebooks" / f"{st.name}.cells.json"
-    try:
-        cells = read_json(f).get("cells", []) if st.notebook is not None and f.exists() else []
-        return max((float(c["seconds"]) for c in cells), default=None)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
-def record_timing(timings: dict[str, Any], stage: str, wall_s: float, cold: bool, fresh: bool = False,
-                  params: str | None = None, slowest_cell_s: float | None = None) -> dict[str, Any]:
-    """timings.json: `stages` holds each stage's time from nothing (a run that found none of the stage's
-    own outputs, trained models or cached answers: its cold cost), which a rerun on caches does not
-    replace, and nothing else: a stage never run from nothing has no entry (the README says "not measured"
-    rather than show a time that reused earlier runs' work); `replayed` holds the time of a stage that
-    started without its folder (every model of it trained, every run made) but replayed model answers an
-    earlier run asked: a fresh clone's `make reproduce`, which replays the committed answers; `last_run`
-    holds every stage's time in the latest run, whatever it reused. `params`: the digest of the stage's
-    parameters it ran at (params.section_digest), kept with each time so the README can say which times were
-    measured at parameters that have changed since. `slowest_cell_s`: its slowest cell (the cell timeout's base)."""
-    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    timings.setdefault("stages", {})
-    timings.setdefault("last_run", {})
-    row = {"wall_s": round(wall_s, 1), "cold": cold, "finished": when, **({"params": params} if params else {}),
-           **({"slowest_cell_s": round(slowest_cell_s, 1)} if slowest_cell_s is not None else {})}
-    if cold:
-        timings["stages"][stage] = row
-    elif fresh:
-        timings.setdefault("replayed", {})[stage] = row
-    timings["last_run"][stage] = row
-    timings["machine"] = results.machine_description()
-    return timings
-
-
-def _minutes(s: float) -> str:
-    return f"{s / 60:.1f} min" if s >= 60 else f"{s:.0f} s"
 
 
 def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str, Any]], force: bool = False,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,8 @@ class Digests:
             st = path.stat()
         except FileNotFoundError:
             return "missing"
+        if not stat.S_ISREG(st.st_mode):
+            return "not a file"                        # a folder opened to list or sync it: no content of its own
         key = (str(path), st.st_size, st.st_mtime_ns)
         if key not in self._memo:
             self._memo[key] = file_digest(path)[:16]

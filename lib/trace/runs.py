@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from lib.data import datasets
 from lib.compendium.artifacts import RESULTS_ROOT, code_of, require, stage_dir, write_json, write_text
 from lib.models.encoders import load_encoder
-from lib.compendium.params import load_profile
+from lib.compendium.params import ancestors, load_profile
 from lib.compendium.presets import PresetError, folder_identity, get_preset, new_accelerator
 from lib.trace.model import LOSS_CONFIGS, MODALITIES, MULTIOFF_RECIPE, TrainConfig, unfrozen_layer_indices
 from lib.trace.training import Trainer, load_checkpoint
@@ -177,6 +177,37 @@ def run_identity(data: MemeBatchData, backbone: str, cfg: TrainConfig, extra: di
             "backbone_weights": backbone_weights(backbone), **(extra or {})}
 
 
+def reuse_parents_run(run_dir, want: dict[str, Any]) -> str | None:
+    """A run of a child profile (params/<child>.yaml: `extends: ...`) that its parent already finished under the same
+    identity (code, backbone weights, data and configuration: the child's change did not touch it): the parent's run
+    copied here, from its run in artifacts/<parent>/ (weights included) or its committed results (what notebook 02
+    reads of it), so only what the child's change moved is trained. Returns where it came from, or None."""
+    run_dir = Path(run_dir)
+    parts = run_dir.resolve().parts
+    if len(parts) < 5 or parts[-5] != "artifacts":
+        return None
+    profile, stage, runs, name = parts[-4:]
+    root = Path(*parts[:-5])
+    for parent in ancestors(profile):
+        for src in (root / "artifacts" / parent / stage / runs / name, root / "results" / parent / stage / runs / name):
+            try:
+                same = json.loads((src / "config.json").read_text()) == want
+            except (OSError, ValueError):
+                continue
+            if not same or not (src / "result.json").exists():
+                continue
+            run_dir.mkdir(parents=True, exist_ok=True)
+            for f in sorted(src.iterdir()):
+                if f.is_file() and not f.name.startswith("."):
+                    data = f.read_bytes()
+                    target = run_dir / f.name
+                    if f.name.endswith(".gz"):
+                        data, target = gzip.decompress(data), run_dir / f.name[:-3]
+                    target.write_bytes(data)
+            return str(src.relative_to(root))
+    return None
+
+
 def is_finished(run_dir, data: MemeBatchData, backbone: str, cfg: TrainConfig) -> bool:
     d = Path(run_dir)
     try:
@@ -202,6 +233,8 @@ def run_variant(run_dir, data: MemeBatchData, backbone: str, cfg: TrainConfig, m
     run_dir = Path(run_dir)
     main = accelerator is None or accelerator.is_main_process
     want = run_identity(data, backbone, cfg, extra)
+    if main and not (run_dir / "config.json").exists():
+        reuse_parents_run(run_dir, want)       # a child profile's run its change did not touch: the parent's
     cfg_path, res_path, pred_path, ck = (run_dir / "config.json", run_dir / "result.json",
                                          run_dir / "predictions.csv", run_dir / "checkpoint.pt")
     if cfg_path.exists():
@@ -271,6 +304,9 @@ def run_variants(jobs: Sequence[tuple[Any, str, TrainConfig]], src, columns: Seq
     process owns it), exactly as run_variant does."""
     data = subsample(load_trace_data(src, columns), max_memes, seed)
     jobs = list(jobs)
+    for d, b, c in jobs:                     # a child profile's runs its change did not touch: the parent's, copied
+        if not Path(d, "config.json").exists():
+            reuse_parents_run(d, run_identity(data, b, c))
     order = by_backbone([b for _, b, _ in jobs])          # one backbone's feature cache in memory at a time
     todo = [(str(d), b, asdict(c)) for d, b, c in (jobs[i] for i in order) if not is_finished(d, data, b, c)]
     if todo and workers > 1:
