@@ -33,7 +33,7 @@ def test_paper_smoke_is_the_paper_profile_with_sizes_and_locations_changed():
                        "grad_accum", "seeds", "timing_memes", "timing_repeats", "nli_model", "max_pairs", "speed_pairs",
                        "concurrency", "hf_concurrency", "n_requests", "hf_requests", "prefix_trials", "schema_prompts",
                        "schema_max_new_tokens", "eval_n", "agent_recipe", "agent_eval_n", "agent_max_new_tokens",
-                       "bertscore", "ci_resamples", "claim_resamples", "samples", "workers", "n_resamples", "injection"}
+                       "bertscore", "ci_resamples", "claim_resamples", "samples", "workers", "n_resamples", "injection", "cell_timeout_s", "stage_timeout_s"}
 
 
 def test_extends_merges_section_by_section_and_refuses_loops(tmp_path, monkeypatch):

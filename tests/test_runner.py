@@ -213,7 +213,8 @@ def test_the_time_left_falls_back_to_fresh_clone_and_latest_times_and_names_what
         "last_run": {"04": {"wall_s": 5700.0}, "05": {"wall_s": 34.0}, "06": {"wall_s": "broken"}}}))
     local.write_text(json.dumps({"replayed": {"05": {"wall_s": 4500.0}}}))
     monkeypatch.setattr(st.results, "timings_path", lambda profile: committed)
-    monkeypatch.setattr(st, "ARTIFACTS_ROOT", tmp_path / "artifacts")
+    from lib.compendium import timekeeping
+    monkeypatch.setattr(timekeeping, "ARTIFACTS_ROOT", tmp_path / "artifacts")
 
     est = st.estimates("embedded")
     assert est["02"] == (600.0, "from nothing")

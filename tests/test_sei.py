@@ -633,6 +633,7 @@ def test_a_text_retriever_embeds_the_picture_beside_the_memes_text_and_caches_by
             return torch.tensor([[0.0, 1.0] if t == "a" else [1.0, 0.0] for t in texts])
 
     monkeypatch.setattr(retrieval, "load_encoder", lambda name: Fake())
+    monkeypatch.setattr(retrieval, "encoder_identity", lambda name: {"model": "fake", "backend": "fake", "code": "x"})
     enc_dir = tmp_path / "enc"
     enc_dir.mkdir()
     memes = []
