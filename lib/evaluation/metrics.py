@@ -418,7 +418,7 @@ def pooled_paired_test(runs_a: Sequence[dict[str, bool]], runs_b: Sequence[dict[
             "ci_difference": _paired_difference_ci(a, b, confidence, n_resamples, seed),
             "only_a_right": int((d > 0).sum()), "only_b_right": int((d < 0).sum()),
             "test": f"sign-flip over items, {min(len(runs_a), len(runs_b))} runs pooled",
-            "p": sign_flip_p(d, 2 * n_resamples, seed),
+            "p": sign_flip_p(d, 2 * n_resamples, seed), "item_diffs": d.tolist(),
             "majority_acc": labels.most_common(1)[0][1] / n if n else float("nan")}
 
 
