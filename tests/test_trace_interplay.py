@@ -119,7 +119,8 @@ def test_an_option_claim_joins_the_claims_table_with_its_own_precondition_and_co
             controls.option_variant("cls+rel", "interplay"): _run(set(range(75)))}
     check = controls.component_checks({"interplay_label_acc": 0.998, "interplay_check_n": 515})
     claims, _ = controls.claim_frame(runs, options={"interplay": "not met: a probe gains nothing"}, components=check)
-    row = claims[(claims["id"] == "trace.interplay_captions") & (claims["role"] == "primary")].iloc[0]
+    row = claims[claims["id"] == "trace.interplay_captions"].iloc[0]          # plan v2: a secondary capacity check
+    assert row["role"] == "secondary" and row["family"] == "capacity checks"
     assert row["A"] == "cls+rel (interplay captions)" and row["B"] == "image_text_only"
     assert row["A-B"] == pytest.approx(0.17) and row["control status"] == "detected"
     # the captioner states the label: a capacity check stands beside the row; its precondition is its own

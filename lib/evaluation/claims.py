@@ -304,9 +304,10 @@ def _p(v: float) -> float:
 
 
 def _arms_row(c, role: str, a: str, b: str, t: dict[str, Any], unit: str, what: str, plan_digest: str,
-              alpha: float, power: float) -> dict[str, Any]:
+              alpha: float, power: float, main: bool = True) -> dict[str, Any]:
+    """A test's row; `main`: the claim's own test (its family shown), not one of its secondary tests."""
     mdd, rule = design_mdd(unit, t, alpha, power)
-    return {"id": c.id, "claim": c.statement, "role": role, "family": c.family if role == "primary" else "—",
+    return {"id": c.id, "claim": c.statement, "role": role, "family": c.family if main else "—",
             "A": a, "B": b, "unit": unit, "n": t["n"], "runs": t.get("runs", 1),
             "acc A": round(t["acc_a"], 3), "95% CI A": _ci(t["ci_a"]), "acc B": round(t["acc_b"], 3),
             "95% CI B": _ci(t["ci_b"]), "A-B": round(t["difference"], 3), "95% CI A-B": _ci(t["ci_difference"]),
@@ -381,7 +382,7 @@ def plan_rows(claims, correct: dict[str, dict[str, bool]], truth: dict[str, int]
         for s in c.secondary:
             items = common if s.n is None or s.n >= len(common) else (common & first_items if first_items else common)
             st = arm_test(s.unit, a, b, correct, truth, items, confidence, s.runs)
-            sr = _arms_row(c, "secondary", a, b, st, s.unit, s.what, plan_digest, alpha, power)
+            sr = _arms_row(c, "secondary", a, b, st, s.unit, s.what, plan_digest, alpha, power, main=False)
             sr["claim"] = f"{c.statement} [{s.what}]"
             rows.append(sr)
     return rows
