@@ -100,3 +100,14 @@ def test_claims_table_puts_the_oracle_control_beside_each_claim_and_the_findings
     rows = [r for r in results.findings_rows("embedded") if r["system"] == "CLIP4DM" and r["verdict"] != "not run"]
     assert [r["claim"] for r in rows] == [claim.claim] and rows[0]["verdict"] == "reproduced"
     assert rows[0]["n"] == "1800 captions of 900 images" and rows[0]["paper"].startswith("+0.072 (nocaps ablation")
+
+@pytest.mark.parametrize("profile", ["embedded", "paper"])
+def test_the_published_profiles_resample_enough_for_the_corrected_threshold(profile):
+    """A bootstrap p can be no smaller than 2 / (resamples + 1): the profiles that publish findings resample at least
+    10,000 times, so a p can pass Holm's smallest threshold across the plan's family."""
+    from lib.compendium.params import load_profile
+    from lib.evaluation import plan as analysis
+    n = load_profile(profile)["03_clip4dm"]["claim_resamples"]
+    plan = analysis.load()
+    family = sum(c.role == "primary" for c in plan.claims)
+    assert n >= c4.RESAMPLES and 2 / (n + 1) < plan.alpha / family
