@@ -67,9 +67,11 @@ def test_the_oracle_control_reads_the_swap_positions_attribution_and_never_the_l
     assert c4.oracle_score(f, "clip_score") is None
 
 
-def test_claims_table_puts_the_oracle_control_beside_each_claim_and_the_findings_give_the_verdict(tmp_path, monkeypatch):
+def test_claims_table_puts_the_oracle_control_beside_each_claim_and_the_findings_give_the_verdict(tmp_path, monkeypatch,
+                                                                                                   plan_at):
     from lib.compendium import results
     claim = c4.CLIP4DM_CLAIMS[0]                                   # F-CLIPScore vs CLIPScore on nocaps-FOIL
+    plan_at(1800)                                                  # 900 images: 1,800 captions, as the plan's n
     stage = tmp_path / "03_clip4dm"
     stage.mkdir()
     f = _results(900, gain=0.0)

@@ -171,9 +171,12 @@ def test_claim_frame_pairs_settings_on_shared_memes_with_the_exact_test():
             r.loc["memeworld-clip/2", "majority line"]) == (10, 1.0, 0.5)
     # each row states its power from the design: the exact test's MDD at its n and the larger of the observed
     # discordance and the one independent errors at these accuracies would give (0.75 x 0.55 + 0.25 x 0.45 = 0.525)
+    # at Holm's strictest threshold, alpha / m (m: the plan's primary claims)
     from lib.evaluation.claims import mcnemar_mdd
-    assert r.loc["zero_shot", "design MDD"] == round(mcnemar_mdd(40, 30 / 40), 3)
-    assert r.loc["random_4", "design MDD"] == round(mcnemar_mdd(40, 0.525), 3)
+    from lib.evaluation.plan import load
+    level = 0.05 / load().family_sizes()["findings"]
+    assert r.loc["zero_shot", "design MDD"] == round(mcnemar_mdd(40, 30 / 40, 0.8, level), 3)
+    assert r.loc["random_4", "design MDD"] == round(mcnemar_mdd(40, 0.525, 0.8, level), 3)
     assert "independent errors" in r.loc["random_4", "MDD rule"]
     assert r.loc["memeworld-clip/2", "design MDD"] != r.loc["memeworld-clip/2", "design MDD"] or \
         r.loc["memeworld-clip/2", "design MDD"] > 0.5               # 10 memes: none, or only a huge difference
@@ -259,7 +262,8 @@ def test_a_control_is_held_to_its_own_papers_effect_and_the_adapted_table_is_tag
     assert (two["B"], two["paper A-B"]) == ("memeworld-clip/2", 0.021)
     # the same-type arm is 3 memes above enc/2: not detected, and its interval does reach 0.021
     assert two["control A-B"] == pytest.approx(3 / 96, abs=1e-3) and two["control status"] == "not detected"
-    assert c.loc["sei.zero_shot", "control status"] == "not detected"        # +5/96: its interval reaches 0.10
+    # held to 0.10: +5/96 reaches it (interval [0.001, 0.102], p 0.0625), +4/96 does not ([-0.005, 0.088])
+    assert c.loc["sei.zero_shot", "control status"] == "not detected"
     assert c.loc["sei.explanations", "control status"] == "not detected, short of the paper's effect"   # +4/96
     tagged = rep.claim_frame(preds, "memeworld-clip/4", "memeworld-clip", tag=rep.ADAPTED_MODERATOR_TAG)
     assert len(tagged) and all(n.split(" [")[0].endswith(" (adapted moderator)") for n in tagged["claim"])

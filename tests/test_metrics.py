@@ -272,7 +272,7 @@ def test_the_minimum_detectable_difference_at_the_sizes_the_claims_use():
     ((0.12, (0.03, 0.21), 0.01, 0.10), "reproduced"),
     ((0.04, (0.02, 0.06), 0.001, 0.10), "reproduced, smaller than the paper"),
     ((-0.05, (-0.08, -0.02), 0.001, 0.10), "contradicted"),               # significant against the paper
-    ((0.00, (-0.05, 0.05), 1.0, 0.10), "not reproduced"),                 # the interval excludes the paper's 0.10
+    ((0.00, (-0.05, 0.05), 1.0, 0.10), "not reproduced"),                 # the family-wise interval excludes 0.10
     ((0.02, (-0.10, 0.14), 0.7, 0.10), "inconclusive"),
     ((0.05, (-0.01, 0.12), 0.09, 0.10), "inconclusive"),
     ((0.05, (0.01, 0.09), 0.2, 0.10), "not reproduced"),                  # raw p small, adjusted not: no reproduction
@@ -284,11 +284,30 @@ def test_the_verdict_follows_its_written_rules(args, expected):
     assert v == expected and v in VERDICTS
 
 
-def test_nothing_but_the_test_decides_a_verdict():
-    """The verdict's arguments are the test's own: no precondition, control, flag or baseline can change it."""
-    import inspect
-    from lib.evaluation.verdicts import verdict
-    assert list(inspect.signature(verdict).parameters) == ["difference", "ci", "p_adjusted", "paper_effect", "alpha"]
+def test_nothing_but_the_test_decides_a_verdict(tmp_path, monkeypatch, plan_at):
+    """Every column beside the test (control, baseline, precondition, component check, flag) rewritten in a committed
+    claims table: the findings table's verdicts stay as they were; a change of the test's own p moves them."""
+    import pandas as pd
+    from lib.arcade.report import claim_frame
+    from lib.compendium import findings
+    from tests.test_debate_oracle import _runs
+    plan_at(96)                                                   # the synthetic runs' sizes, as the plan's
+    (tmp_path / "05_debate").mkdir()
+    f = tmp_path / "05_debate" / "claims.csv"
+    t = claim_frame(_runs({"arcade": 0.90, "direct": 0.40, "oracle": 0.95, "track2_transcript": 0.6,
+                           "direct_type001": 0.5, "oracle_type001": 0.9}))
+    t.to_csv(f, index=False)
+    monkeypatch.setattr(findings, "results_dir", lambda profile: tmp_path)
+    before = {r["id"]: r["verdict"] for r in findings.findings_rows("embedded")}
+    assert before["arcade.debate_vs_direct"] == "reproduced"
+    beside = t.assign(**{"control status": "not detected, short of the paper's effect", "control p": 1.0,
+                         "control A-B": -0.5, "precondition": "not met", "component check": "capacity check",
+                         "flag": "arcade near-constant (label 0 on 100%)", "baseline acc": 1.0, "A-baseline": -0.9,
+                         "baseline p": 1e-9})
+    beside.to_csv(f, index=False)
+    assert {r["id"]: r["verdict"] for r in findings.findings_rows("embedded")} == before
+    t.assign(p=1.0).to_csv(f, index=False)                                  # the test itself: the verdict moves
+    assert {r["id"]: r["verdict"] for r in findings.findings_rows("embedded")}["arcade.debate_vs_direct"] != "reproduced"
 
 
 def test_holm_controls_the_family_and_keeps_order():

@@ -167,7 +167,8 @@ def test_scrub_redacts_keys_read_from_another_env_file(tmp_path, monkeypatch):
     assert "fake-from-another-env-file-42" not in text and "fake-token-elsewhere-777" not in text and "sent *** and ***" in text
 
 
-def test_the_findings_block_gives_each_planned_claim_its_effect_and_verdict_and_the_page_every_column(tmp_path, monkeypatch):
+def test_the_findings_block_gives_each_planned_claim_its_effect_and_verdict_and_the_page_every_column(tmp_path, monkeypatch,
+                                                                                                    plan_at):
     """The README's block, from the committed claims tables and the analysis plan: one row per primary claim of the
     plan (claim, effect with interval, verdict), the legend from the verdict rules; a claim whose table has no row
     reads "not run"; the whole table (test, raw and Holm-adjusted p, design MDD, control, baseline) on its page."""
@@ -176,6 +177,7 @@ def test_the_findings_block_gives_each_planned_claim_its_effect_and_verdict_and_
     from lib.evaluation import plan as analysis
     from lib.evaluation.verdicts import legend
     from tests.test_debate_oracle import _runs
+    plan_at(96)
     (tmp_path / "05_debate").mkdir()
     claim_frame(_runs({"arcade": 0.90, "direct": 0.40, "oracle": 0.95})).to_csv(tmp_path / "05_debate" / "claims.csv",
                                                                                index=False)
@@ -193,7 +195,7 @@ def test_the_findings_block_gives_each_planned_claim_its_effect_and_verdict_and_
     debate = next(r for r in frame if r["id"] == "arcade.debate_vs_direct")
     assert float(debate["p adjusted"]) >= float(debate["p"]) and debate["control"].startswith("oracle vs direct: +0.5")
     page = findings.findings_page("embedded")
-    assert plan.digest in page and "p (Holm)" in page and "design MDD (80%)" in page
+    assert plan.digest in page and "p (Holm)" in page and "design MDD (80%, alpha/m)" in page
 
 
 def test_the_time_left_falls_back_to_fresh_clone_and_latest_times_and_names_what_it_cannot_estimate(tmp_path, monkeypatch):

@@ -116,9 +116,10 @@ def test_the_trace_claims_table_decides_on_seeds_and_reads_the_cue_arm_as_its_co
     assert loss["precondition"] == "not measured"
 
 
-def test_the_findings_table_reads_02s_claims_table_once_a_run_wrote_one(tmp_path, monkeypatch):
+def test_the_findings_table_reads_02s_claims_table_once_a_run_wrote_one(tmp_path, monkeypatch, plan_at):
     from lib.compendium import findings
     from lib.trace.controls import claim_frame
+    plan_at(96, runs=2)                                     # the synthetic runs' sizes, as the plan's
     runs = {"cls+rel": _run(set(range(60))), "image_text_only": _run(set(range(58))), "cue": _run(set(range(90)))}
     t, _ = claim_frame(runs, {"cls+rel": [_run(set(range(61)))], "image_text_only": [_run(set(range(57)))]})
     (tmp_path / "02_finetuning").mkdir()
@@ -128,8 +129,8 @@ def test_the_findings_table_reads_02s_claims_table_once_a_run_wrote_one(tmp_path
     rows = {r["id"]: r for r in findings.findings_rows("embedded") if r["system"] == "TRACE"}
     assert rows["trace.captions_help"]["n"] == "96 memes x 2 seeds"
     assert rows["trace.captions_help"]["test"] == "paired t over 2 seeds"
-    assert rows["trace.captions_help"]["verdict"] in {"reproduced", "reproduced, smaller than the paper",
-                                                      "contradicted", "not reproduced", "inconclusive"}
+    # +0.031 over 2 seeds (p about 0.3): not significant, and the family-wise interval holds the paper's 0.10
+    assert rows["trace.captions_help"]["verdict"] == "inconclusive"
     assert rows["trace.relevance_loss"]["verdict"] == "not run"                      # cls+con did not run
 
 

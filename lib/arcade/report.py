@@ -21,10 +21,11 @@ from lib.arcade.oracle import OracleCourt, accounts_from_memeworld
 from lib.arcade.scoring import balanced_sample, cost_summary, evaluate, report_text
 from lib.evaluation.metrics import interval_keys, paired_accuracy_test
 from lib.evaluation import plan as analysis
-from lib.evaluation.claims import (PAPERS_NUMBER, claim_metric_keys, cold_run_metric_keys, cold_runs_of, first_present,
-                                   fisher_mdd, plan_rows, share_test, table)
+from lib.evaluation.claims import (PAPERS_NUMBER, as_planned, claim_metric_keys, cold_run_metric_keys, cold_runs_of,
+                                   first_present, fisher_mdd, plan_rows, share_test, table)
 from lib.evaluation.metrics import run_spread
 from lib.evaluation.preconditions import judge_status
+from lib.evaluation.verdicts import family_confidence
 
 
 def run_variant(chat, samples: Sequence[Any], cfg: CourtConfig, out_dir: Path, name: str, model: str,
@@ -416,6 +417,7 @@ def claim_frame(runs: dict[str, dict[str, Any]], class_mode: str = "multiclass",
         names = {c.a: first_present(c.a, correct) or c.a,
                  c.b: first_present(arms(b_spec), correct) or c.b}
         rows += plan_rows([c], correct, truth, plan_digest=plan.digest, alpha=plan.alpha, power=plan.power,
+                          family_sizes=plan.family_sizes(),
                           confidence=confidence, answers=answers, preconditions=pre, arm_names=names,
                           what={c.id: why})
     per_run = []
@@ -459,18 +461,25 @@ def gate_rows(runs: dict[str, dict[str, Any]], c, plan, suffix: str = "", confid
     if not a or not b:
         return []
     t = share_test(a, b, confidence)
-    mdd = fisher_mdd(t["n_a"], t["n_b"], t["share_b"], plan.power, plan.alpha)
+    m = plan.family_sizes().get(c.family, 1) if c.role == "primary" else 1
+    level = family_confidence(plan.alpha, m)
+    fam = share_test(a, b, level)["ci_difference"]
+    mdd = fisher_mdd(t["n_a"], t["n_b"], t["share_b"], plan.power, plan.alpha / m)
     ci = t["ci_difference"]
     return [{"id": c.id, "claim": c.statement, "role": c.role, "family": c.family, "A": a_name, "B": b_name,
-             "unit": c.unit, "n": t["n_a"] + t["n_b"], "runs": 1, "acc A": round(t["share_a"], 3),
+             "unit": c.unit, "n": t["n_a"] + t["n_b"], "runs": 1, "as planned": as_planned(c, t["n_a"] + t["n_b"], 1),
+             "acc A": round(t["share_a"], 3),
              "95% CI A": f"[{t['ci_a'][0]:.3f}, {t['ci_a'][1]:.3f}]", "acc B": round(t["share_b"], 3),
              "95% CI B": f"[{t['ci_b'][0]:.3f}, {t['ci_b'][1]:.3f}]", "A-B": round(t["difference"], 3),
-             "95% CI A-B": f"[{ci[0]:.3f}, {ci[1]:.3f}]", "only A right": None, "only B right": None,
+             "95% CI A-B": f"[{ci[0]:.3f}, {ci[1]:.3f}]", "family-wise CI A-B": f"[{fam[0]:.3f}, {fam[1]:.3f}] ({level:.2%})",
+             "only A right": None, "only B right": None,
              "test": "Fisher exact (shares sent to Track II)", "p": float(f"{t['p']:.3g}"),
              "design MDD": round(mdd, 3) if mdd == mdd else float("nan"),
-             "MDD rule": f"Fisher exact by enumeration at {t['n_a']} and {t['n_b']} posts, B's share {t['share_b']:.2f}",
+             "MDD rule": f"Fisher exact by enumeration at {t['n_a']} and {t['n_b']} posts, B's share {t['share_b']:.2f}, "
+                         f"alpha {plan.alpha / m:.2g}",
              "majority line": None, "flag": "none", "paper A-B": round(c.effect, 3), PAPERS_NUMBER: c.effect_said,
-             "control": "none in the pipeline (no run routes by a post's true type)", "control status": "none ran",
+             "control": "none in the pipeline (no run routes by a post's true type)", "control test": "—",
+             "control n": None, "control status": "none ran",
              "baseline": "—", "precondition": "not measured", "component check": "none", "plan": plan.digest,
              "what it isolates": why}]
 

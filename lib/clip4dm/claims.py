@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 
 from lib.evaluation import plan as analysis
-from lib.evaluation.claims import PAPERS_NUMBER, PaperEffect, table
-from lib.evaluation.verdicts import NORMAL_MDD_Z
+from lib.evaluation.claims import PAPERS_NUMBER, PaperEffect, as_planned, table
+from lib.evaluation.verdicts import NORMAL_MDD_Z, family_confidence
 
 #: the paper's nocaps-FOIL ablation (ViT-B/32): AP by CLIPScore alone 0.722, by the sum of negative
 #: attributions 0.776, by F-CLIPScore 0.794
@@ -100,7 +100,8 @@ def image_groups(frame: pd.DataFrame, benchmark: str) -> np.ndarray:
 
 def paired_ap_test(score_a: Sequence[float], score_b: Sequence[float], positive: Sequence[bool],
                    groups: Sequence[int], resamples: int = RESAMPLES, seed: int = 0,
-                   confidence: float = 0.95) -> dict[str, Any]:
+                   confidence: float = 0.95, family_confidence: float | None = None,
+                   mdd_alpha: float = 0.05, power: float = 0.80) -> dict[str, Any]:
     """AP(A) - AP(B) on the same captions with a paired bootstrap over `groups` (images, resampled with
     replacement, the same draws for both scores): the percentile interval, the two-sided bootstrap p
     (twice the smaller share of resampled differences on either side of zero, with the +1 correction), the
@@ -122,8 +123,11 @@ def paired_ap_test(score_a: Sequence[float], score_b: Sequence[float], positive:
     lo, hi = np.quantile(boot, [(1 - confidence) / 2, (1 + confidence) / 2])
     p = min(1.0, 2 * min((np.sum(boot <= 0) + 1) / (resamples + 1), (np.sum(boot >= 0) + 1) / (resamples + 1)))
     se = float(boot.std(ddof=1))
+    fam = (np.quantile(boot, [(1 - family_confidence) / 2, (1 + family_confidence) / 2]) if family_confidence
+           else (float("nan"), float("nan")))
     return {"n": len(a), "images": n_groups, "ap_a": ap_a, "ap_b": ap_b, "difference": ap_a - ap_b,
-            "ci_difference": (float(lo), float(hi)), "p": float(p), "se": se, "mdd": mdd_from_resamples(boot),
+            "ci_difference": (float(lo), float(hi)), "ci_family": (float(fam[0]), float(fam[1])), "p": float(p),
+            "se": se, "mdd": mdd_from_resamples(boot, power, mdd_alpha), "mdd_alpha": mdd_alpha,
             "resamples": resamples, "test": f"paired bootstrap over images ({resamples} resamples)"}
 
 
@@ -155,17 +159,19 @@ def oracle_score(frame: pd.DataFrame, score: str) -> np.ndarray | None:
 
 
 # ----------------------------------------------------------------------------- the table
-def _row(c, a: str, b: str, t: dict[str, Any], plan_digest: str, what: str) -> dict[str, Any]:
-    ci = t["ci_difference"]
+def _row(c, a: str, b: str, t: dict[str, Any], plan_digest: str, what: str, level: float) -> dict[str, Any]:
+    ci, fam = t["ci_difference"], t["ci_family"]
     return {"id": c.id, "claim": c.statement, "role": c.role, "family": c.family, "A": a, "B": b, "unit": c.unit,
-            "n": t["n"], "runs": 1, "acc A": round(t["ap_a"], 3), "95% CI A": "—", "acc B": round(t["ap_b"], 3),
-            "95% CI B": "—", "A-B": round(t["difference"], 3), "95% CI A-B": f"[{ci[0]:.3f}, {ci[1]:.3f}]",
+            "n": t["n"], "runs": 1, "as planned": as_planned(c, t["n"], 1), "acc A": round(t["ap_a"], 3),
+            "95% CI A": "—", "acc B": round(t["ap_b"], 3), "95% CI B": "—", "A-B": round(t["difference"], 3),
+            "95% CI A-B": f"[{ci[0]:.3f}, {ci[1]:.3f}]", "family-wise CI A-B": f"[{fam[0]:.3f}, {fam[1]:.3f}] ({level:.2%})",
             "only A right": None, "only B right": None, "test": t["test"], "p": float(f"{t['p']:.3g}"),
             "design MDD": round(t["mdd"], 3),
-            "MDD rule": f"simulated: the centred bootstrap's quantiles at this n ({t['resamples']} resamples over "
-                        f"{t['images']} images)",
+            "MDD rule": f"simulated at alpha {t['mdd_alpha']:.2g}: the centred bootstrap's quantiles at this n "
+                        f"({t['resamples']} resamples over {t['images']} images)",
             "majority line": None, "flag": "none", "paper A-B": round(c.effect, 3), PAPERS_NUMBER: c.effect_said,
-            "control": "—", "control A-B": None, "control 95% CI": "—", "control p": None, "control status": "—",
+            "control": "—", "control test": "—", "control n": None, "control A-B": None, "control 95% CI": "—",
+            "control p": None, "control status": "—",
             "baseline": "—", "baseline acc": None, "A-baseline": None, "baseline p": None,
             "precondition": "not measured", "component check": "none", "plan": plan_digest,
             "what it isolates": what}
@@ -194,11 +200,15 @@ def claim_table(stage_dir: Path | str, claims: Sequence[Claim] = CLIP4DM_CLAIMS,
             continue
         y = f["is_foil"].astype(bool).to_numpy()
         orig, groups = ~y, image_groups(f, c.benchmark)
-        t = paired_ap_test(f[c.a], f[c.b], orig, groups, resamples, seed)
-        row = _row(pc, SCORE_NAMES.get(c.a, c.a), SCORE_NAMES.get(c.b, c.b), t, plan.digest, c.what)
+        m = plan.family_sizes().get(pc.family, 1) if pc.role == "primary" else 1
+        level = family_confidence(plan.alpha, m)
+        t = paired_ap_test(f[c.a], f[c.b], orig, groups, resamples, seed, family_confidence=level,
+                           mdd_alpha=plan.alpha / m, power=plan.power)
+        row = _row(pc, SCORE_NAMES.get(c.a, c.a), SCORE_NAMES.get(c.b, c.b), t, plan.digest, c.what, level)
         oracle = oracle_score(f, c.a)
         if oracle is not None:
             ct = paired_ap_test(oracle, f[c.b], orig, groups, resamples, seed)
+            row.update({"control test": ct["test"], "control n": ct["n"]})
             lo, hi = ct["ci_difference"]
             found = ct["difference"] > 0 and ct["p"] < plan.alpha
             row.update({"control": f"{ORACLE[c.a]} vs {SCORE_NAMES[c.b]}", "control A-B": round(ct["difference"], 3),

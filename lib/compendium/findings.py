@@ -12,7 +12,7 @@ from typing import Any
 
 from lib.compendium.artifacts import RESULTS_ROOT
 from lib.evaluation import plan as analysis
-from lib.evaluation.verdicts import holm, legend, verdict
+from lib.evaluation.verdicts import decide, legend
 
 #: what the findings table calls each plan unit
 UNIT_WORDS = {"items": "", "cold runs": " x {runs} cold runs (per-item means)", "seeds": " x {runs} seeds",
@@ -73,26 +73,32 @@ def findings_rows(profile: str, root: Path | None = None) -> list[dict[str, Any]
         found = next((r for r in tables[c.stage, c.table] if r.get("id") == c.id and r.get("role") == c.role), None)
         rows.append({"claim": c, "row": found})
     for family in plan.families:
-        members = [x for x in rows if x["claim"].family == family and x["claim"].role == "primary" and x["row"]]
-        for x, p in zip(members, holm([_num(x["row"]["p"]) for x in members])):
-            x["p_adjusted"] = p
+        members = [x for x in rows if x["claim"].family == family and x["claim"].role == "primary" and x["row"]
+                   and x["row"].get("as planned", "yes") == "yes"]
+        decided = decide([{"p": _num(x["row"]["p"]), "difference": _num(x["row"]["A-B"]),
+                           "family_ci": _interval(x["row"].get("family-wise CI A-B", "")), "effect": x["claim"].effect}
+                          for x in members], plan.alpha)
+        for x, d in zip(members, decided):
+            x["p_adjusted"], x["verdict"] = d["p_adjusted"], d["verdict"]
     out = []
     for x in rows:
         c, r = x["claim"], x["row"]
         if r is None:
             out.append({"id": c.id, "system": c.system, "claim": c.statement, "A vs B": f"{c.a} vs {c.b}",
-                        "n": "—", "effect": "—", "test": c.test, "p": "—", "p adjusted": "—", "mdd": "—",
-                        "paper": c.effect_said, "control": "—", "baseline": "—", "checks": "—",
+                        "n": "—", "effect": "—", "family ci": "—", "test": c.test, "p": "—", "p adjusted": "—",
+                        "mdd": "—", "paper": c.effect_said, "control": "—", "baseline": "—", "checks": "—",
                         "verdict": "not run", "plan": "—", "role": c.role})
             continue
         diff, ci = _num(r["A-B"]), _interval(r["95% CI A-B"])
+        fam = _interval(r.get("family-wise CI A-B", ""))
         padj = x.get("p_adjusted", float("nan"))
         runs = int(_num(r.get("runs")) or 1)
         n_text = f"{r['n']} {c.items}" + (f" of {r['images']} images" if r.get("images") else "") \
             + UNIT_WORDS.get(c.unit, "").format(runs=runs)
         ctl = r.get("control") or "—"
         if r.get("control A-B") not in (None, "", "nan"):
-            ctl = f"{ctl}: {_num(r['control A-B']):+.3f} {r.get('control 95% CI', '')}, p {_p(r['control p'])} ({r.get('control status')})"
+            ctl = (f"{ctl}: {_num(r['control A-B']):+.3f} {r.get('control 95% CI', '')}, p {_p(r['control p'])} "
+                   f"({r.get('control status')}; {r.get('control test')}, n {r.get('control n')})")
         base = r.get("baseline") or "—"
         if base not in ("—", "") and r.get("A-baseline") not in (None, ""):
             base = f"{base} {_num(r['baseline acc']):.3f}: A {_num(r['A-baseline']):+.3f}, p {_p(r['baseline p'])}"
@@ -100,13 +106,19 @@ def findings_rows(profile: str, root: Path | None = None) -> list[dict[str, Any]
             f"precondition {r['precondition']}" if r.get("precondition") not in (None, "", "not measured") else "",
             r.get("component check") if r.get("component check") not in (None, "", "none") else "",
             r.get("flag") if r.get("flag") not in (None, "", "none") else "") if x) or "—"
+        planned = r.get("as planned", "yes")
+        if c.role != "primary":
+            v = "no verdict (secondary)"
+        elif planned != "yes":
+            v = f"not run as planned ({planned})"
+        else:
+            v = x["verdict"]
         out.append({"id": c.id, "system": c.system, "claim": c.statement, "A vs B": f"{r['A']} vs {r['B']}",
-                    "n": n_text, "effect": f"{diff:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]", "test": r["test"],
+                    "n": n_text, "effect": f"{diff:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]",
+                    "family ci": f"[{fam[0]:+.3f}, {fam[1]:+.3f}]" if fam[0] == fam[0] else "—", "test": r["test"],
                     "p": _p(r["p"]), "p adjusted": _p(padj) if c.role == "primary" else "— (secondary)",
                     "mdd": _p(r.get("design MDD")), "paper": c.effect_said, "control": ctl, "baseline": base,
-                    "checks": checks, "role": c.role, "plan": r.get("plan", ""),
-                    "verdict": (verdict(diff, ci, padj, c.effect, plan.alpha) if c.role == "primary"
-                                else "no verdict (secondary)")})
+                    "checks": checks, "role": c.role, "plan": r.get("plan", ""), "verdict": v})
     return out
 
 
@@ -120,18 +132,21 @@ def findings_block(profile: str = "embedded", root: Path | None = None) -> str:
     out += [f"| {r['system']} | {r['claim']} | {r['effect']} | {r['verdict']} |" for r in rows if r["role"] == "primary"]
     out += ["", f"{sum(r['role'] == 'primary' for r in rows)} primary claims of the analysis plan (version "
                 f"{plan.version}, [docs/analysis-plan.md](docs/analysis-plan.md)), their p corrected together "
-                f"({plan.correction}); each verdict comes from its claim's own test alone: " + legend() + ". Every "
-                f"column (test, n, raw and adjusted p, the design's MDD beside the paper's effect, control, baseline, "
-                f"checks): [docs/findings.md](docs/findings.md)."]
+                f"({plan.correction}); each verdict comes from its claim's own test alone: " + legend() + ". A claim "
+                f"that did not run as its plan says (another n, fewer runs) gets no verdict. The plan's version 1 was "
+                f"written after these results existed, by a rule that looks at no outcome; every later change is in "
+                f"its history. Every column (test, n, raw and adjusted p, the family-wise interval, the design's MDD "
+                f"beside the paper's effect, control, baseline, checks): [docs/findings.md](docs/findings.md)."]
     return "\n".join(out)
 
 
 def findings_table(profile: str = "embedded", root: Path | None = None) -> str:
     """The whole findings table as markdown (docs/findings.md; notebook 07 shows it from its run's artifacts)."""
     rows = findings_rows(profile, root)
-    cols = ("system", "claim", "A vs B", "n", "effect", "test", "p", "p adjusted", "mdd", "paper", "control",
-            "baseline", "checks", "verdict")
-    head = ("system", "claim", "A vs B", "n", "A − B [95% CI]", "test", "p", "p (Holm)", "design MDD (80%)",
+    cols = ("system", "claim", "A vs B", "n", "effect", "family ci", "test", "p", "p adjusted", "mdd", "paper",
+            "control", "baseline", "checks", "verdict")
+    head = ("system", "claim", "A vs B", "n", "A − B [95% CI]", "family-wise CI", "test", "p", "p (Holm)",
+            "design MDD (80%, alpha/m)",
             "paper's A − B", "positive control (a pipeline arm vs B)", "no-model baseline (vs A)",
             "precondition, component check, flags", "verdict")
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -146,8 +161,9 @@ def findings_page(profile: str = "embedded") -> str:
             "Generated by `make results` from `results/embedded/` and `params/analysis/plan.yaml` (version "
             f"{plan.version}, digest `{plan.digest}`: [its history](analysis-plan.md)); do not edit by hand. One row "
             "per planned claim: its primary test (the plan's unit: items, cold runs as per-item means, seeds), the p "
-            f"corrected across the family ({plan.correction}), the design's minimum detectable difference at "
-            f"{plan.power:.0%} power beside the paper's effect, its positive control (a pipeline arm where the "
+            f"corrected across the family ({plan.correction}), its family-wise interval, the design's minimum "
+            f"detectable difference at {plan.power:.0%} power and Holm's strictest threshold (alpha/m) beside the "
+            "paper's effect, its positive control (a pipeline arm where the "
             "ingredient carries the signal, against the claim's B arm, with the claim's test), its no-model baseline "
             "(against A), and what the checks say beside it. Verdicts: " + legend() + ". Preconditions, component "
             "checks, controls, baselines and flags never change a verdict; the notebooks' readings say what each "

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from lib.evaluation.metrics import paired_accuracy_test, pooled_paired_test, run_spread, share_difference_test  # noqa: F401
-from lib.evaluation.verdicts import NORMAL_MDD_Z, design_discordance, normal_mdd, seed_t_mdd, seed_t_test
+from lib.evaluation.verdicts import design_discordance, family_confidence, normal_mdd, seed_t_mdd, seed_t_test
 
 
 # ----------------------------------------------------------------------------- power of the paired test
@@ -221,11 +221,22 @@ def cold_run_metric_keys(spread_rows: Sequence[dict[str, Any]]) -> dict[str, Any
 
 # ----------------------------------------------------------------------------- the plan's claims, tested
 #: a claims table's columns, every stage's (CLIP4DM's hold AP in the accuracy columns, a two-share row shares)
-COLUMNS = ("id", "claim", "role", "family", "A", "B", "unit", "n", "runs", "acc A", "95% CI A", "acc B", "95% CI B",
-           "A-B", "95% CI A-B", "only A right", "only B right", "test", "p", "design MDD", "MDD rule", "majority line",
-           "flag", "paper A-B", PAPERS_NUMBER, "control", "control A-B", "control 95% CI", "control p", "control status",
-           "baseline", "baseline acc", "A-baseline", "baseline p", "precondition", "component check", "plan",
-           "what it isolates")
+COLUMNS = ("id", "claim", "role", "family", "A", "B", "unit", "n", "runs", "as planned", "acc A", "95% CI A", "acc B",
+           "95% CI B", "A-B", "95% CI A-B", "family-wise CI A-B", "only A right", "only B right", "test", "p",
+           "design MDD", "MDD rule", "majority line", "flag", "paper A-B", PAPERS_NUMBER, "control", "control test",
+           "control n", "control A-B", "control 95% CI", "control p", "control status", "baseline", "baseline acc",
+           "A-baseline", "baseline p", "precondition", "component check", "plan", "what it isolates")
+
+
+def as_planned(c, n: int, runs: int) -> str:
+    """Whether a claim's test ran as its plan says: "yes", or what differs (its n, its runs). The findings table gives
+    no verdict to a claim that did not."""
+    out = []
+    if int(n) != int(c.n):
+        out.append(f"n {int(n)} where the plan says {c.n}")
+    if c.unit in ("seeds", "cold runs", "seeds pooled") and int(runs or 1) < int(c.runs):
+        out.append(f"{int(runs or 1)} of the plan's {c.runs} runs")
+    return "; ".join(out) or "yes"
 
 
 def _ci(pair) -> str:
@@ -274,28 +285,34 @@ def arm_test(unit: str, a: str, b: str, correct: dict[str, dict[str, bool]], tru
 
 
 def design_mdd(unit: str, t: dict[str, Any], alpha: float = 0.05, power: float = 0.80) -> tuple[float, str]:
-    """The smallest difference a claim's test detects with `power` at its design (n, runs, the arms' accuracies), and
-    the rule it comes from (lib.evaluation.verdicts)."""
+    """The smallest difference a claim's test detects with `power` at its design (n, runs, the arms' accuracies) and
+    level `alpha` (a primary claim's: Holm's strictest threshold, the family's alpha / m), and the rule it comes from.
+    Every rule takes the larger of the observed spread and the one independent errors at these accuracies would give,
+    so a run whose arms happen to agree does not look powerful."""
     n = int(t["n"])
+    level = f"at alpha {alpha:.2g}"
     if t["test"].startswith("paired t over"):
-        return (round(seed_t_mdd(int(t["runs"]), float(t["sd"]), power, alpha), 3),
-                f"paired t over {t['runs']} seeds at their SD ({t['sd']:.3f})")
+        floor = math.sqrt((t["acc_a"] * (1 - t["acc_a"]) + t["acc_b"] * (1 - t["acc_b"])) / n) if n else float("nan")
+        sd = max(float(t["sd"]), floor) if t["sd"] == t["sd"] else floor
+        return (round(seed_t_mdd(int(t["runs"]), sd, power, alpha), 3),
+                f"paired t over {t['runs']} seeds {level}, per-seed SD {sd:.3f} (the larger of the observed "
+                f"{t['sd']:.3f} and independent errors' {floor:.3f})")
     if t["test"].startswith("sign-flip"):
         d_var = float(np.var(t["item_diffs"], ddof=1)) if len(t.get("item_diffs", [])) > 1 else float("nan")
         floor = design_discordance(t["acc_a"], t["acc_b"], 0.0) / max(1, int(t["runs"]))
         var = max(d_var, floor) if d_var == d_var else floor
-        return (round(NORMAL_MDD_Z * math.sqrt(var / n), 3) if n else float("nan"),
-                f"normal approximation, per-item differences' variance {var:.3f} (the larger of the observed and "
-                f"independent errors' over {t['runs']} runs)")
+        return (round(normal_mdd(math.sqrt(var / n), power, alpha), 3) if n else float("nan"),
+                f"normal approximation {level}, per-item differences' variance {var:.3f} (the larger of the observed "
+                f"and independent errors' over {t['runs']} runs)")
     if t["test"].startswith("exact McNemar"):
         observed = ((t["only_a_right"] or 0) + (t["only_b_right"] or 0)) / n if n else 0.0
         disc = design_discordance(t["acc_a"], t["acc_b"], observed)
         mdd = mcnemar_mdd(n, disc, power, alpha)
         return (round(mdd, 3) if mdd == mdd else float("nan"),
-                f"exact McNemar at n = {n}, discordance {disc:.2f} (the larger of the observed {observed:.2f} and "
-                f"independent errors')")
+                f"exact McNemar at n = {n} {level}, discordance {disc:.2f} (the larger of the observed "
+                f"{observed:.2f} and independent errors')")
     if "se" in t:
-        return round(normal_mdd(float(t["se"])), 3), "normal approximation from the bootstrap's standard error"
+        return round(normal_mdd(float(t["se"]), power, alpha), 3), f"normal approximation {level} from the bootstrap's SE"
     return float("nan"), "none"
 
 
@@ -304,19 +321,24 @@ def _p(v: float) -> float:
 
 
 def _arms_row(c, role: str, a: str, b: str, t: dict[str, Any], unit: str, what: str, plan_digest: str,
-              alpha: float, power: float, main: bool = True) -> dict[str, Any]:
-    """A test's row; `main`: the claim's own test (its family shown), not one of its secondary tests."""
+              alpha: float, power: float, main: bool = True, family_ci=(float("nan"), float("nan")),
+              family_level: float | None = None) -> dict[str, Any]:
+    """A test's row; `main`: the claim's own test (its family shown), not one of its secondary tests. `alpha`: the
+    design MDD's level (a primary claim's: alpha / m); `family_ci`: its family-wise interval at `family_level`."""
     mdd, rule = design_mdd(unit, t, alpha, power)
+    fam = _ci(family_ci) + (f" ({family_level:.2%})" if family_level and family_ci[0] == family_ci[0] else "")
     return {"id": c.id, "claim": c.statement, "role": role, "family": c.family if main else "—",
             "A": a, "B": b, "unit": unit, "n": t["n"], "runs": t.get("runs", 1),
+            "as planned": as_planned(c, t["n"], t.get("runs", 1)) if main else "—",
             "acc A": round(t["acc_a"], 3), "95% CI A": _ci(t["ci_a"]), "acc B": round(t["acc_b"], 3),
             "95% CI B": _ci(t["ci_b"]), "A-B": round(t["difference"], 3), "95% CI A-B": _ci(t["ci_difference"]),
-            "only A right": t.get("only_a_right"), "only B right": t.get("only_b_right"), "test": t["test"],
-            "p": _p(t["p"]), "design MDD": mdd, "MDD rule": rule, "majority line": round(t["majority_acc"], 3),
-            "flag": "none", "paper A-B": round(c.effect, 3), PAPERS_NUMBER: c.effect_said, "control": "—",
-            "control A-B": None, "control 95% CI": "—", "control p": None, "control status": "—", "baseline": "—",
-            "baseline acc": None, "A-baseline": None, "baseline p": None, "precondition": "not measured",
-            "component check": "none", "plan": plan_digest, "what it isolates": what}
+            "family-wise CI A-B": fam, "only A right": t.get("only_a_right"), "only B right": t.get("only_b_right"),
+            "test": t["test"], "p": _p(t["p"]), "design MDD": mdd, "MDD rule": rule,
+            "majority line": round(t["majority_acc"], 3), "flag": "none", "paper A-B": round(c.effect, 3),
+            PAPERS_NUMBER: c.effect_said, "control": "—", "control test": "—", "control n": None, "control A-B": None,
+            "control 95% CI": "—", "control p": None, "control status": "—", "baseline": "—", "baseline acc": None,
+            "A-baseline": None, "baseline p": None, "precondition": "not measured", "component check": "none",
+            "plan": plan_digest, "what it isolates": what}
 
 
 def majority_arm(truth: dict[str, int], items: Sequence[str]) -> dict[str, bool]:
@@ -330,7 +352,8 @@ def plan_rows(claims, correct: dict[str, dict[str, bool]], truth: dict[str, int]
               answers: dict[str, dict[str, Any]] | None = None, first_items: set[str] | None = None,
               preconditions: dict[str, str] | None = None, components: dict[str, str] | None = None,
               arm_names: dict[str, str] | None = None, what: dict[str, str] | None = None,
-              extra_baselines: dict[str, dict[str, bool]] | None = None) -> list[dict[str, Any]]:
+              extra_baselines: dict[str, dict[str, bool]] | None = None,
+              family_sizes: dict[str, int] | None = None) -> list[dict[str, Any]]:
     """Each planned claim (lib.evaluation.plan.PlannedClaim) whose arms ran, as rows of COLUMNS: its primary test (the
     plan's unit, on its first n items: `first_items` holds them where a later run grew the claim), then its
     secondary tests, each with the design's MDD. Beside the primary test: its control (the plan's pipeline arm,
@@ -338,8 +361,9 @@ def plan_rows(claims, correct: dict[str, dict[str, bool]], truth: dict[str, int]
     its baseline (the no-model arm, "majority" or an arm of `correct` / `extra_baselines`, tested against A with the
     exact McNemar), the near-constant flag (`answers`), the precondition and component check (claim id -> text).
     No answer is substituted and nothing is planted: every number is an arm's. `arm_names`: a plan arm name -> the
-    name this table's `correct` gives it. Verdicts are not here: they need the family's correction
-    (lib.compendium.findings)."""
+    name this table's `correct` gives it. `family_sizes`: family -> its primary claims (m; the plan's
+    `family_sizes()`): a primary claim's family-wise interval is at 1 - alpha/m and its design MDD at alpha/m, Holm's
+    strictest threshold. Verdicts are not here: they need the family's correction (lib.compendium.findings)."""
     answers, preconditions, components = answers or {}, preconditions or {}, components or {}
     names = arm_names or {}
     extra = extra_baselines or {}
@@ -351,8 +375,12 @@ def plan_rows(claims, correct: dict[str, dict[str, bool]], truth: dict[str, int]
         common = {i for i in correct[a] if i in correct[b]}
         primary_items = (common & first_items) if (first_items and c.n < len(common)) else common
         t = arm_test(c.unit, a, b, correct, truth, primary_items, confidence, c.runs)
+        m = (family_sizes or {}).get(c.family, 1) if c.role == "primary" else 1
+        level = family_confidence(alpha, m)
+        family_ci = arm_test(c.unit, a, b, correct, truth, primary_items, level, c.runs)["ci_difference"]
         row = _arms_row(c, "primary" if c.role == "primary" else "secondary", a, b, t, c.unit,
-                        (what or {}).get(c.id, ""), plan_digest, alpha, power)
+                        (what or {}).get(c.id, ""), plan_digest, alpha / m, power, family_ci=family_ci,
+                        family_level=level)
         ids = [i for i in sorted(primary_items) if i in correct[a] and i in correct[b]]
         row["flag"] = "; ".join(f for f in (constant_arm(a, answers.get(a), ids), constant_arm(b, answers.get(b), ids))
                                 if f) or "none"
@@ -362,7 +390,8 @@ def plan_rows(claims, correct: dict[str, dict[str, bool]], truth: dict[str, int]
             ct = arm_test(unit, ctl, b, correct, truth, primary_items, confidence, c.runs)
             short = ct["ci_difference"][1] < c.effect
             found = ct["difference"] > 0 and ct["p"] < alpha
-            row.update({"control": f"{ctl} vs {b}", "control A-B": round(ct["difference"], 3),
+            row.update({"control": f"{ctl} vs {b}", "control test": ct["test"], "control n": ct["n"],
+                        "control A-B": round(ct["difference"], 3),
                         "control 95% CI": _ci(ct["ci_difference"]), "control p": _p(ct["p"]),
                         "control status": ("detected" if found else "not detected")
                                           + (", short of the paper's effect" if short else "")})

@@ -84,6 +84,10 @@ class Plan:
         """The claims a stage's table tests, in plan order."""
         return [c for c in self.claims if c.stage == stage and (table is None or c.table == table)]
 
+    def family_sizes(self) -> dict[str, int]:
+        """Each family's number of primary claims (m of its Holm correction and family-wise intervals)."""
+        return {f: sum(c.family == f and c.role == "primary" for c in self.claims) for f in self.families}
+
     def by_statement(self, stage: str, table: str) -> dict[str, PlannedClaim]:
         return {c.statement: c for c in self.of(stage, table)}
 

@@ -16,29 +16,49 @@ VERDICTS = {
     "contradicted": "significant after the multiplicity correction, against the paper's direction",
     "reproduced": "significant after the correction, in the paper's direction",
     "reproduced, smaller than the paper": "significant after the correction, in the paper's direction, and the "
-                                          "interval excludes the paper's effect from below",
-    "not reproduced": "the interval excludes the paper's effect and nothing is significant in its direction",
+                                          "family-wise interval lies wholly below the paper's effect",
+    "not reproduced": "the family-wise interval lies wholly below the paper's effect and nothing is significant in "
+                      "its direction",
     "inconclusive": "anything else: the interval holds the paper's effect, or the test cannot tell (read the design's "
                     "minimum detectable difference beside the paper's effect)",
 }
+#: what the verdicts call the family-wise interval
+FAMILY_INTERVAL = ("the family-wise interval: each claim's interval at confidence 1 - alpha/m (m the family's primary "
+                   "claims; Bonferroni, so all of them hold together with probability at least 1 - alpha)")
 
 
-def verdict(difference: float, ci: tuple[float, float], p_adjusted: float, paper_effect: float,
+def family_confidence(alpha: float, family_size: int) -> float:
+    """The confidence of a claim's family-wise interval (FAMILY_INTERVAL)."""
+    return 1 - alpha / max(1, family_size)
+
+
+def verdict(difference: float, family_ci: tuple[float, float], p_adjusted: float, paper_effect: float,
             alpha: float = 0.05) -> str:
     """A primary claim's verdict from its test alone: the difference A - B (A the paper's better arm, so the paper's
-    effect is positive), its interval and its p after the family's correction (VERDICTS, in that order)."""
+    effect is positive), its family-wise interval (FAMILY_INTERVAL) and its p after the family's Holm correction
+    (VERDICTS, in that order). Both the p and the interval are corrected for the family, so neither a false
+    "reproduced" nor a false "not reproduced" is more likely than alpha across the whole table."""
     significant = p_adjusted == p_adjusted and p_adjusted < alpha
     if significant and difference < 0:
         return "contradicted"
     if significant and difference > 0:
-        return "reproduced, smaller than the paper" if ci[1] < paper_effect else "reproduced"
-    if ci[1] < paper_effect:
+        return "reproduced, smaller than the paper" if family_ci[1] < paper_effect else "reproduced"
+    if family_ci[1] < paper_effect:
         return "not reproduced"
     return "inconclusive"
 
 
+def decide(tests: Sequence[dict], alpha: float = 0.05) -> list[dict]:
+    """A family's verdicts: `tests` holds each primary claim's {"p", "difference", "family_ci", "effect"}; returns
+    each with "p_adjusted" (Holm across the family) and "verdict". The one decision path: the findings table and the
+    simulation that proves the rules (tests/test_decision_rules.py) both call it."""
+    adjusted = holm([t["p"] for t in tests])
+    return [{**t, "p_adjusted": p, "verdict": verdict(t["difference"], t["family_ci"], p, t["effect"], alpha)}
+            for t, p in zip(tests, adjusted)]
+
+
 def legend() -> str:
-    return "; ".join(f"*{v}*: {rule}" for v, rule in VERDICTS.items())
+    return "; ".join(f"*{v}*: {rule}" for v, rule in VERDICTS.items()) + f" ({FAMILY_INTERVAL})"
 
 
 # ----------------------------------------------------------------------------- multiplicity
@@ -71,9 +91,9 @@ def seed_t_test(diffs: Sequence[float], confidence: float = 0.95) -> dict[str, f
         return {"difference": mean, "ci_difference": (float("nan"), float("nan")), "p": float("nan"), "seeds": k,
                 "sd": float("nan"), "test": f"paired t over {k} seeds"}
     sd = float(d.std(ddof=1))
-    if sd == 0:
-        p = 0.0 if mean != 0 else 1.0
-        ci = (mean, mean)
+    if sd == 0:          # every seed gave the same difference: no spread to test against (a 0 p would be no evidence)
+        p = 1.0 if mean == 0 else float("nan")
+        ci = (mean, mean) if mean == 0 else (float("nan"), float("nan"))
     else:
         t = mean / (sd / math.sqrt(k))
         p = float(2 * stats.t.sf(abs(t), k - 1))
@@ -100,7 +120,8 @@ def seed_t_power(seeds: int, sd: float, difference: float, alpha: float = 0.05) 
         return float("nan")
     df, nc = seeds - 1, difference / (sd / math.sqrt(seeds))
     crit = stats.t.ppf(1 - alpha / 2, df)
-    return float(stats.nct.sf(crit, df, nc) + stats.nct.cdf(-crit, df, nc))
+    upper, lower = stats.nct.sf(crit, df, nc), stats.nct.sf(crit, df, -nc)   # P(T > crit) + P(T < -crit)
+    return float(np.nan_to_num(upper) + np.nan_to_num(lower))       # (scipy's nct.cdf is NaN far in a tail)
 
 
 def seed_t_mdd(seeds: int, sd: float, power: float = 0.80, alpha: float = 0.05) -> float:
@@ -118,6 +139,9 @@ def seed_t_mdd(seeds: int, sd: float, power: float = 0.80, alpha: float = 0.05) 
 NORMAL_MDD_Z = 2.8016
 
 
-def normal_mdd(se: float) -> float:
-    """A normal test's minimum detectable difference at 80% power and 0.05 from its standard error."""
-    return float(NORMAL_MDD_Z * se) if se == se else float("nan")
+def normal_mdd(se: float, power: float = 0.80, alpha: float = 0.05) -> float:
+    """A two-sided normal test's minimum detectable difference at `power` and `alpha` from its standard error."""
+    from scipy import stats
+    if se != se:
+        return float("nan")
+    return float((stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)) * se)

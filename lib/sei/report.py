@@ -442,6 +442,7 @@ def claim_frame(preds: dict[str, Sequence[Prediction]], main_name: str, retrieve
         extra = {"knn_vote": knn_correct[base]} if base in knn_correct and base != retriever else None
         names = {"memeworld-clip/4": main_name} if c.a == "memeworld-clip/4" else {}
         rows += plan_rows([c], correct, truth, plan_digest=plan.digest, alpha=plan.alpha, power=plan.power,
+                          family_sizes=plan.family_sizes(),
                           confidence=confidence, answers=answers, first_items=first, preconditions=pre,
                           arm_names=names, extra_baselines=extra,
                           what={c.id: FEWSHOT_WHAT.get(c.id.split(".")[1], "")})

@@ -175,6 +175,7 @@ def claim_frame(runs: dict[str, dict[str, Any]], seeds: dict[str, Sequence[dict[
         if status:
             pre[f"trace.{name}_captions"] = status
     rows = plan_rows(plan.of("02_finetuning", "claims.csv"), correct, truth, plan_digest=plan.digest, alpha=plan.alpha,
+                     family_sizes=plan.family_sizes(),
                      power=plan.power, confidence=confidence, preconditions=pre, components=components or {},
                      what=TRACE_WHAT)
     per_seed = [{"claim": r["claim"], "A": r["A"], "B": r["B"], "seed": k, "difference": d}
