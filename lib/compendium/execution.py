@@ -23,6 +23,15 @@ from lib.compendium.params import ProfileError, RunnerConfig, _parent_and_own
 
 #: the checked cells' recorded outputs at ci sizes (lib.compendium.nbcheck --write records them)
 REFERENCE = ROOT / "tests" / "reference" / "ci_checked_outputs.json"
+#: the profile whose checked outputs REFERENCE records: a profile that extends it changes its sizes or variants on
+#: purpose, so its outputs are not compared with these
+REFERENCE_PROFILE = "ci"
+
+
+def executor_for(profile: str, executor: str) -> str:
+    """The executor a profile's stages run under: nbval only for REFERENCE_PROFILE (a child inherits the runner
+    section, not the reference); papermill otherwise."""
+    return executor if executor != "nbval" or profile == REFERENCE_PROFILE else "papermill"
 MARK = "NBVAL_CHECK_OUTPUT"
 
 

@@ -28,7 +28,7 @@ from lib.compendium.params import (ProfileError, Stage, ancestors, runner_config
 from lib.compendium.presets import OVERLAY_ENV, nearest_overlay, read_overlay, resolve_model_path
 from lib.compendium.results import README_PROFILES, update_readme
 from lib.compendium.execution import (CellTimeout, Limits, NbvalFailure, cell_text, execute_nbval, execute_papermill,
-                                      stage_limits)
+                                      executor_for, stage_limits)
 from lib.compendium.procs import end_processes, new_id, tagged
 from lib.compendium.scrub import ABS_PATH, loaded_secrets, scrub_notebook  # noqa: F401  (stages.scrub_notebook as before)
 from lib.compendium.stamps import Digests, current_stamps, stage_stamp, stamp_file, up_to_date
@@ -421,7 +421,7 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
         t0 = time.time()
         limits = stage_limits(profile, st.name, cfg)
         try:
-            _run_one(st, profile, sections[st.name], limits, cfg.executor, in_place=in_place)
+            _run_one(st, profile, sections[st.name], limits, executor_for(profile, cfg.executor), in_place=in_place)
         except StageError as e:
             print(f"\nerror: {e}", file=sys.stderr)
             _print_timings(rows + [(st.name, time.time() - t0, "FAILED")], time.time() - t_all)
