@@ -319,3 +319,11 @@ def test_only_the_reference_profile_is_checked_by_nbval():
     assert executor_for(REFERENCE_PROFILE, "nbval") == "nbval"
     assert executor_for("ablation-x", "nbval") == "papermill"
     assert executor_for("embedded", "papermill") == executor_for(REFERENCE_PROFILE, "papermill") == "papermill"
+
+
+def test_every_checked_cell_has_a_recorded_output_for_its_current_source():
+    """The unit lane's early warning for nbval (the ci run would fail on it twenty minutes later): a notebook cell
+    marked NBVAL_CHECK_OUTPUT that was edited, added or removed without `python -m lib.compendium.nbcheck --write`
+    after a ci run."""
+    from lib.compendium.nbcheck import unrecorded
+    assert unrecorded() == []
