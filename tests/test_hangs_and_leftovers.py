@@ -108,6 +108,21 @@ def test_limits_come_from_the_recorded_times_with_a_floor(monkeypatch, tmp_path)
     assert lim.stage_s == 12000.0 and "profile embedded, which ci extends" in lim.stage_why
     lim = stage_limits("ci", "02_finetuning", RunnerConfig(cell_timeout_s=60, stage_timeout_s=90))
     assert (lim.cell_s, lim.stage_s) == (60, 90) and "runner.stage_timeout_s" in lim.stage_why
+    # a quick rerun that read its work back (a 20 s cell, a 70 s stage, on this machine and in a child profile) does
+    # not shrink the limits a retraining run needs: the longest time over the whole chain, cells from runs from nothing
+    cells = tmp_path / "artifacts" / "embedded" / "notebooks" / "02_finetuning.cells.json"
+    cells.parent.mkdir(parents=True)
+    cells.write_text(json.dumps({"cells": [{"seconds": 20.0}]}))
+    child = tmp_path / "artifacts" / "ci" / "timings.json"
+    child.parent.mkdir(parents=True)
+    child.write_text(json.dumps({"last_run": {"02_finetuning": {"wall_s": 70.0, "slowest_cell_s": 20.0}}}))
+    for prof in ("embedded", "ci"):
+        lim = stage_limits(prof, "02_finetuning", cfg)
+        assert (lim.stage_s, lim.cell_s) == (12000.0, 2000.0), prof
+    # no cell recorded from nothing: a cell may take the stage's whole limit
+    f.write_text(json.dumps({"replayed": {"02_finetuning": {"wall_s": 3000.0, "slowest_cell_s": 5.0}}}))
+    lim = stage_limits("embedded", "02_finetuning", cfg)
+    assert lim.cell_s == lim.stage_s == 12000.0 and "from nothing" in lim.cell_why
 
 
 # ----------------------------------------------------------------------------- signals and SIGKILL

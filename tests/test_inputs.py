@@ -202,8 +202,57 @@ def test_a_rerun_that_moves_no_result_leaves_the_committed_file(tmp_path):
     assert same_result(f, json.dumps({"acc": 0.5, "interplay_train_s": 13.5}).encode())
     assert not same_result(f, json.dumps({"acc": 0.51, "interplay_train_s": 12.0}).encode())
     r = tmp_path / "result.json"
-    r.write_text(json.dumps({"eval": {"acc": 1}, "seconds": 117.2, "training_code": "a"}))
-    assert same_result(r, json.dumps({"eval": {"acc": 1}, "seconds": 90.0, "training_code": "b"}).encode())
+    r.write_text(json.dumps({"eval": {"acc": 1}, "seconds": 117.2}))
+    assert same_result(r, json.dumps({"eval": {"acc": 1}, "seconds": 90.0}).encode())
+    # a run's identity is no bookkeeping: a config.json whose training code moved is published (the next run of a
+    # child profile, or of a fresh clone, compares its identity with it)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"backbone": "b", "training_code": "a"}))
+    assert not same_result(cfg, json.dumps({"backbone": "b", "training_code": "b"}).encode())
+    # a response-cache key is bookkeeping; a model's answer field that happens to be named "key" is not
+    k = tmp_path / "answers.jsonl"
+    k.write_text(json.dumps({"key": "a" * 64, "label": 1}) + "\n")
+    assert same_result(k, (json.dumps({"key": "b" * 64, "label": 1}) + "\n").encode())
+    k.write_text(json.dumps({"key": "the cue", "label": 1}) + "\n")
+    assert not same_result(k, (json.dumps({"key": "another cue", "label": 1}) + "\n").encode())
     c = tmp_path / "p.csv.gz"
     c.write_bytes(gzip.compress(b"id,pred,wall_s\n1,0,3.2\n"))
     assert same_result(c, gzip.compress(b"id,pred,wall_s\n1,0,9.9\n")) and not same_result(c, gzip.compress(b"id,pred,wall_s\n1,1,3.2\n"))
+
+
+def test_a_child_keeps_its_parents_outputs_current_and_never_overwrites_its_own(tmp_path):
+    """take_from_parent copies the parent's outputs of an inherited stage; when the parent reruns, what was taken is
+    refreshed, a file the child's own run wrote is left alone, and the marker lists every taken file."""
+    art = tmp_path / "artifacts"
+    parent = art / "embedded" / "03_clip4dm"
+    parent.mkdir(parents=True)
+    (parent / "metrics.json").write_text('{"ap": 0.7}')
+    (parent / ".stamp.json").write_text("{}")
+    assert inputs.take_from_parent("child", "03_clip4dm", "embedded", root=art) == ["metrics.json"]
+    child = art / "child" / "03_clip4dm"
+    assert not (child / ".stamp.json").exists()                      # the child never ran it
+    (child / "own.csv").write_text("a\n1\n")                         # the child's own output
+    (parent / "metrics.json").write_text('{"ap": 0.8}')              # the parent reran
+    (parent / "own.csv").write_text("a\n2\n")
+    assert inputs.take_from_parent("child", "03_clip4dm", "embedded", root=art) == ["metrics.json"]
+    assert (child / "metrics.json").read_text() == '{"ap": 0.8}' and (child / "own.csv").read_text() == "a\n1\n"
+    assert json.loads((child / inputs.MARKER).read_text())["files"] == ["metrics.json"]
+    assert inputs.take_from_parent("child", "03_clip4dm", "embedded", root=art) == []
+    assert json.loads((child / inputs.MARKER).read_text())["files"] == ["metrics.json"]     # kept, not emptied
+
+
+def test_a_child_with_its_own_preset_overlay_inherits_nothing(tmp_path, monkeypatch):
+    import os
+    from lib import ROOT
+    from lib.compendium import presets
+    name = f"overlaid-{os.getpid()}"
+    prof = ROOT / "params" / f"{name}.yaml"
+    prof.write_text("extends: embedded\n")
+    try:
+        monkeypatch.setattr(presets, "PRESETS_DIR", tmp_path)
+        assert "03_clip4dm" in inputs.inherited_stages(name)         # nothing changed: every stage inherited
+        (tmp_path / "overlays").mkdir()
+        (tmp_path / "overlays" / f"{name}.yaml").write_text("encoders: {}\n")
+        assert inputs.inherited_stages(name) == {}
+    finally:
+        prof.unlink(missing_ok=True)

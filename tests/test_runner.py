@@ -308,3 +308,20 @@ def test_a_time_measured_at_earlier_parameters_is_marked_so(tmp_path, monkeypatc
     del t["replayed"][names[-1]]["params"]                  # a time recorded before digests: taken as current
     f.write_text(json.dumps(t))
     assert results.EARLIER not in results.timings_block("embedded")
+
+
+def test_only_the_reference_profile_is_checked_by_nbval():
+    """The recorded outputs (tests/reference/ci_checked_outputs.json) are the ci profile's: a profile extending ci
+    inherits its runner section but changes sizes or variants on purpose, so it runs under papermill."""
+    from lib.compendium.execution import REFERENCE_PROFILE, executor_for
+    assert executor_for(REFERENCE_PROFILE, "nbval") == "nbval"
+    assert executor_for("ablation-x", "nbval") == "papermill"
+    assert executor_for("embedded", "papermill") == executor_for(REFERENCE_PROFILE, "papermill") == "papermill"
+
+
+def test_every_checked_cell_has_a_recorded_output_for_its_current_source():
+    """The unit lane's early warning for nbval (the ci run would fail on it twenty minutes later): a notebook cell
+    marked NBVAL_CHECK_OUTPUT that was edited, added or removed without `python -m lib.compendium.nbcheck --write`
+    after a ci run."""
+    from lib.compendium.nbcheck import unrecorded
+    assert unrecorded() == []

@@ -168,6 +168,19 @@ def test_a_run_stops_before_any_stage_on_damaged_committed_answers(sandbox, caps
     assert committed.read_bytes() == before
 
 
+def test_a_cold_run_never_reads_the_damaged_file_it_is_the_way_out_of(sandbox):
+    """COLD=1 asks every model afresh, so it does not read the committed answers: the remedy the error names works
+    on a damaged file, which it leaves as it was."""
+    tmp, ran = sandbox
+    committed = results.cache_export_path("ci")
+    committed.parent.mkdir(parents=True)
+    _good(committed.parent)
+    _damaged(committed.parent, "truncated gzip")
+    before = committed.read_bytes()
+    assert stages_mod.reproduce("ci", "00", publish=False, cold=True) == 0
+    assert ran == ["00_data_prep"] and committed.read_bytes() == before
+
+
 def test_the_command_line_names_the_file_without_a_traceback(tmp_path):
     """The whole path a user takes: `python -m lib.compendium.runner reproduce` on a checkout whose committed ci
     answers are a pointer file. Run on a copy of the profile (a child of ci with its own results folder)."""

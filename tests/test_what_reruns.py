@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from lib import ROOT
-from lib.compendium import artifacts, stamps
+from lib.compendium import artifacts, codekeys, stamps
 from lib.compendium.params import load_profile, stages
 
 
@@ -22,7 +22,7 @@ def scratch(tmp_path, monkeypatch):
     shutil.copytree(ROOT / "lib", root / "lib", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "params", root / "params")
     monkeypatch.setattr(stamps, "ROOT", root)
-    monkeypatch.setattr(artifacts, "CODE_ROOT", [root])
+    monkeypatch.setattr(codekeys, "CODE_ROOT", [root])
     return root
 
 
@@ -135,6 +135,22 @@ def test_trace_runs_are_keyed_by_their_training_code(scratch):
     assert artifacts.code_of(*runs.TRAINING_CODE) != before
 
 
+def test_a_trace_run_is_keyed_by_the_metric_functions_it_calls_and_nothing_else_of_their_module(scratch):
+    """TRACE picks its threshold and computes its result with three functions of lib.evaluation.metrics: a change in
+    one of them, or in a helper they call, retrains; an edit elsewhere in the module does not."""
+    from lib.trace import runs
+    before = artifacts.code_of(*runs.TRAINING_CODE)
+    _append(scratch, "lib.evaluation.metrics", "\n\ndef a_new_statistic(x):\n    return x + 1\n")
+    assert artifacts.code_of(*runs.TRAINING_CODE) == before
+    f = scratch / "lib" / "evaluation" / "metrics.py"
+    text = f.read_text()
+    assert "def threshold_sweep(" in text                    # a helper best_threshold reaches, not named in the key
+    f.write_text(text.replace("labels: np.ndarray) -> dict[str, np.ndarray]:", "labels: np.ndarray, _changed=None) -> dict[str, np.ndarray]:", 1))
+    assert artifacts.code_of(*runs.TRAINING_CODE) != before
+    with pytest.raises(FileNotFoundError, match="defines no nothing_here"):
+        artifacts.code_of("lib.evaluation.metrics:nothing_here")
+
+
 def test_a_finished_trace_run_is_retrained_after_its_loss_changes(scratch, tmp_path):
     """is_finished reads a run back only while its identity (the training code's digest among it) is the same."""
     from types import SimpleNamespace
@@ -230,3 +246,18 @@ def test_a_notebooks_kernel_records_lazy_imports_after_each_cell(tmp_path):
     u = collect(tmp_path / "u")
     assert u is not None and "lib.arcade.scoring" in u["modules"] and "params/ci.yaml" in u["opened"]
     assert collect(tmp_path / "nothing") is None
+
+
+def test_a_stage_whose_code_changed_while_it_ran_gets_no_stamp():
+    """The stamp is computed when the stage ends: a module or parameter file it used that was edited after it
+    started would be stamped as run when it was not, so such a stage is named and left to rerun."""
+    import time as _time
+    from lib.compendium.params import stages
+    from lib.compendium.stamps import changed_during
+    st = next(s for s in stages() if s.name == "02_finetuning")
+    usage = {"modules": {"lib.compendium.stamps": "lib/compendium/stamps.py"},
+             "opened": ["params/prompts/sei/system.txt", "lib/trace/model.py"]}
+    assert changed_during(st, usage, "embedded", _time.time() + 60) == []
+    assert changed_during(st, usage, "embedded", 0.0) == ["lib/compendium/stamps.py"] + (
+        ["params/prompts/sei/system.txt"] if (ROOT / "params/prompts/sei/system.txt").exists() else [])
+    assert changed_during(st, None, "embedded", 0.0) == []

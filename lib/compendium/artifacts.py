@@ -8,7 +8,6 @@ leaves a half-written artifact. Each stage folder carries `manifest.json`
 """
 from __future__ import annotations
 
-import ast
 import contextlib
 import glob
 import hashlib
@@ -18,15 +17,17 @@ import re
 import shutil
 import stat
 import subprocess
+import time
 import sys
 import tempfile
 import threading
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from lib import ROOT
+from lib.compendium.codekeys import CODE_ROOT, code_digest, code_of, module_file, source_digest  # noqa: F401  (re-exported)
 
 ARTIFACTS_ROOT = ROOT / "artifacts"
 FIGURES_ROOT = ROOT / "figures"
@@ -444,80 +445,6 @@ def file_digest(path: Path | str, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-# ----------------------------------------------------------------------------- code digests
-def _is_main_guard(node: ast.stmt) -> bool:
-    return isinstance(node, ast.If) and ast.unparse(node.test).replace("'", '"') == '__name__ == "__main__"'
-
-
-def _strip_docstring(node: ast.AST) -> ast.AST:
-    body = getattr(node, "body", None)
-    if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body and isinstance(body[0], ast.Expr)
-            and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
-        node.body = body[1:] or [ast.Pass()]
-    return node
-
-
-def _definitions(text: str) -> list[str]:
-    """A module's top-level definitions and statements as dumps, without imports, docstrings, comments,
-    formatting or a `__main__` guard."""
-    parts = []
-    for node in ast.parse(text).body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)) or _is_main_guard(node):
-            continue
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
-            continue                                 # the module docstring, or a string on its own
-        for sub in ast.walk(node):
-            _strip_docstring(sub)
-        parts.append(ast.dump(node, annotate_fields=False))
-    return parts
-
-
-def code_digest(*modules: Any) -> str:
-    """What the code of `modules` computes, independent of where it sits: a digest of their top-level
-    definitions and statements (sorted), without imports, docstrings, comments, formatting or a
-    `__main__` guard. A model or dataset cached under it is rebuilt when a rule changes, not when
-    code moves between files, gets a comment or imports from a new place (a digest of the file's
-    bytes rebuilt the world and retrained every model for a moved `__main__` guard)."""
-    return _digest_parts([p for mod in modules for p in _definitions(Path(mod.__file__).read_text(encoding="utf-8"))])
-
-
-def _digest_parts(parts: list[str]) -> str:
-    return hashlib.sha256("\n".join(sorted(parts)).encode()).hexdigest()
-
-
-#: the repository whose lib/ `code_of` reads (a test points it at a scratch copy to see what an edit rebuilds)
-CODE_ROOT: list[Path] = [ROOT]
-
-
-def module_file(name: str, root: Path | None = None) -> Path:
-    """The file of lib module `name` ("lib.trace.model") under `root` (default CODE_ROOT)."""
-    base = (root or CODE_ROOT[-1]).joinpath(*name.split("."))
-    return base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
-
-
-def code_of(*names: str, root: Path | None = None) -> str:
-    """`code_digest` of lib modules named by their dotted names, read from their files (under CODE_ROOT): the key
-    every cached trained artifact carries for the code that trains it, so a changed rule retrains exactly the
-    artifacts whose training modules it is in (16 hex digits)."""
-    parts = []
-    for n in names:
-        f = module_file(n, root)
-        try:
-            parts += _definitions(f.read_text(encoding="utf-8"))
-        except OSError as e:
-            raise FileNotFoundError(f"code_of: no module {n} ({f}): {e.strerror or e}") from None
-    return _digest_parts(parts)[:16]
-
-
-def source_digest(path: Path | str) -> str:
-    """The definitions' digest of one Python file (its bytes' digest when it does not parse)."""
-    text = Path(path).read_text(encoding="utf-8")
-    try:
-        return _digest_parts(_definitions(text))[:16]
-    except SyntaxError:
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 # ----------------------------------------------------------------------------- command lines
 def cli_error(error: BaseException | str) -> int:
     """A command line's refusal: `error: <what>` on stderr, and the exit status 2 to return."""
@@ -571,3 +498,19 @@ def save_weights(model, path: Path) -> None:
     from safetensors.torch import save_file
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(path), metadata={"format": "pt"})
+
+
+# ----------------------------------------------------------------------------- outputs a step kept
+REUSED = ".reused.json"
+
+
+def mark_reused(folder: Path, reason: str) -> None:
+    """A stage step that found its outputs current and kept them says so (lib.compendium.outputs then accepts
+    them as this run's)."""
+    write_json(Path(folder) / REUSED, {"reason": reason, "at": time.time()})
+
+
+def reused_since(folder: Path, since: float) -> bool:
+    """Whether a step of this run (started at `since`) said it kept the folder's outputs."""
+    f = Path(folder) / REUSED
+    return f.exists() and f.stat().st_mtime >= since - 1

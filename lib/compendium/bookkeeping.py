@@ -19,15 +19,18 @@ TIMING = re.compile(r"(_s$|_s_|_per_s|^ttft|speedup|tokens_per|requests_per|scal
 
 
 #: fields that say how a run went (its times, its cache bookkeeping), not what it found
-BOOKKEEPING = frozenset({"from_cache", "cache_hits", "calls_made", "cache_key", "generator_sha256", "key",
-                         "created", "finished", "seconds", "render_seconds", "training_code", "backbone_weights"})
+BOOKKEEPING = frozenset({"from_cache", "cache_hits", "calls_made", "cache_key", "generator_sha256",
+                         "created", "finished", "seconds", "render_seconds"})
+#: a response-cache key (a field named "key" holding one is bookkeeping; a model's answer field named "key" is not)
+CACHE_KEY = re.compile(r"[0-9a-f]{64}")
 
 
 def bookkeeping(key: str, value: Any) -> bool:
     """Whether a result field records how a run went (a time, a rate, a call count, a code digest) rather than what
     it found."""
     return (key in BOOKKEEPING or bool(TIMING.search(key)) or "/s" in key
-            or (key == "calls" and isinstance(value, int) and not isinstance(value, bool)))
+            or (key == "calls" and isinstance(value, int) and not isinstance(value, bool))
+            or (key == "key" and isinstance(value, str) and bool(CACHE_KEY.fullmatch(value))))
 
 
 def without_bookkeeping(value: Any) -> Any:

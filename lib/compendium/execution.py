@@ -23,6 +23,15 @@ from lib.compendium.params import ProfileError, RunnerConfig, _parent_and_own
 
 #: the checked cells' recorded outputs at ci sizes (lib.compendium.nbcheck --write records them)
 REFERENCE = ROOT / "tests" / "reference" / "ci_checked_outputs.json"
+#: the profile whose checked outputs REFERENCE records: a profile that extends it changes its sizes or variants on
+#: purpose, so its outputs are not compared with these
+REFERENCE_PROFILE = "ci"
+
+
+def executor_for(profile: str, executor: str) -> str:
+    """The executor a profile's stages run under: nbval only for REFERENCE_PROFILE (a child inherits the runner
+    section, not the reference); papermill otherwise."""
+    return executor if executor != "nbval" or profile == REFERENCE_PROFILE else "papermill"
 MARK = "NBVAL_CHECK_OUTPUT"
 
 
@@ -46,10 +55,12 @@ def _profile_chain(profile: str) -> list[str]:
 
 
 def recorded(profile: str, stage: str) -> tuple[float | None, float | None, str]:
-    """(the longest recorded time of the stage, its slowest recorded cell, whose record) for the profile or, when
-    it has none, the nearest profile it extends: from timings.json on this machine and the committed one."""
+    """(the longest recorded time of the stage, its slowest cell in a run from nothing, whose records) over the
+    profile and every profile it extends, from timings.json on this machine and the committed one. The longest
+    time over every record, so a quick rerun never lowers it; the slowest cell only from runs from nothing
+    ("stages" rows), since a rerun that read its work back has quick cells that a retraining run would not."""
+    walls, cells, whose = [], [], []
     for prof in _profile_chain(profile):
-        walls, cells = [], []
         for f in (ARTIFACTS_ROOT / prof / "timings.json", RESULTS_ROOT / prof / "timings.json"):
             try:
                 data = read_json(f) if f.exists() else {}
@@ -57,19 +68,14 @@ def recorded(profile: str, stage: str) -> tuple[float | None, float | None, str]
                 continue
             for key in ("stages", "replayed", "last_run"):
                 row = (data.get(key) or {}).get(stage) if isinstance(data, dict) else None
-                if isinstance(row, dict):
-                    if isinstance(row.get("wall_s"), (int, float)):
-                        walls.append(float(row["wall_s"]))
-                    if isinstance(row.get("slowest_cell_s"), (int, float)):
+                if isinstance(row, dict) and isinstance(row.get("wall_s"), (int, float)):
+                    walls.append(float(row["wall_s"]))
+                    whose.append(prof)
+                    if key == "stages" and isinstance(row.get("slowest_cell_s"), (int, float)):
                         cells.append(float(row["slowest_cell_s"]))
-        cells_file = ARTIFACTS_ROOT / prof / "notebooks" / f"{stage}.cells.json"
-        try:
-            cells += [float(c["seconds"]) for c in read_json(cells_file).get("cells", [])] if cells_file.exists() else []
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            pass
-        if walls:
-            return max(walls), (max(cells) if cells else None), prof
-    return None, None, ""
+    if not walls:
+        return None, None, ""
+    return max(walls), (max(cells) if cells else None), whose[walls.index(max(walls))]
 
 
 def stage_limits(profile: str, stage: str, cfg: RunnerConfig) -> Limits:
@@ -88,9 +94,10 @@ def stage_limits(profile: str, stage: str, cfg: RunnerConfig) -> Limits:
         cell_s, cell_why = float(cfg.cell_timeout_s), f"runner.cell_timeout_s of profile {profile}"
     elif cell is not None:
         cell_s = max(cfg.cell_floor_s, k * cell)
-        cell_why = f"{k:g} x the slowest recorded cell, {cell:.0f} s ({src}), floor {cfg.cell_floor_s:.0f} s"
+        cell_why = (f"{k:g} x the slowest cell recorded in a run from nothing, {cell:.0f} s ({src}), "
+                    f"floor {cfg.cell_floor_s:.0f} s")
     else:
-        cell_s, cell_why = stage_s, "no cell time recorded: the stage's own limit"
+        cell_s, cell_why = stage_s, "no cell time recorded in a run from nothing: the stage's own limit"
     return Limits(min(cell_s, stage_s), stage_s, cell_why, stage_why)
 
 

@@ -28,6 +28,7 @@ from typing import Any
 from lib import ROOT
 from lib.compendium.artifacts import ARTIFACTS, ARTIFACTS_ROOT, RESULTS_ROOT, read_json, write_bytes, write_json
 from lib.compendium.params import ancestors, load_profile, stages
+from lib.compendium.presets import nearest_overlay
 
 #: stage -> {stage it reads: how a fresh clone gets it} (see the module's docstring); a stage it reads that is
 #: not listed must have run here (the runner says so and runs it with DEPS=1)
@@ -55,10 +56,20 @@ FIGURE_IMAGES = "figure_images"
 def inherited_stages(profile: str) -> dict[str, str]:
     """stage -> the nearest profile it extends whose section of that stage (and of every stage before it that the
     stage reads, lib.compendium.inputs.NEEDS) the child leaves as it is: such a stage computes what the parent's
-    computes, so a child profile reuses the parent's outputs of it instead of running it again."""
+    computes, so a child profile reuses the parent's outputs of it instead of running it again. A child that runs
+    with another preset overlay than its parent (params/presets/overlays/) inherits nothing from it: its presets may
+    name other models."""
     mine = load_profile(profile)
     out: dict[str, str] = {}
-    for parent in ancestors(profile):
+    chain = ancestors(profile)
+
+    def overlay_text(p: str, parents: list[str]) -> str | None:
+        f = nearest_overlay(p, parents)
+        return f.read_text(encoding="utf-8") if f.exists() else None
+    own_overlay = overlay_text(profile, chain)
+    for k, parent in enumerate(chain):
+        if overlay_text(parent, chain[k + 1:]) != own_overlay:
+            continue
         theirs = load_profile(parent)
         for st in stages():
             if st.name in out:
@@ -150,17 +161,23 @@ def take_from_parent(profile: str, stage: str, parent: str, root: Path | None = 
         return take_from_results(profile, stage, root, results, source=parent.rsplit(":", 1)[0])
     src = (root or ARTIFACTS_ROOT) / parent / stage
     dest = (root or ARTIFACTS_ROOT) / profile / stage
+    marker = dest / MARKER
+    taken = set(read_json(marker).get("files", [])) if marker.exists() else set()
     copied = []
     for f in sorted(src.rglob("*")):
         rel = f.relative_to(src).as_posix()
         if not f.is_file() or rel in (".stamp.json", MARKER) or rel.startswith(".usage"):
             continue
         target = dest / rel
-        if not target.exists():
+        # a file the child's own run wrote is never overwritten; one taken from the parent before is refreshed
+        # when the parent's has changed since (the parent reran)
+        if not target.exists() or (rel in taken and target.read_bytes() != f.read_bytes()):
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(f, target)
             copied.append(rel)
-    write_json(dest / MARKER, {"from": f"artifacts/{parent}/{stage}", "files": sorted(copied)})
+        if rel in taken or rel in copied:
+            taken.add(rel)
+    write_json(marker, {"from": f"artifacts/{parent}/{stage}", "files": sorted(taken)})
     return copied
 
 

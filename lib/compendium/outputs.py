@@ -14,7 +14,7 @@ import io
 import json
 from pathlib import Path
 
-from lib.compendium.artifacts import ARTIFACTS_ROOT, figures_dir, relpath
+from lib.compendium.artifacts import ARTIFACTS_ROOT, figures_dir, relpath, reused_since
 from lib.compendium.results import RESULT_FILES, RESULT_GZIP
 
 
@@ -97,8 +97,8 @@ def check_outputs(profile: str, stage: str, root: Path | None = None, since: flo
             problems.append(f"{m.name} was not written")
         elif not problems and (not isinstance(data, dict) or not data):
             problems.append(f"{m.name} holds no metric")
-        elif not problems and since is not None and m.stat().st_mtime < since - 1:
-            problems.append(f"{m.name} is an earlier run's (this run did not write it)")
+        elif not problems and since is not None and m.stat().st_mtime < since - 1 and not reused_since(folder, since):
+            problems.append(f"{m.name} is an earlier run's (this run did not write it, nor say it reused it)")
     for pattern in RESULT_FILES.get(stage, ()):
         for f in folder.glob(pattern):
             if f.is_file() and f.stat().st_size == 0:

@@ -49,11 +49,6 @@ def runner_config(sections: dict[str, Any]) -> RunnerConfig:
     return RunnerConfig(**(sections.get(RUNNER_SECTION) or {}))
 
 
-def runner_config(sections: dict[str, Any]) -> RunnerConfig:
-    """The RunnerConfig of a loaded profile (its `runner` section over the defaults)."""
-    return RunnerConfig(**(sections.get(RUNNER_SECTION) or {}))
-
-
 def runner_schema():
     """The rule of the `runner` section: RunnerConfig's annotations, limits positive, the multiple at least 1."""
     pos = Range(1)

@@ -28,10 +28,11 @@ from lib.compendium.params import (ProfileError, Stage, ancestors, runner_config
 from lib.compendium.presets import OVERLAY_ENV, nearest_overlay, read_overlay, resolve_model_path
 from lib.compendium.results import README_PROFILES, update_readme
 from lib.compendium.execution import (CellTimeout, Limits, NbvalFailure, cell_text, execute_nbval, execute_papermill,
-                                      stage_limits)
+                                      executor_for, stage_limits)
 from lib.compendium.procs import end_processes, new_id, tagged
 from lib.compendium.scrub import ABS_PATH, loaded_secrets, scrub_notebook  # noqa: F401  (stages.scrub_notebook as before)
-from lib.compendium.stamps import Digests, current_stamps, stage_stamp, stamp_file, up_to_date
+from lib.compendium.stamps import (Digests, changed_during, current_stamps, notebook_code, stage_stamp, stamp_file,
+                                   up_to_date)
 from lib.compendium.usage import USAGE_ENV, collect
 from lib.compendium.inputs import NEEDS, drop_taken, plan, take_from_parent, take_from_results, taken
 from lib.compendium.outputs import OutputsMissing, check_outputs
@@ -216,8 +217,9 @@ def reproduce(profile: str, only: str | None, force: bool = False, cold: bool = 
     publish = profile in PUBLISHED_PROFILES if publish is None else publish
     committed = next((c for c in map(results.cache_export_path, [profile, *ancestors(profile)]) if c.exists()),
                      results.cache_export_path(profile))    # a child profile replays what its parent committed
-    try:        # the committed answers are untrusted input: read whole and checked before anything runs or is written
-        answers = read_exported(committed) if committed.exists() or committed.is_symlink() else None
+    try:        # the committed answers are untrusted input: read whole and checked before anything runs or is written;
+                # a COLD run never reads them (asking afresh is the way out of a damaged file)
+        answers = (read_exported(committed) if not cold and (committed.exists() or committed.is_symlink()) else None)
     except CacheError as e:
         return cli_error(e)
     cache = default_cache_path(profile)
@@ -419,9 +421,10 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
             ResponseCache(cache).clear_used(st.name)
             held = len(ResponseCache(cache))
         t0 = time.time()
+        code_before = notebook_code(st.notebook) if st.notebook is not None else None
         limits = stage_limits(profile, st.name, cfg)
         try:
-            _run_one(st, profile, sections[st.name], limits, cfg.executor, in_place=in_place)
+            _run_one(st, profile, sections[st.name], limits, executor_for(profile, cfg.executor), in_place=in_place)
         except StageError as e:
             print(f"\nerror: {e}", file=sys.stderr)
             _print_timings(rows + [(st.name, time.time() - t0, "FAILED")], time.time() - t_all)
@@ -438,8 +441,16 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
         usage = collect(usage_dir, main=st.module)
         names = [s.name for s in every]
         prev = names[names.index(st.name) - 1] if names.index(st.name) else None
-        stamp = stage_stamp(st, sections[st.name], profile, usage, stamps.get(prev, "") if prev else "", digests)
-        write_json(stamp_file(profile, st, ARTIFACTS_ROOT), {"stamp": stamp, "usage": usage})
+        moved = changed_during(st, usage, profile, t0)
+        if st.notebook is not None and notebook_code(st.notebook) != code_before:
+            moved.insert(0, str(st.notebook.relative_to(ROOT)))
+        if moved:         # edited while it ran: its outputs are not the current code's; the next run reruns it
+            stamp_file(profile, st, ARTIFACTS_ROOT).unlink(missing_ok=True)
+            print(f"   {st.name}: {', '.join(moved[:5])} changed while it ran: no stamp written, the next run reruns it",
+                  flush=True)
+        else:
+            stamp = stage_stamp(st, sections[st.name], profile, usage, stamps.get(prev, "") if prev else "", digests)
+            write_json(stamp_file(profile, st, ARTIFACTS_ROOT), {"stamp": stamp, "usage": usage})
         stamps = current_stamps(every, sections, profile, digests, ARTIFACTS_ROOT)   # its outputs move later stamps
         write_json(timings_file, record_timing(timings, st.name, dt, cold, fresh, section_digest(sections[st.name]),
                                                slowest_cell_s=_slowest_cell(profile, st)))

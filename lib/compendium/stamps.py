@@ -110,6 +110,24 @@ def stage_stamp(stage: Stage, section: dict[str, Any], profile: str, usage: dict
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
+def changed_during(stage: Stage, usage: dict[str, Any] | None, profile: str, since: float) -> list[str]:
+    """The files a stage used (the modules and parameter files of its usage record) modified after `since`, the
+    stage's start: a stamp computed now would hold code the run did not execute, so none is written and the next run
+    reruns the stage. (The notebook, which a run rewrites with its outputs, is compared by its code: `notebook_code`.)"""
+    files: list[Path] = []
+    if usage is not None:
+        files += [ROOT / rel for rel in usage.get("modules", {}).values()]
+        files += [ROOT / rel for rel in classify(usage.get("opened", []), profile, stage.name)["params"]]
+    out = []
+    for f in files:
+        try:
+            if Path(f).stat().st_mtime > since:
+                out.append(str(Path(f).relative_to(ROOT)))
+        except (OSError, ValueError):
+            continue
+    return sorted(set(out))
+
+
 def stamp_file(profile: str, stage: Stage, root: Path | None = None) -> Path:
     """artifacts/<profile>/<stage>/.stamp.json (`root`: another artifacts folder)."""
     return (root or ARTIFACTS_ROOT) / profile / stage.name / ".stamp.json"

@@ -440,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     if not params.train:
         out = stage_dir(args.profile, STAGE)
         write_json(out / "models.json", {"note": "profile uses hub checkpoints named by presets; nothing trained"})
-        write_manifest(out, asdict(params), outputs=["models.json"])
+        write_metrics(args.profile, STAGE, {"models_trained": 0})          # what this run did: nothing to train
+        write_manifest(out, asdict(params), outputs=["models.json", "metrics.json"])
         print(f"profile {args.profile}: models come from hub presets (params/presets/); nothing to train")
         return 0
     metrics = train_all(args.profile, params, progress=not args.no_progress)

@@ -29,7 +29,8 @@ from typing import Any
 
 from lib import ROOT
 from lib.evaluation import plotting
-from lib.compendium.artifacts import read_json, read_jsonl, stage_dir, write_json, write_manifest, write_metrics
+from lib.compendium.artifacts import (mark_reused, read_json, read_jsonl, stage_dir, write_json, write_manifest,
+                                      write_metrics)
 from lib.models.chat import (Chat, GenParams, OpenAICompatibleBackend, assistant, load_backend, parse_structured,
                       prompt_template, served_identity, system, user, with_schema_instruction)
 from lib.compendium.params import validate_profile
@@ -267,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.force and done.exists() and (out / "metrics.json").exists() and read_json(done) == json.loads(
             json.dumps(fp)):
         print(f"serving benchmark: inputs unchanged, reusing {out.relative_to(ROOT)}/metrics.json (--force re-measures)")
+        mark_reused(out, "inputs unchanged (fingerprint.json): the measured metrics.json stands")
         return 0
     t0 = time.time()
     result = run(args.profile, cfg)

@@ -156,7 +156,10 @@ def selected_share(predictions: Sequence[dict[str, Any]], columns: Sequence[str]
 RESULT_FORMAT = 2
 #: the modules whose definitions train a run (the model, its loss and training loop, the frozen-feature cache): a
 #: change to them retrains every run; a change anywhere else (a figure, a report) retrains none
-TRAINING_CODE = ("lib.trace.model", "lib.trace.training", "lib.trace.features")
+TRAINING_CODE = ("lib.trace.model", "lib.trace.training", "lib.trace.features",
+                 "lib.trace.runs:run_variant,selected_share",                        # what result.json holds
+                 "lib.evaluation.metrics:best_threshold,metrics_at,pr_best_f1_threshold",   # its threshold, metrics
+                 "lib.models.encoders.loading:image_batches")                         # the pixels it trains on
 
 
 def backbone_weights(backbone: str) -> str:
@@ -235,6 +238,8 @@ def run_variant(run_dir, data: MemeBatchData, backbone: str, cfg: TrainConfig, m
     want = run_identity(data, backbone, cfg, extra)
     if main and not (run_dir / "config.json").exists():
         reuse_parents_run(run_dir, want)       # a child profile's run its change did not touch: the parent's
+    if accelerator is not None:
+        accelerator.wait_for_everyone()        # every rank sees the copied run before it decides to train
     cfg_path, res_path, pred_path, ck = (run_dir / "config.json", run_dir / "result.json",
                                          run_dir / "predictions.csv", run_dir / "checkpoint.pt")
     if cfg_path.exists():
