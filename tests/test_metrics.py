@@ -373,3 +373,23 @@ def test_a_control_that_cannot_reach_the_effect_says_so():
     assert plan_rows([c], {"b": base, "oracle": weak}, truth, plan_digest="d") == []   # arm a did not run: no row
     row = plan_rows([c], {"a": weak, "b": base, "oracle": weak}, truth, plan_digest="d")[0]
     assert row["control status"] == "not detected, short of the paper's effect"
+
+
+def test_the_findings_table_reads_the_family_wise_interval_a_claims_table_writes(tmp_path, monkeypatch, plan_at):
+    """A claim whose family-wise interval lies wholly below the paper's effect, with nothing significant, reads
+    "not reproduced" from the claims table's own columns (its interval written with its level beside it)."""
+    import pandas as pd
+    from lib.arcade.report import claim_frame
+    from lib.compendium import findings
+    from tests.test_debate_oracle import _runs
+    plan_at(96)
+    (tmp_path / "05_debate").mkdir()
+    t = claim_frame(_runs({"arcade": 0.40, "direct": 0.40, "oracle": 0.95}))
+    row = t[(t["id"] == "arcade.debate_vs_direct") & (t["role"] == "primary")].iloc[0]
+    assert row["family-wise CI A-B"].endswith("(99.81%)") or "%" in row["family-wise CI A-B"]
+    t.to_csv(tmp_path / "05_debate" / "claims.csv", index=False)
+    monkeypatch.setattr(findings, "results_dir", lambda profile: tmp_path)
+    got = {r["id"]: r for r in findings.findings_rows("embedded")}["arcade.debate_vs_direct"]
+    assert got["family ci"] != "—" and got["verdict"] == "not reproduced"      # A = B on every post: [0, 0]
+    assert findings._interval("[-0.132, 0.012] (99.81%)") == (-0.132, 0.012)
+    assert findings._interval("—") != findings._interval("—")                  # NaNs: no interval

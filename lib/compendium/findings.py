@@ -7,6 +7,7 @@ adjusted p, the design's MDD beside the paper's effect, control, baseline, compo
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +37,13 @@ def _p(v: Any) -> str:
     return "—" if v != v else (f"{v:.2g}" if v < 0.001 else f"{v:.3f}")
 
 
-def _interval(text: str) -> tuple[float, float]:
-    try:
-        lo, hi = (float(x) for x in str(text).strip("[]").split(","))
-        return lo, hi
-    except ValueError:
-        return float("nan"), float("nan")
+INTERVAL = re.compile(r"\[\s*([-+0-9.eE]+|nan)\s*,\s*([-+0-9.eE]+|nan)\s*\]")
+
+
+def _interval(text: Any) -> tuple[float, float]:
+    """An interval as a claims table writes it ("[lo, hi]", maybe followed by its level); NaNs when there is none."""
+    m = INTERVAL.search(str(text))
+    return (float(m.group(1)), float(m.group(2))) if m else (float("nan"), float("nan"))
 
 
 def _tables(d: Path, plan: analysis.Plan) -> dict[tuple[str, str], list[dict[str, str]]]:
