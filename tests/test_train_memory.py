@@ -88,7 +88,9 @@ def test_the_measurement_runs_at_toy_shape_and_reports_every_setting(tmp_path):
     assert rec["device"] == "CPU (toy shape)" and rec["parameters"] > 0 and rec["matmul_tflops"] > 0
     assert [(r["batch_size"], r["gradient_checkpointing"]) for r in rec["runs"]] == [(2, False), (2, True)]
     for r in rec["runs"]:
-        assert r["s_per_example"] > 0 and 1024 < r["tokens_per_example"] <= 1536 and 0 < r["mfu"] < 1
+        # the MFU here divides by a matmul rate measured in the same process: on a loaded machine either can be slowed,
+        # so only its sign holds everywhere
+        assert r["s_per_example"] > 0 and 1024 < r["tokens_per_example"] <= 1536 and 0 < r["mfu"] < float("inf")
     table = measure.markdown({"agent_training": rec})
     assert table.count("\n| 2 |") == 2 and "MFU" in table
     with pytest.raises(RuntimeError, match="needs a visible CUDA GPU"):
