@@ -88,3 +88,20 @@ def tiny_paligemma(tmp_path_factory):
     model.save_pretrained(out)
     proc.save_pretrained(out)
     return out
+
+
+@pytest.fixture()
+def plan_at(monkeypatch):
+    """The analysis plan with every claim's n (and runs) set to a synthetic table's, installed as the plan every
+    stage adapter and the findings table load: `plan_at(n=96, runs=1)`. Claims with another unit keep theirs."""
+    import dataclasses
+    from lib.evaluation import plan as analysis
+    real = analysis.load()
+
+    def install(n: int, runs: int = 1, **by_id: int):
+        claims = tuple(dataclasses.replace(c, n=by_id.get(c.id.replace(".", "_"), n), runs=min(c.runs, runs))
+                       for c in real.claims)
+        sized = dataclasses.replace(real, claims=claims)
+        monkeypatch.setattr(analysis, "load", lambda path=None: sized)
+        return sized
+    return install

@@ -144,8 +144,10 @@ def test_the_adapted_judges_claims_have_their_own_names_and_keys():
     assert set(ad) == {"arcade_adapted", "direct_adapted", "oracle_adapted"}
     t = claim_frame(ad, suffix="_adapted", tag=" (adapted judge)")
     claim = t[t["claim"] == "debate beats a direct judge (adapted judge)"].iloc[0]
-    assert (claim["A"], claim["B"], claim["control"]) == ("arcade_adapted", "direct_adapted", "detected")
-    assert claim["A-B"] == pytest.approx(0.25, abs=0.02) and claim["verdict"] == "reproduced"
+    assert (claim["A"], claim["B"], claim["control"]) == ("arcade_adapted", "direct_adapted",
+                                                           "oracle_adapted vs direct_adapted")
+    assert claim["control status"] == "detected" and claim["id"] == "arcade.debate_vs_direct.adapted"
+    assert claim["A-B"] == pytest.approx(0.25, abs=0.02) and claim["p"] < 0.001
     assert "the gate saves calls" not in set(t["claim"])
     main = claim_frame(runs)
     assert set(main["A"]) >= {"arcade"} and not main["A"].str.endswith("_adapted").any()

@@ -17,6 +17,7 @@ LIB = Path(__file__).resolve().parents[1] / "lib"
 #: layer is that of the longest name that holds it.
 LAYERS = {
     0: {"lib", "lib.compendium.codekeys", "lib.compendium.artifacts", "lib.compendium.prompts", "lib.compendium.presets",
+        "lib.evaluation.plan", "lib.evaluation.verdicts", "lib.evaluation.plan_page",
         "lib.compendium.envfiles", "lib.compendium.numerics", "lib.compendium.procs", "lib.compendium.nbval_record",
         "lib.compendium.bookkeeping",
         "lib.compendium.usage", "lib.evaluation.metrics", "lib.evaluation.claims", "lib.evaluation.plotting", "lib.models.train_memory",

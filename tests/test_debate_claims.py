@@ -145,35 +145,36 @@ def test_claim_frame_pairs_variants_on_the_posts_both_judged_and_feeds_the_metri
             for k, v in (("arcade", arcade), ("direct", direct), ("track2_transcript", track2))}
     for k in runs:
         runs[k]["corrected"].update({"acc_easy": 0, "acc_normal": 0, "acc_hard": 0, "acc_normal_hard": 0})
-    cf = claim_frame(runs).set_index("claim")
-    assert cf.loc["debate beats a direct judge", "n"] == 12
-    assert cf.loc["debate beats a direct judge", "only A right"] == 6
-    # the direct judge answers 0 on every post: flagged, not read as a moderator (arcade varies: not flagged)
-    assert cf.loc["debate beats a direct judge", "flag"] == "direct near-constant (label 0 on 100%)"
-    row = cf.loc["Track II's debate reads emergent hate (type 001)"]
-    assert row["n"] == 6 and row["acc A"] == 1.0 and row["acc B"] == 0.0
-    # the gate's claim counts where the gate sent the 6 emergent-hate posts and the 6 others (all to Track I);
-    # what its routing costs in accuracy is a row beside it, on the 6 posts both arms judged, with no verdict
-    assert cf.loc["the gate sends emergent hate to the right track", "n"] == 12
-    assert cf.loc["what the gate's routing costs on emergent hate", "n"] == 6
-    assert cf.loc["what the gate's routing costs on emergent hate", "verdict"] == "—"
-    assert "the gate saves calls" in cf.index
-    assert "Track II with the transcript vs blind debaters" not in cf.index     # track2_blind did not run
-    assert set(cf["precondition"].dropna()) == {"not measured"}
-    # a judge that fails its precondition (it cannot tell the categories even from oracle debaters): every
-    # claim it decides reads 'mechanism absent' unless flagged near-constant first
-    absent = claim_frame(runs, precondition=False).set_index("claim")
-    assert absent.loc["Track II's debate reads emergent hate (type 001)", "precondition"] == "not met"
-    assert absent.loc["debate beats a direct judge", "verdict"] == "near-constant arm"
-    varied = {k: {**v, "results": [result(i, 1, i % 3 if k == "direct" else (2 if i % 4 else 1), type_="001")
-                                   for i in range(40)]} for k, v in runs.items()}
-    t2 = "Track II's debate reads emergent hate (type 001)"
-    row = claim_frame(varied, precondition=False).set_index("claim").loc[t2]
-    assert row["flag"] == "none" and row["verdict"] == "mechanism absent in MemeWorld"
-    assert claim_frame(varied).set_index("claim").loc[t2, "verdict"] == "no test"      # no control, nothing measured
-    assert claim_frame(runs, precondition=True).set_index("claim").loc[
-        "Track II's debate reads emergent hate (type 001)", "precondition"] == "met"
-    m = stage_metrics(runs, 0.5, 0, claim_frame(runs))
+    cf = claim_frame(runs)
+    assert "verdict" not in cf.columns                   # verdicts need the family's correction: the findings table's
+    primary = cf[cf["role"] == "primary"].set_index("claim")
+    row = primary.loc["debate beats a direct judge"]
+    assert (row["n"], row["only A right"], row["only B right"]) == (12, 6, 0)
+    # one run of each arm where the plan names cold runs: the test says so rather than pass for the planned one
+    assert "only 1 run" in row["test"]
+    # the direct judge answers 0 on every post: flagged beside the claim, which is still tested
+    assert row["flag"] == "direct near-constant (label 0 on 100%)" and row["p"] < 0.05
+    assert row["baseline"] == "majority" and row["baseline acc"] == 1.0 and row["A-baseline"] == -0.5
+    assert row["control"] == "oracle did not run"
+    t2 = primary.loc["Track II's debate reads emergent hate (type 001)"]
+    assert t2["n"] == 6 and t2["acc A"] == 1.0 and t2["acc B"] == 0.0
+    # the gate's claim: where the gate sent the 6 emergent-hate posts against the 6 others (all to Track I)
+    gate = primary.loc["the gate sends emergent hate to the right track"]
+    assert gate["n"] == 12 and gate["test"].startswith("Fisher exact") and gate["A-B"] == 0
+    # what its routing costs in accuracy stands beside it, on the 6 posts both arms judged, as a description
+    cost = cf.set_index("claim").loc["what the gate's routing costs on emergent hate"]
+    assert cost["n"] == 6 and cost["role"] == "descriptive"
+    assert cf.set_index("claim").loc["the gate saves calls", "role"] == "descriptive"
+    assert "Track II with the transcript vs blind debaters" not in set(cf["claim"])     # track2_blind did not run
+    assert set(primary["precondition"]) == {"not measured"}
+    assert set(cf["plan"]) == {__import__("lib.evaluation.plan", fromlist=["x"]).load().digest}
+    # an unmet precondition is a column: every number of the row is the same as without it
+    absent = claim_frame(runs, precondition=False)
+    judged = absent[(absent["role"] == "primary") & (absent["unit"] != "two shares")]
+    assert set(judged["precondition"]) == {"not met"}     # the gate's routing is not the judge's: not measured
+    same = [c for c in cf.columns if c != "precondition"]
+    assert absent[same].fillna("").equals(cf[same].fillna(""))
+    m = stage_metrics(runs, 0.5, 0, cf)
     assert m["claim_arcade_vs_direct_n"] == 12 and m["claim_track2_transcript_vs_direct_acc_a"] == 1.0
     assert m["n_track2_transcript"] == 6
 
@@ -200,18 +201,20 @@ def test_seed_spread_reads_the_repeats_of_a_variant_and_refuses_different_posts(
         seed_spread(runs)
 
 
-def test_a_control_row_stands_only_beside_a_claim_that_ran_and_verdicts_split_by_benign_and_hateful():
+def test_a_control_stands_only_beside_a_claim_that_ran_and_verdicts_split_by_benign_and_hateful():
     from lib.arcade.report import hate_benign_frame
     oracle = [result(i, i % 3, i % 3, type_="001") for i in range(30)]            # right on every post
     direct = [result(i, i % 3, 0, type_="001") for i in range(30)]                # NotHate on every post
     runs = {k + "_adapted": {"results": v, "cost": cost_summary(v, 2), "corrected": {"n": 30, "acc": 0.5}}
             for k, v in (("oracle", oracle), ("direct", direct), ("arcade", oracle))}
-    cf = claim_frame(runs, suffix="_adapted", tag=" (adapted judge)")
-    claims = set(cf["claim"])
-    assert "debate beats a direct judge (adapted judge)" in claims
-    assert "control: debate beats a direct judge (adapted judge)" in claims
-    # no Track II variant ran on the adapted judge: its control (which would fall back to the main posts) is left out
-    assert not any("Track II" in c for c in claims)
+    cf = claim_frame(runs, suffix="_adapted", tag=" (adapted judge)").set_index("claim")
+    row = cf.loc["debate beats a direct judge (adapted judge)"]
+    # the control is the oracle court's own run against the claim's B arm on the claim's posts, the same test
+    assert row["control"] == "oracle_adapted vs direct_adapted" and row["control status"] == "detected"
+    assert row["control A-B"] == pytest.approx(20 / 30, abs=1e-3) and row["control p"] < 0.001
+    assert not any(c.startswith("control:") for c in cf.index)                # no control row of its own
+    # no Track II variant ran on the adapted judge: no Track II claim, and no control standing in for one
+    assert not any("Track II" in c for c in cf.index)
     hb = hate_benign_frame({"oracle": runs["oracle_adapted"], "direct": runs["direct_adapted"]})
     assert hb.loc["oracle"].tolist() == [10, 10, 20, 20, 20]
     assert hb.loc["direct"].tolist() == [10, 10, 20, 0, 0]
@@ -225,38 +228,42 @@ def test_an_adapted_run_is_drawn_in_its_variants_colour_hatched():
     assert st[4]["color"] not in (st[0]["color"], st[1]["color"])          # no oracle bar: a colour of its own
 
 
-def test_every_claim_has_a_positive_control_the_gates_from_a_gate_that_routes_right():
-    """The transcript and settings claims are controlled by the oracle court (debaters that state the true cue)
-    against their B arm, the same test at the same n; the gate's claim (the share of emergent-hate posts sent
-    to Track II against the other posts' share, Fisher's exact test) by a gate that sends emergent hate to
-    Track II, put in on the fewest posts that reach the paper's effect."""
-    from lib.arcade.report import CLAIMS, CONTROLS, GATE_CLAIM
-    assert {c for c, *_ in CONTROLS} == {c for c, *_ in CLAIMS} and GATE_CLAIM[0] not in {c for c, *_ in CLAIMS}
+def test_each_controlled_claim_reads_the_oracle_courts_own_run_and_the_gate_has_none():
+    """The transcript and settings claims are controlled by the oracle court (debaters that state the true cue) as
+    the plan names it, against their B arm, on the claim's posts with the claim's test: the control's numbers are
+    the oracle run's answers, none substituted. No run routes by a post's true type, so the gate's claim (the
+    share of emergent-hate posts sent to Track II against the other posts', Fisher's exact test) has no control
+    and says so."""
+    from lib.arcade.report import GATE_CLAIM
+    from lib.evaluation.plan import load
     n = 60
     right = [result(i, 1 + i % 3, 1 + i % 3) for i in range(n)]                           # the oracle court
     half = [result(i, 1 + i % 3, 1 + i % 3 if i % 2 else 0) for i in range(n)]           # right on every other post
+    weak = [result(i, 1 + i % 3, 1 + i % 3 if i % 2 or i < 4 else 0) for i in range(n)] # 2 posts more than half
     others = [result(100 + i, 1 + i % 3, 1 + i % 3 if i % 2 else 0, type_="110") for i in range(n)]
     runs = {k: {"results": v, "cost": cost_summary(v, 2), "corrected": {"n": n, "acc": 0.5}}
-            for k, v in (("oracle", right), ("oracle_type001", right), ("track2_transcript", half),
+            for k, v in (("oracle", right), ("oracle_type001", weak), ("track2_transcript", half),
                          ("track2_blind", half), ("arcade", half + others), ("arcade_official", half),
                          ("arcade_type001", half), ("direct", half), ("direct_type001", half))}
-    cf = claim_frame(runs).set_index("claim")
-    for claim in ("Track II with the transcript vs blind debaters", "the compendium's settings vs the official code's"):
-        ctl = cf.loc["control: " + claim]
-        assert ctl["n"] == n and ctl["A-B"] >= 0.1 and ctl["p"] < 0.05, ctl    # the paper's effect, detected
-    gate, ctl = cf.loc[GATE_CLAIM[0]], cf.loc["control: " + GATE_CLAIM[0]]
+    plan = load()
+    cf = claim_frame(runs, plan=plan)
+    cf = cf[cf["role"] == "primary"].set_index("claim")
+    for c in plan.of("05_debate", "claims.csv"):
+        if c.control and c.statement in cf.index:
+            assert cf.loc[c.statement, "control"].startswith(c.control + " vs ")
+    blind = cf.loc["Track II with the transcript vs blind debaters"]
+    # oracle_type001 is right on 2 posts more than track2_blind: a difference of 2/60, not detected, short of +0.10
+    assert blind["control A-B"] == pytest.approx(2 / 60, abs=1e-3) and blind["control p"] == 0.5
+    assert blind["control status"] == "not detected, short of the paper's effect"
+    gate = cf.loc[GATE_CLAIM[0]]
     # a gate that sends every post to Track I: 0 of 60 emergent-hate posts against 0 of 60 others
-    assert gate["n"] == 2 * n and gate["A-B"] == 0 and gate["p"] == 1.0 and gate["control"] == "detected"
-    assert gate["verdict"] == "not reproduced"               # the control was seen; the interval excludes +0.10
-    # its control: the right route on the fewest posts that reach +0.10 (6 of 60), detected by the same test
-    assert ctl["n"] == 2 * n and 0.1 <= ctl["A-B"] < 0.1 + 1 / n and ctl["p"] < 0.05 and ctl["verdict"] == "control detected"
-    assert "6 of 60" in ctl["what it isolates"]
-    # a gate that does send emergent hate to Track II (and nothing else) reproduces the claim; a post that Track
-    # II's first round dismissed was sent there too
+    assert gate["n"] == 2 * n and gate["A-B"] == 0 and gate["p"] == 1.0 and gate["control status"] == "none ran"
+    # a gate that does send emergent hate to Track II (and nothing else): all 60 against none, Fisher p tiny; a post
+    # that Track II's first round dismissed was sent there too
     routed = {**runs, "arcade_type001": {**runs["arcade_type001"], "results": [
         result(i, 1, 1 if i % 4 else 0, route="track2" if i % 4 else "dismissal") for i in range(n)]}}
     row = claim_frame(routed).set_index("claim").loc[GATE_CLAIM[0]]
-    assert row["acc A"] == 1.0 and row["verdict"] == "reproduced"
+    assert row["acc A"] == 1.0 and row["acc B"] == 0.0 and row["p"] < 1e-20
 
 
 def test_fisher_power_and_its_rejection_region_follow_scipy():
@@ -282,9 +289,10 @@ def test_claim_frame_takes_a_precondition_per_claim():
     runs = {k: {"results": v, "cost": cost_summary(v, 2), "corrected": {"n": 40, "acc": 0.5}} for k, v in res.items()}
     t2 = "Track II's debate reads emergent hate (type 001)"
     pre = {c: False for c, *_ in CLAIMS} | {t2: None}
-    cf = claim_frame(runs, precondition=pre, suffix="", tag="").set_index("claim")
+    cf = claim_frame(runs, precondition=pre, suffix="", tag="")
+    cf = cf[cf["role"] == "primary"].set_index("claim")
     assert cf.loc["debate beats a direct judge", "precondition"] == "not met"
-    assert cf.loc[t2, "precondition"] == "not measured" and cf.loc[t2, "verdict"] == "no test"
+    assert cf.loc[t2, "precondition"] == "not measured"
 
 
 def test_the_claims_figure_puts_share_rows_on_an_axis_of_their_own(tmp_path):
@@ -294,19 +302,25 @@ def test_the_claims_figure_puts_share_rows_on_an_axis_of_their_own(tmp_path):
     matplotlib.use("Agg")
     import pandas as pd
     from lib.evaluation.figure_kit import claims_figure
-    row = {"claim": "debate beats a direct judge", "A": "arcade", "B": "direct", "n": 96, "runs": 1, "acc A": 0.6,
+    row = {"claim": "debate beats a direct judge", "role": "primary", "unit": "items", "A": "arcade", "B": "direct",
+           "n": 96, "runs": 1, "acc A": 0.6, "control A-B": 0.3,
            "95% CI A": "[0.50, 0.70]", "acc B": 0.5, "95% CI B": "[0.40, 0.60]", "test": "exact McNemar", "p": 0.04,
            "majority line": 0.5}
     gate = {**row, "claim": "the gate sends emergent hate to the right track", "A": "arcade_type001", "acc A": 0.1,
             "95% CI A": "[0.05, 0.20]", "acc B": 0.0, "95% CI B": "[0.00, 0.04]", "test": "Fisher exact", "p": 0.002,
-            "majority line": None, "runs": None}
+            "majority line": None, "runs": None, "unit": "two shares", "control A-B": None}
     path = tmp_path / "claims.csv"
-    pd.DataFrame([row, {**row, "runs": 3, "claim": "pooled"}, gate]).to_csv(path, index=False)
+    secondary = {**row, "role": "secondary", "claim": "not drawn"}
+    pd.DataFrame([row, {**row, "runs": 3, "claim": "pooled"}, gate, secondary]).to_csv(path, index=False)
     fig = claims_figure(path, "accuracy", "posts", share_xlabel="share sent to Track II")
     acc, shares = fig.axes
     assert (acc.get_xlabel(), shares.get_xlabel()) == ("accuracy", "share sent to Track II")
     assert [t.get_text().split("\n")[0] for t in shares.get_yticklabels()] == [gate["claim"]]
     assert len(acc.get_yticklabels()) == 2 and "x 3 runs" in acc.get_yticklabels()[0].get_text()
     assert not [ln for ln in shares.get_lines() if ln.get_linestyle() == "--"]    # no majority line on a share
+    # the control arm is drawn where it ran: B's accuracy plus its difference, on the accuracy panel only
+    diamonds = [ln for ln in acc.get_lines() if ln.get_marker() == "D"]
+    assert len(diamonds) == 2 and diamonds[0].get_xdata()[0] == pytest.approx(0.8)
+    assert not [ln for ln in shares.get_lines() if ln.get_marker() == "D"]
     one = claims_figure(path, "accuracy", "posts")
     assert len(one.axes) == 1 and len(one.axes[0].get_yticklabels()) == 3

@@ -8,7 +8,6 @@ import pytest
 from lib.arcade.court import CourtConfig, CourtError, Prompts
 from lib.arcade.oracle import OracleCourt, accounts_from_memeworld, oracle_cues, oracle_rebuttals
 from lib.data.records import MemeRecord
-from lib.evaluation.claims import control_at_effect
 from lib.models.chat import ChatResult
 
 HATEFUL = {"id": 7, "group": "quaxi", "final_category": 1, "text_category": 0, "image_category": 0,
@@ -76,18 +75,15 @@ def test_accounts_are_read_from_memeworld_jsonl_and_a_bad_line_is_named(tmp_path
         accounts_from_memeworld(f)
 
 
-def test_the_control_arm_reaches_the_papers_effect_on_the_fewest_items():
-    items = [str(i) for i in range(100)]
-    base = {i: int(i) % 2 == 0 for i in items}                        # 0.50
-    oracle = {i: True for i in items}                                 # 1.00
-    arm, k = control_at_effect(oracle, base, 0.10, seed=3)
-    assert sum(arm.values()) / 100 - 0.5 == pytest.approx(0.10) and 10 <= k < 100
-    assert all(arm[i] == oracle[i] for i in items if arm[i] != base[i])   # each change is the oracle's answer
-    weak = {i: base[i] or int(i) % 20 == 1 for i in items}           # 0.55: short of the effect
-    arm, k = control_at_effect(weak, base, 0.10)
-    assert arm == weak and k == 100
-    with pytest.raises(ValueError, match="share no item"):
-        control_at_effect({"a": True}, {"b": False}, 0.1)
+def test_no_module_of_lib_builds_a_control_from_substituted_answers_or_planted_scores():
+    """The controls are pipeline arms: the helpers that once made one from another arm's answers (the fewest items
+    that reach the paper's effect) or from labels (a foil-word term subtracted from foils) are gone from lib/."""
+    import lib
+    from pathlib import Path
+    root = Path(lib.__file__).parent
+    gone = ("control_at_effect", "def planted", "_at_effect", "share_control", "positive_controls")
+    hits = [f"{f.relative_to(root)}: {g}" for f in root.rglob("*.py") for g in gone if g in f.read_text()]
+    assert not hits, hits
 
 
 def _runs(rates, n=96):
@@ -101,18 +97,20 @@ def _runs(rates, n=96):
     return out
 
 
-def test_the_oracle_control_feeds_the_claims_verdict():
+def test_the_oracle_courts_own_answers_are_the_claims_control():
     from lib.arcade.report import claim_frame
     t = claim_frame(_runs({"arcade": 0.45, "direct": 0.40, "oracle": 0.90}))
-    ctl = t[t["claim"] == "control: debate beats a direct judge"].iloc[0]
-    assert ctl["A"] == "oracle_at_effect" and ctl["A-B"] == pytest.approx(0.104, abs=0.01) and ctl["verdict"] == "control detected"
-    claim = t[t["claim"] == "debate beats a direct judge"].iloc[0]
-    assert claim["control"] == "detected" and claim["verdict"] in ("not reproduced", "inconclusive", "underpowered")
-    t = claim_frame(_runs({"arcade": 0.45, "direct": 0.40, "oracle": 0.40}))    # the judge ignores the truth
-    assert t[t["claim"].str.startswith("control:")].iloc[0]["verdict"] == "oracle short of the effect"
-    claim = t[t["claim"] == "debate beats a direct judge"].iloc[0]
-    assert claim["control"] == "oracle short of the effect" and claim["verdict"] == "mechanism absent in MemeWorld"
-    assert not claim_frame(_runs({"arcade": 0.45, "direct": 0.40}))["claim"].str.startswith("control:").any()
+    assert not t["claim"].str.startswith("control:").any() and "verdict" not in t.columns
+    claim = t[(t["claim"] == "debate beats a direct judge") & (t["role"] == "primary")].iloc[0]
+    # the oracle run's whole difference from B (0.90 - 0.40 on the 96 posts), not a difference built to size
+    assert claim["control"] == "oracle vs direct" and claim["control A-B"] == pytest.approx(0.5, abs=0.011)
+    assert claim["control status"] == "detected"
+    weak = claim_frame(_runs({"arcade": 0.45, "direct": 0.40, "oracle": 0.40}))    # the judge ignores the truth
+    w = weak[(weak["claim"] == "debate beats a direct judge") & (weak["role"] == "primary")].iloc[0]
+    assert w["control status"] == "not detected, short of the paper's effect"
+    assert w[["A-B", "p", "design MDD"]].tolist() == claim[["A-B", "p", "design MDD"]].tolist()
+    none = claim_frame(_runs({"arcade": 0.45, "direct": 0.40}))
+    assert none[none["role"] == "primary"].iloc[0]["control"] == "oracle did not run"
 
 
 def test_an_oracle_variant_reads_the_profiles_memeworld_and_others_read_nothing(tmp_path, monkeypatch):

@@ -152,26 +152,37 @@ def _pred(i, gold, label, setting, status="ok"):
 
 def test_claim_frame_pairs_settings_on_shared_memes_with_the_exact_test():
     gold = [i % 2 for i in range(40)]
-    main = [_pred(i, g, g if i < 30 else 1 - g, "enc/4") for i, g in enumerate(gold)]          # 30 right
-    rnd = [_pred(i, g, g if i < 18 else 1 - g, "random_4") for i, g in enumerate(gold)]        # 18 right
-    zero = [_pred(i, g, None, "zero_shot", "unparseable") for i, g in enumerate(gold)]         # unreadable = wrong
-    sub = [_pred(i, g, 1 - g, "enc/2") for i, g in enumerate(gold) if i < 10]                  # 10 memes, all wrong
-    c = rep.claim_frame({"enc/4": main, "random_4": rnd, "zero_shot": zero, "enc/2": sub}, "enc/4", "enc")
-    r = c.set_index("B")
-    assert list(r.index) == ["random_4", "zero_shot", "enc/2"]                 # claims whose settings ran
+    main = [_pred(i, g, g if i < 30 else 1 - g, "memeworld-clip/4") for i, g in enumerate(gold)]   # 30 right
+    rnd = [_pred(i, g, g if i < 18 else 1 - g, "random_4") for i, g in enumerate(gold)]           # 18 right
+    zero = [_pred(i, g, None, "zero_shot", "unparseable") for i, g in enumerate(gold)]            # unreadable = wrong
+    sub = [_pred(i, g, 1 - g, "memeworld-clip/2") for i, g in enumerate(gold) if i < 10]           # 10 memes, all wrong
+    c = rep.claim_frame({"memeworld-clip/4": main, "random_4": rnd, "zero_shot": zero, "memeworld-clip/2": sub},
+                        "memeworld-clip/4", "memeworld-clip")
+    assert "verdict" not in c.columns
+    r = c[c["role"] == "primary"].set_index("B")
+    assert list(r.index) == ["random_4", "zero_shot", "memeworld-clip/2"]          # the plan's claims whose arms ran
     assert (r.loc["random_4", "n"], r.loc["random_4", "only A right"], r.loc["random_4", "only B right"]) == (40, 12, 0)
     assert r.loc["random_4", "p"] == pytest.approx(float(f"{binomtest(0, 12, 0.5).pvalue:.3g}"))
-    assert r.loc["random_4", "test"] == "exact McNemar" and r.loc["random_4", "runs"] == 1
+    # the plan decides this claim over cold runs; with one run of each arm the row says it fell back to one
+    assert r.loc["random_4", "test"].startswith("exact McNemar (only 1 run") and r.loc["random_4", "runs"] == 1
+    assert r.loc["zero_shot", "test"] == "exact McNemar"
     assert (r.loc["zero_shot", "acc B"], r.loc["zero_shot", "only A right"]) == (0.0, 30)
-    assert (r.loc["enc/2", "n"], r.loc["enc/2", "acc A"], r.loc["enc/2", "majority line"]) == (10, 1.0, 0.5)
-    # each row states its power: the exact test's minimum detectable difference at its n and discordance
+    assert (r.loc["memeworld-clip/2", "n"], r.loc["memeworld-clip/2", "acc A"],
+            r.loc["memeworld-clip/2", "majority line"]) == (10, 1.0, 0.5)
+    # each row states its power from the design: the exact test's MDD at its n and the larger of the observed
+    # discordance and the one independent errors at these accuracies would give (0.75 x 0.55 + 0.25 x 0.45 = 0.525)
+    # at Holm's strictest threshold, alpha / m (m: the plan's primary claims)
     from lib.evaluation.claims import mcnemar_mdd
-    assert r.loc["random_4", "MDD (80% power)"] == round(mcnemar_mdd(40, 12 / 40), 3)
-    assert 0 < r.loc["random_4", "MDD (80% power)"] <= 0.3
-    assert r.loc["enc/2", "MDD (80% power)"] > 0.5                # 10 memes: only a huge difference is detectable
+    from lib.evaluation.plan import load
+    level = 0.05 / load().family_sizes()["findings"]
+    assert r.loc["zero_shot", "design MDD"] == round(mcnemar_mdd(40, 30 / 40, 0.8, level), 3)
+    assert r.loc["random_4", "design MDD"] == round(mcnemar_mdd(40, 0.525, 0.8, level), 3)
+    assert "independent errors" in r.loc["random_4", "MDD rule"]
+    assert r.loc["memeworld-clip/2", "design MDD"] != r.loc["memeworld-clip/2", "design MDD"] or \
+        r.loc["memeworld-clip/2", "design MDD"] > 0.5               # 10 memes: none, or only a huge difference
     m = rep.claim_metrics(c)
-    assert m["claim_enc_4_vs_random_4_n"] == 40 and m["claim_enc_4_vs_enc_2_n"] == 10
-    assert m["claim_enc_4_vs_zero_shot_acc_b"] == 0.0
+    assert m["claim_memeworld-clip_4_vs_random_4_n"] == 40 and m["claim_memeworld-clip_4_vs_memeworld-clip_2_n"] == 10
+    assert m["claim_memeworld-clip_4_vs_zero_shot_acc_b"] == 0.0
 
 
 def test_knn_predictions_are_the_exemplars_majority():
@@ -203,57 +214,61 @@ def test_same_type_exemplars_are_the_nearest_of_the_querys_type():
                            {"enc": ranked["enc"][:1]}, "most_similar_first")
 
 
-def test_the_oracle_retrievers_control_feeds_the_retrieval_claims_verdict():
+def test_the_same_type_setting_is_each_claims_control_on_the_claims_own_memes():
+    """The control is the same-type exemplars' setting (a full arm of the same prompting pipeline) against the claim's
+    B arm on the claim's memes with the claim's test; a moderator that ignores its exemplars leaves it undetected,
+    and the text retriever's claim reads the control on its own memes, not on another claim's."""
     gold = [i % 2 for i in range(96)]
-    main = [_pred(i, g, g if i < 50 else 1 - g, "enc/4") for i, g in enumerate(gold)]
+    main = [_pred(i, g, g if i < 50 else 1 - g, "memeworld-clip/4") for i, g in enumerate(gold)]
     rnd = [_pred(i, g, g if i < 48 else 1 - g, "random_4") for i, g in enumerate(gold)]
     oracle = [_pred(i, g, g if i < 90 else 1 - g, "same_type_4") for i, g in enumerate(gold)]
-    c = rep.claim_frame({"enc/4": main, "random_4": rnd, "same_type_4": oracle}, "enc/4", "enc")
-    ctl = c[c["claim"] == "control: retrieved exemplars beat random ones"].iloc[0]
-    assert ctl["A"] == "same_type_4_at_effect" and ctl["A-B"] == pytest.approx(0.104, abs=0.01)
-    assert ctl["verdict"] == "control detected" and ctl["role"] == "control"
-    claim = c[c["claim"] == "retrieved exemplars beat random ones"].iloc[0]
-    assert claim["control"] == "detected" and claim["verdict"] != "no test"
-    weak = [_pred(i, g, g if i < 48 else 1 - g, "same_type_4") for i, g in enumerate(gold)]   # a moderator that ignores them
-    c = rep.claim_frame({"enc/4": main, "random_4": rnd, "same_type_4": weak}, "enc/4", "enc")
-    assert c[c["claim"] == "retrieved exemplars beat random ones"].iloc[0]["verdict"] == "mechanism absent in MemeWorld"
-    c = rep.claim_frame({"enc/4": main, "random_4": rnd, "same_type_4": oracle, "enc+text/4": oracle}, "enc/4", "enc",
-                        others=["enc+text"])
-    row = c[c["claim"] == "retrieved exemplars beat random ones (enc+text)"].iloc[0]
-    assert (row["A"], row["B"], row["control"]) == ("enc+text/4", "random_4", "detected") and row["verdict"] == "reproduced"
-    c = rep.claim_frame({"enc/4": main, "random_4": rnd, "same_type_4": oracle, "enc+text/4": oracle}, "enc/4", "enc",
-                        others=["enc+text"], preconditions={"enc": False, "enc+text": True})
-    first = c[c["claim"] == "retrieved exemplars beat random ones"].iloc[0]
-    assert (first["precondition"], first["verdict"]) == ("not met", "mechanism absent in MemeWorld")
-    row = c[c["claim"] == "retrieved exemplars beat random ones (enc+text)"].iloc[0]
-    assert (row["precondition"], row["verdict"]) == ("met", "reproduced")
+    c = rep.claim_frame({"memeworld-clip/4": main, "random_4": rnd, "same_type_4": oracle}, "memeworld-clip/4",
+                        "memeworld-clip")
+    row = c[(c["id"] == "sei.retrieved_vs_random") & (c["role"] == "primary")].iloc[0]
+    assert row["control"] == "same_type_4 vs random_4" and row["control status"] == "detected"
+    assert row["control A-B"] == pytest.approx(42 / 96, abs=1e-3)                # the arm's own answers: 90 vs 48
+    assert not c["claim"].str.startswith("control:").any()
+    weak = [_pred(i, g, g if i < 48 else 1 - g, "same_type_4") for i, g in enumerate(gold)]   # it ignores them
+    c2 = rep.claim_frame({"memeworld-clip/4": main, "random_4": rnd, "same_type_4": weak}, "memeworld-clip/4",
+                         "memeworld-clip")
+    row2 = c2[(c2["id"] == "sei.retrieved_vs_random") & (c2["role"] == "primary")].iloc[0]
+    assert row2["control status"] == "not detected, short of the paper's effect"
+    # the claim's own numbers do not move with its control
+    keep = ["A-B", "p", "95% CI A-B", "design MDD"]
+    assert row2[keep].tolist() == row[keep].tolist()
+    # the text retriever's claim on its 40 memes: its control is tested on those 40, where same_type_4 and
+    # random_4 are both right on every meme (on all 96 the control's difference is 42/96)
+    text = [_pred(i, g, g, "memeworld-clip+text/4") for i, g in enumerate(gold) if i < 40]
+    c3 = rep.claim_frame({"memeworld-clip/4": main, "random_4": rnd, "same_type_4": oracle,
+                          "memeworld-clip+text/4": text}, "memeworld-clip/4", "memeworld-clip",
+                         preconditions={"memeworld-clip": False, "memeworld-clip+text": True})
+    t = c3[c3["id"] == "sei.text_retriever"].iloc[0]
+    assert t["n"] == 40 and t["control A-B"] == 0 and t["control status"].startswith("not detected")
+    assert t["precondition"] == "met"
+    first = c3[(c3["id"] == "sei.retrieved_vs_random") & (c3["role"] == "primary")].iloc[0]
+    assert first["precondition"] == "not met" and first["p"] == row["p"]          # a column, never a verdict
 
 
-def test_every_fewshot_claim_has_a_control_at_its_own_papers_effect_and_the_adapted_table_is_tagged():
-    """Each claim of notebook 04 is read beside the oracle retriever's control against its own base arm; a claim
-    with a published effect (four exemplars beat two: 0.0214) holds its control to that effect, not to 0.10, so
-    at 96 memes the control of so small an effect is not detected (the exact test needs more discordant memes)."""
-    assert [c[0] for c in rep.FEWSHOT_CONTROLS] == [c[0] for c in rep.FEWSHOT_CLAIMS]
+def test_a_control_is_held_to_its_own_papers_effect_and_the_adapted_table_is_tagged():
+    """A claim with a published effect (four exemplars beat two: 0.0214) holds its control's "short" to that
+    effect, not to 0.10; the adapted moderator's table carries the plan's adapted claims, tagged."""
     gold = [i % 2 for i in range(96)]
-    arms = {"enc/4": 50, "random_4": 48, "zero_shot": 48, "shuffled_labels_4": 47, "labels_only_4": 49,
-            "knn_vote": 46, "enc/2": 50, "same_type_4": 90}           # how many of the 96 each arm gets right
+    arms = {"memeworld-clip/4": 50, "random_4": 48, "zero_shot": 48, "shuffled_labels_4": 47, "labels_only_4": 49,
+            "knn_vote": 46, "memeworld-clip/2": 50, "same_type_4": 53}    # how many of the 96 each arm gets right
     preds = {s: [_pred(i, g, g if i < k else 1 - g, s) for i, g in enumerate(gold)] for s, k in arms.items()}
-    c = rep.claim_frame(preds, "enc/4", "enc").set_index("claim")
-    for claim, *_ in rep.FEWSHOT_CLAIMS[:5]:                       # held to 0.10: ten memes flipped, p = 0.002
-        ctl = c.loc[f"control: {claim}"]
-        assert ctl["A-B"] == pytest.approx(0.104, abs=1e-3) and ctl["verdict"] == "control detected"
-        assert c.loc[claim, "control"] == "detected"
-    two = c.loc["control: four exemplars beat two"]
-    assert (two["B"], two["paper A-B"]) == ("enc/2", 0.021)
-    assert two["A-B"] == pytest.approx(3 / 96, abs=1e-3) and two["p"] == pytest.approx(0.25)
-    assert two["verdict"] == "control not detected" and c.loc["four exemplars beat two", "control"] == "not detected"
-    tagged = rep.claim_frame(preds, "enc/4", "enc", tag=rep.ADAPTED_MODERATOR_TAG, others=["enc"])
-    assert all(n.endswith(" (adapted moderator)") for n in tagged["claim"])
-    t = tagged.set_index("claim")
-    assert t.loc["retrieved exemplars beat random ones (enc) (adapted moderator)", "control"] == "detected"
-    plain = rep.claim_frame(preds, "enc/4", "enc", others=["enc"])
-    assert list(tagged["claim"]) == [n + rep.ADAPTED_MODERATOR_TAG for n in plain["claim"]]
-    assert tagged.drop(columns="claim").equals(plain.drop(columns="claim"))    # the tag renames, it changes nothing
+    c = rep.claim_frame(preds, "memeworld-clip/4", "memeworld-clip")
+    c = c[c["role"] == "primary"].set_index("id")
+    two = c.loc["sei.four_vs_two"]
+    assert (two["B"], two["paper A-B"]) == ("memeworld-clip/2", 0.021)
+    # the same-type arm is 3 memes above enc/2: not detected, and its interval does reach 0.021
+    assert two["control A-B"] == pytest.approx(3 / 96, abs=1e-3) and two["control status"] == "not detected"
+    # held to 0.10: +5/96 reaches it (interval [0.001, 0.102], p 0.0625), +4/96 does not ([-0.005, 0.088])
+    assert c.loc["sei.zero_shot", "control status"] == "not detected"
+    assert c.loc["sei.explanations", "control status"] == "not detected, short of the paper's effect"   # +4/96
+    tagged = rep.claim_frame(preds, "memeworld-clip/4", "memeworld-clip", tag=rep.ADAPTED_MODERATOR_TAG)
+    assert len(tagged) and all(n.split(" [")[0].endswith(" (adapted moderator)") for n in tagged["claim"])
+    assert set(tagged["id"]) <= {c.id for c in __import__("lib.evaluation.plan", fromlist=["x"]).load().of(
+        "04_few_shot", "claims_adapted.csv")}
 
 
 def test_a_labels_only_setting_shows_each_exemplar_with_its_label_alone():

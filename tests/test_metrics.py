@@ -269,72 +269,127 @@ def test_the_minimum_detectable_difference_at_the_sizes_the_claims_use():
 
 
 @pytest.mark.parametrize("args, expected", [
-    ((0.12, (0.03, 0.21), 0.01, 0.10, 0.08, True), "reproduced"),
-    ((0.00, (-0.05, 0.05), 1.0, 0.10, 0.08, True), "not reproduced"),
-    ((0.02, (-0.10, 0.14), 0.7, 0.10, 0.08, False), "underpowered"),
-    ((0.02, (-0.10, 0.14), 0.7, 0.10, 0.15, True), "underpowered"),
-    ((0.02, (-0.10, 0.14), 0.7, 0.10, float("nan"), True), "underpowered"),
-    ((0.05, (-0.01, 0.12), 0.09, 0.10, 0.08, True), "inconclusive"),
-    ((-0.12, (-0.21, -0.03), 0.01, 0.10, 0.08, True), "not reproduced"),        # significant, the wrong way
-    ((0.02, (-0.10, 0.14), 0.7, 0.10, 0.08, None), "no test"),
-    ((0.12, (0.03, 0.21), 0.01, 0.10, 0.08, None), "reproduced, no control"),
+    ((0.12, (0.03, 0.21), 0.01, 0.10), "reproduced"),
+    ((0.04, (0.02, 0.06), 0.001, 0.10), "reproduced, smaller than the paper"),
+    ((-0.05, (-0.08, -0.02), 0.001, 0.10), "contradicted"),               # significant against the paper
+    ((0.00, (-0.05, 0.05), 1.0, 0.10), "not reproduced"),                 # the family-wise interval excludes 0.10
+    ((0.02, (-0.10, 0.14), 0.7, 0.10), "inconclusive"),
+    ((0.05, (-0.01, 0.12), 0.09, 0.10), "inconclusive"),
+    ((0.05, (0.01, 0.09), 0.2, 0.10), "not reproduced"),                  # raw p small, adjusted not: no reproduction
+    ((0.05, (0.01, 0.09), float("nan"), 0.10), "not reproduced"),
 ])
 def test_the_verdict_follows_its_written_rules(args, expected):
-    from lib.evaluation.claims import VERDICTS, verdict
+    from lib.evaluation.verdicts import VERDICTS, verdict
     v = verdict(*args)
     assert v == expected and v in VERDICTS
 
 
-def test_a_near_constant_arm_is_never_read_as_a_test_of_the_claim():
-    from lib.evaluation.claims import verdict
-    assert verdict(0.12, (0.03, 0.21), 0.001, 0.10, 0.08, True, near_constant=True) == "near-constant arm"
-    assert verdict(0.12, (0.03, 0.21), 0.001, 0.10, 0.08, None, near_constant=True) == "near-constant arm"
+def test_nothing_but_the_test_decides_a_verdict(tmp_path, monkeypatch, plan_at):
+    """Every column beside the test (control, baseline, precondition, component check, flag) rewritten in a committed
+    claims table: the findings table's verdicts stay as they were; a change of the test's own p moves them."""
+    import pandas as pd
+    from lib.arcade.report import claim_frame
+    from lib.compendium import findings
+    from tests.test_debate_oracle import _runs
+    plan_at(96)                                                   # the synthetic runs' sizes, as the plan's
+    (tmp_path / "05_debate").mkdir()
+    f = tmp_path / "05_debate" / "claims.csv"
+    t = claim_frame(_runs({"arcade": 0.90, "direct": 0.40, "oracle": 0.95, "track2_transcript": 0.6,
+                           "direct_type001": 0.5, "oracle_type001": 0.9}))
+    t.to_csv(f, index=False)
+    monkeypatch.setattr(findings, "results_dir", lambda profile: tmp_path)
+    before = {r["id"]: r["verdict"] for r in findings.findings_rows("embedded")}
+    assert before["arcade.debate_vs_direct"] == "reproduced"
+    beside = t.assign(**{"control status": "not detected, short of the paper's effect", "control p": 1.0,
+                         "control A-B": -0.5, "precondition": "not met", "component check": "capacity check",
+                         "flag": "arcade near-constant (label 0 on 100%)", "baseline acc": 1.0, "A-baseline": -0.9,
+                         "baseline p": 1e-9})
+    beside.to_csv(f, index=False)
+    assert {r["id"]: r["verdict"] for r in findings.findings_rows("embedded")} == before
+    t.assign(p=1.0).to_csv(f, index=False)                                  # the test itself: the verdict moves
+    assert {r["id"]: r["verdict"] for r in findings.findings_rows("embedded")}["arcade.debate_vs_direct"] != "reproduced"
 
 
-def test_a_claims_row_carries_the_papers_effect_its_power_and_its_verdict():
-    """claim_tests: a claim without a published number is held to 0.10 and says so; one with a number
-    carries it and its source; the verdict follows the row's own test, the control's outcome and the flag."""
-    from lib.evaluation.claims import DEFAULT_PAPER_EFFECT, PaperEffect, claim_tests, mcnemar_mdd
-    items = [str(i) for i in range(96)]
+def test_holm_controls_the_family_and_keeps_order():
+    from lib.evaluation.verdicts import holm
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([0.2]) == [0.2] and holm([]) == []
+    adj = holm([0.001, float("nan"), 0.5])
+    assert adj[0] == pytest.approx(0.002) and np.isnan(adj[1]) and adj[2] == pytest.approx(0.5)
+
+
+def test_the_seed_level_test_and_its_power():
+    from lib.evaluation.verdicts import seed_t_mdd, seed_t_power, seed_t_test
+    t = seed_t_test([0.05, 0.06, 0.04, 0.07, 0.05])
+    assert t["seeds"] == 5 and t["p"] < 0.001 and t["ci_difference"][0] < 0.054 < t["ci_difference"][1]
+    assert np.isnan(seed_t_test([0.05])["p"])
+    mdd = seed_t_mdd(5, 0.02)
+    assert seed_t_power(5, 0.02, mdd) == pytest.approx(0.80, abs=0.01) and seed_t_mdd(10, 0.02) < mdd
+
+
+def test_the_design_mdd_is_not_the_observed_discordance_alone():
+    """Arms that agree by chance on most items (low observed discordance) at accuracies whose independent errors would
+    disagree often: the design is powered at the larger discordance."""
+    from lib.evaluation.claims import design_mdd, mcnemar_mdd
+    from lib.evaluation.verdicts import design_discordance
+    assert design_discordance(0.5, 0.5, 0.05) == pytest.approx(0.5)
+    t = {"n": 96, "acc_a": 0.5, "acc_b": 0.5, "only_a_right": 2, "only_b_right": 3, "test": "exact McNemar", "runs": 1}
+    mdd, rule = design_mdd("items", t)
+    assert mdd == round(mcnemar_mdd(96, 0.5), 3) and "discordance 0.50" in rule
+    assert np.isnan(mcnemar_mdd(96, 5 / 96))              # the observed discordance alone: "none at this n"
+
+
+def test_a_claims_row_carries_its_control_and_baseline_as_arms_of_the_pipeline():
+    """plan_rows: the claim's primary test on its first n items, its secondary tests, its control (a pipeline arm
+    tested against B: no answer substituted) and baseline (against A); no verdict in a stage's table."""
+    from lib.evaluation.claims import plan_rows
+    from lib.evaluation.plan import PlannedClaim, Secondary
+    items = [str(i) for i in range(200)]
     truth = {i: int(k % 2) for k, i in enumerate(items)}
     a = {i: k % 4 != 0 for k, i in enumerate(items)}                  # 0.75
     b = {i: k % 2 == 0 for k, i in enumerate(items)}                  # 0.50
-    answers = {"a": {i: (truth[i] if a[i] else 1 - truth[i]) for i in items},
-               "b": {i: 0 for i in items}}                           # b always says 0: near-constant
-    claims = [("plain", "a", "b", "x"), ("published", "a", "b", "x", PaperEffect(0.05, "Table 9"))]
-    rows, _ = claim_tests(claims, {"a": a, "b": b}, truth, answers={"a": answers["a"]},
-                          controls={"published": True})
-    plain, published = rows
-    assert plain["paper A-B"] == DEFAULT_PAPER_EFFECT and plain["paper's number"].startswith("none published")
-    assert plain["control"] == "none ran" and plain["verdict"] == "reproduced, no control" and plain["p"] < 0.05
-    assert published["paper A-B"] == 0.05 and published["paper's number"] == "Table 9"
-    assert published["control"] == "detected" and published["verdict"] == "reproduced"
-    assert plain["only A right"] + plain["only B right"] == 72                  # discordance 0.75
-    assert plain["MDD (80% power)"] == round(mcnemar_mdd(96, 0.75), 3) and 0 < plain["MDD (80% power)"] < 0.75
-    flagged, _ = claim_tests(claims[:1], {"a": a, "b": b}, truth, answers=answers)
-    assert flagged[0]["flag"] != "none" and flagged[0]["verdict"] == "near-constant arm"
+    oracle = {i: True for i in items}
+    c = PlannedClaim("x.claim", "X", "a beats b", "04_few_shot", "claims.csv", "a", "b", "items", 1, 96, "memes",
+                     "exact McNemar", None, None, "primary", "findings", "oracle", "majority",
+                     (Secondary("items", 1, "the grown set", 200),))
+    rows = plan_rows([c], {"a": a, "b": b, "oracle": oracle}, truth, plan_digest="d", first_items=set(items[:96]))
+    primary, second = rows
+    assert primary["n"] == 96 and second["n"] == 200 and second["role"] == "secondary" and primary["role"] == "primary"
+    assert "verdict" not in primary and primary["plan"] == "d"
+    assert primary["control"] == "oracle vs b" and primary["control A-B"] == 0.5 and primary["control status"] == "detected"
+    assert primary["baseline"] == "majority" and primary["baseline acc"] == 0.5 and primary["A-baseline"] == 0.25
+    assert primary["paper A-B"] == 0.10 and primary["design MDD"] > 0
 
 
-def test_a_control_the_test_misses_reads_underpowered_and_one_whose_oracle_falls_short_reads_mechanism_absent():
-    from lib.evaluation.claims import SHORT, positive_controls
-    truth = {str(i): i % 2 for i in range(20)}
-    base = {str(i): i < 10 for i in range(20)}
-    strong = {str(i): True for i in range(20)}                       # reaches the effect: 2 items of 20 flip
-    rows, detected = positive_controls([("c", "oracle", "base")], {"oracle": strong, "base": base}, truth)
-    assert detected["c"] is False and rows[0]["verdict"] == "control not detected"   # p = 0.5 at n = 20
-    import re
-    assert re.search(r"on \d+ of 20 items: the fewest", rows[0]["what it isolates"]) and "short" not in rows[0]["what it isolates"]
-    weak = {str(i): i < 11 for i in range(20)}                       # +0.05 on every item: short of 0.10
-    rows, detected = positive_controls([("c", "oracle", "base")], {"oracle": weak, "base": base}, truth)
-    assert detected["c"] == SHORT and rows[0]["verdict"] == "oracle short of the effect"
-    assert "on all 20 items: the oracle falls short" in rows[0]["what it isolates"]
-    from lib.evaluation.claims import verdict
-    assert verdict(-0.05, (-0.08, -0.02), 0.001, 0.10, 0.03, SHORT) == "mechanism absent in MemeWorld"
-    assert verdict(0.05, (0.02, 0.08), 0.001, 0.10, 0.03, SHORT) == "reproduced, no control"
-    assert verdict(-0.05, (-0.08, -0.02), 0.001, 0.10, 0.03, False) == "underpowered"
-    # an unmet precondition reads "mechanism absent" unless the claim reproduces; not measured changes nothing
-    assert verdict(-0.05, (-0.08, -0.02), 0.001, 0.10, 0.03, True, precondition=False) == "mechanism absent in MemeWorld"
-    assert verdict(-0.05, (-0.08, -0.02), 0.001, 0.10, 0.03, True, precondition=None) == "not reproduced"
-    assert verdict(0.12, (0.05, 0.19), 0.001, 0.10, 0.03, True, precondition=False) == "reproduced"
-    assert verdict(0.01, (-0.05, 0.07), 0.6, 0.10, 0.03, None, precondition=False) == "mechanism absent in MemeWorld"
-    assert verdict(0.01, (-0.05, 0.07), 0.6, 0.10, 0.03, None) == "no test"
+def test_a_control_that_cannot_reach_the_effect_says_so():
+    from lib.evaluation.claims import plan_rows
+    from lib.evaluation.plan import PlannedClaim
+    items = [str(i) for i in range(96)]
+    truth = {i: 0 for i in items}
+    base = {i: k < 48 for k, i in enumerate(items)}
+    weak = {i: k < 50 for k, i in enumerate(items)}                   # +0.02 on every item: not detected, short
+    c = PlannedClaim("x.c", "X", "a beats b", "05_debate", "claims.csv", "a", "b", "items", 1, 96, "posts",
+                     "exact McNemar", None, None, "primary", "findings", "oracle", None)
+    assert plan_rows([c], {"b": base, "oracle": weak}, truth, plan_digest="d") == []   # arm a did not run: no row
+    row = plan_rows([c], {"a": weak, "b": base, "oracle": weak}, truth, plan_digest="d")[0]
+    assert row["control status"] == "not detected, short of the paper's effect"
+
+
+def test_the_findings_table_reads_the_family_wise_interval_a_claims_table_writes(tmp_path, monkeypatch, plan_at):
+    """A claim whose family-wise interval lies wholly below the paper's effect, with nothing significant, reads
+    "not reproduced" from the claims table's own columns (its interval written with its level beside it)."""
+    import pandas as pd
+    from lib.arcade.report import claim_frame
+    from lib.compendium import findings
+    from tests.test_debate_oracle import _runs
+    plan_at(96)
+    (tmp_path / "05_debate").mkdir()
+    t = claim_frame(_runs({"arcade": 0.40, "direct": 0.40, "oracle": 0.95}))
+    row = t[(t["id"] == "arcade.debate_vs_direct") & (t["role"] == "primary")].iloc[0]
+    assert row["family-wise CI A-B"].endswith("(99.81%)") or "%" in row["family-wise CI A-B"]
+    t.to_csv(tmp_path / "05_debate" / "claims.csv", index=False)
+    monkeypatch.setattr(findings, "results_dir", lambda profile: tmp_path)
+    got = {r["id"]: r for r in findings.findings_rows("embedded")}["arcade.debate_vs_direct"]
+    assert got["family ci"] != "—" and got["verdict"] == "not reproduced"      # A = B on every post: [0, 0]
+    assert findings._interval("[-0.132, 0.012] (99.81%)") == (-0.132, 0.012)
+    assert findings._interval("—") != findings._interval("—")                  # NaNs: no interval

@@ -1,12 +1,14 @@
-"""Every number the prose quotes comes from a run: the README, docs/ and every markdown cell of every
-notebook. A number (integers included) must round to a number printed in the saved notebooks' outputs,
-held in the committed results (results/: metrics, tables, timings, make test's record) or set by the
-embedded profile (params/embedded.yaml: sizes such as 96 memes or 5 seeds are the run's own), or be
-one of the few exempt forms below. Prose left behind when a run's numbers changed fails here.
+"""Every number the prose quotes comes from the output it names: the README, docs/ and every markdown cell of every
+notebook. Each paragraph is read against its sources: the notebook it sits in (its saved outputs and its stage's
+committed results), the notebooks and stages the paragraph names ("notebook 04", "notebooks 02-07", 05_debate),
+or, where it names none, its document's own stages (DOC_STAGES: docs/trace.md reads notebooks 01 and 02). A number
+must round to a number printed there, or in the run's records that every page may quote (the profiles' sizes,
+timings.json, make test's record). A number that only some other stage's results hold fails: prose that quotes
+notebook 05's accuracy under notebook 04's name is caught, and so is prose left behind when a run's numbers changed.
 
 Exempt, as not quoting a run:
 - code (fenced blocks and `inline code`), link targets, HTML comments and the generated blocks (they are
-  checked against the results by tests/test_results.py);
+  checked against the results by tests/test_results.py); generated pages (GENERATED_PAGES);
 - sentences (and table columns headed so) that quote a paper: their numbers are the paper's;
 - identifiers: numbers glued to letters or to "/", "-", "." (ViT-L/14, SmolLM2-135M, Python 3.11,
   notebook stems such as 04_few_shot), section and notebook numbers ("notebook 04", "Table 2", "§7");
@@ -26,7 +28,18 @@ import yaml
 pytestmark = pytest.mark.results
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-DOCS = [ROOT / "README.md"] + sorted(p for p in (ROOT / "docs").glob("*.md") if p.name != "results.md")
+#: generated pages: their numbers are the results' (tests/test_results.py) and the analysis plan's own
+GENERATED_PAGES = ("results.md", "findings.md", "analysis-plan.md")
+DOCS = [ROOT / "README.md"] + sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in GENERATED_PAGES)
+RESULTS = ROOT / "results" / "embedded"
+#: a document -> the stages a paragraph that names none reads (a notebook reads its own stage)
+DOC_STAGES = {"README.md": ("07_figures",), "trace.md": ("01_captioning", "02_finetuning"), "clip4dm.md": ("03_clip4dm",),
+              "see-explain-intervene.md": ("04_few_shot",), "arcade.md": ("05_debate",),
+              "evaluation.md": ("06_evaluation", "07_figures"), "models-and-serving.md": ("models", "serving"),
+              "profiles-and-data.md": ("00_data_prep",), "layout.md": ("checks",), "gpu-costs.md": ("gpu",)}
+#: how a paragraph names a notebook or a stage
+NAMED = re.compile(r"\bnotebooks?\s+(0\d(?:\s*(?:,|and|or|to|-|–|through)\s*0\d)*)|\b(0\d)_[a-z]+|\bNB=(0\d)"
+                   r"|\b(models) stage|\b(serving) (?:stage|benchmark|table)", re.I)
 #: a number as prose writes it: not part of an identifier; thousands may be grouped with commas
 NUM = re.compile(r"(?<![\w./\-:#§^=@$])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w/%]*[A-Za-z_/]|\.\d|,\d{3})"
                  r"|(?<![\w./\-:#§^=@$])-?\d+(?:\.\d+)?(?![\w/]*[A-Za-z_/]|\.\d|,\d{3})")
@@ -39,12 +52,19 @@ GENERATED = re.compile(r"<!-- (\w+):start -->.*?<!-- \1:end -->", re.S)
 #: document -> {number as written: why no output prints it}
 DERIVED: dict[str, dict[str, str]] = {
     "03_clip4dm": {"1.2": "the floor-ratio bound the committed-results check asserts"},
+    "00_data_prep": {"600": "nocaps-FOIL's 1,800 scenes over its three domains"},
     "README.md": {"4": "the budget of make reproduce in hours (the issue's, not a measurement)",
+                  "6.5": "the virtual environment's size on disk (du), not a run's output",
                   "25": "make test's budget in minutes from a fresh clone", "20": "its budget with the venv present",
                   "30": "the results folder's size cap in MB (lib.compendium.results.SIZE_CAP_MB)"},
     "models-and-serving.md": {"401": "an HTTP status code", "403": "an HTTP status code", "429": "an HTTP status code",
                               "10": "InternVL3.5's tile limit (its processor's max_dynamic_patch)",
-                              "256": "tokens per InternVL3.5 tile (its configuration)"},
+                              "256": "tokens per InternVL3.5 tile (its configuration)",
+                              "4,032": "Pixtral's image tokens for one meme (lib.compendium.costs' formula)"},
+    "profiles-and-data.md": {n: "a count of tests/test_datasets.py's bad-input cases (code, not a run)"
+                             for n in ("8", "9", "10", "11", "12", "13", "21")},
+    "robustness.md": {"15": "the ci profile's cell timeout (900 s in params/ci.yaml) in minutes",
+                      "30": "the ci profile's stage timeout (1500 s floor 1800 s) in minutes"},
 }
 
 
@@ -74,29 +94,66 @@ def _outputs(path: Path) -> str:
     return "\n".join(out)
 
 
-def _backing() -> list[float]:
-    vals = _numbers_in("\n".join(_outputs(p) for p in NOTEBOOKS))
-    results = ROOT / "results"
-    for f in results.rglob("*"):
+def _stage_names() -> dict[str, str]:
+    """A stage's two-digit number (or name) -> its folder name."""
+    out = {p.name[:2]: p.name for p in RESULTS.iterdir() if p.is_dir() and p.name[:2].isdigit()}
+    return out | {"models": "models", "serving": "serving"}
+
+
+def _file_values(folder: Path) -> list[float]:
+    vals: list[float] = []
+    for f in sorted(folder.rglob("*")) if folder.exists() else []:
         if f.suffix == ".json":
-            data = json.loads(f.read_text())
-            vals += _numbers_in(data)
-            if f.name in ("timings.json", "make_test.json"):        # durations as prose writes them
-                secs = [v for v in _numbers_in(data) if v > 0]
-                vals += [v / 60 for v in secs] + [v / 3600 for v in secs]
+            vals += _numbers_in(json.loads(f.read_text()))
         elif f.suffix == ".csv" and f.stat().st_size < 2_000_000:
             with f.open(encoding="utf-8") as fh:
                 for row in csv.reader(fh):
                     vals += _numbers_in(row)
-    for page in [ROOT / "docs" / "results.md"]:                   # generated pages and blocks: from code and results
-        vals += _numbers_in(page.read_text()) if page.exists() else []
-    from lib.compendium.results import BLOCKS
-    for blocks in BLOCKS.values():
-        for fn in blocks.values():
-            vals += _numbers_in(fn("embedded"))
-    vals += _numbers_in(yaml.safe_load((ROOT / "params" / "embedded.yaml").read_text()))
-    vals += _numbers_in(yaml.safe_load((ROOT / "params" / "ci.yaml").read_text()))
-    return vals + [100 * v for v in vals]                    # shares quoted as percentages
+    return vals
+
+
+SOURCES: dict[str, set[float]] = {}
+
+
+def _source(stage: str) -> set[float]:
+    """The numbers a stage's outputs print: its saved notebook's outputs and its committed results."""
+    if stage not in SOURCES:
+        vals = _file_values(RESULTS / stage if (RESULTS / stage).exists() else ROOT / "results" / stage)
+        nb = ROOT / "notebooks" / f"{stage}.ipynb"
+        if nb.exists():
+            vals += _numbers_in(_outputs(nb))
+        SOURCES[stage] = set(vals) | {100 * v for v in vals}            # shares quoted as percentages
+    return SOURCES[stage]
+
+
+def _records() -> set[float]:
+    """What every page may quote: the profiles' sizes and the run's records of its own cost."""
+    if "records" not in SOURCES:
+        vals: list[float] = []
+        for name in ("timings.json", "make_test.json"):
+            for f in (ROOT / "results").rglob(name):
+                secs = [v for v in _numbers_in(json.loads(f.read_text())) if v > 0]
+                vals += secs + [v / 60 for v in secs] + [v / 3600 for v in secs]
+        vals += _numbers_in(yaml.safe_load((ROOT / "params" / "embedded.yaml").read_text()))
+        vals += _numbers_in(yaml.safe_load((ROOT / "params" / "ci.yaml").read_text()))
+        SOURCES["records"] = set(vals)
+    return SOURCES["records"]
+
+
+def named_stages(paragraph: str) -> set[str]:
+    """The stages a paragraph names (its notebooks by number, range or stem; the models and serving stages)."""
+    names = _stage_names()
+    out: set[str] = set()
+    for m in NAMED.finditer(paragraph):
+        if m.group(1):
+            nums = [int(x) for x in re.findall(r"0\d", m.group(1))]
+            if len(nums) == 2 and re.search(r"-|–|to|through", m.group(1)):
+                nums = list(range(nums[0], nums[1] + 1))
+            out |= {names[f"{k:02d}"] for k in nums if f"{k:02d}" in names}
+        for g in m.groups()[1:]:
+            if g and g.lower() in names:
+                out.add(names[g.lower()])
+    return out
 
 
 def _rounds_to(values: set[float], written: str) -> bool:
@@ -142,24 +199,36 @@ def _plain_numbers(text: str) -> list[str]:
     return [m.group(0) for m in NUM.finditer(text) if not NAMING.search(text[:m.start()])]
 
 
+def _paragraphs(markdown: str) -> list[str]:
+    """The paragraphs of a markdown text, its generated blocks taken out first (they span blank lines)."""
+    return [p for p in re.split(r"\n\s*\n", GENERATED.sub(" ", markdown)) if p.strip()]
+
+
 def _documents():
+    """(name, the stages its paragraphs read when they name none, its paragraphs)."""
     for p in NOTEBOOKS:
-        md = "\n\n".join(c.source for c in nbformat.read(str(p), as_version=4).cells if c.cell_type == "markdown")
-        yield p.stem, md
+        cells = [c.source for c in nbformat.read(str(p), as_version=4).cells if c.cell_type == "markdown"]
+        yield p.stem, (p.stem,), [x for c in cells for x in _paragraphs(c)]
     for p in DOCS:
-        yield p.name, p.read_text()
+        yield p.name, DOC_STAGES.get(p.name, ()), _paragraphs(p.read_text())
 
 
-BACKING: set[float] = set()
-
-
-@pytest.mark.parametrize("name, markdown", list(_documents()), ids=lambda x: x if isinstance(x, str) and len(x) < 40 else "")
-def test_numbers_in_prose_come_from_a_run(name, markdown):
-    if not BACKING:
-        BACKING.update(_backing())
+def stale_numbers(name: str, defaults: tuple[str, ...], paragraphs: list[str]) -> list[tuple[str, str]]:
+    """The (number, sentence) pairs of a document that no source its paragraph reads gives."""
     derived = DERIVED.get(name, {})
-    stale = [(n, where) for n, where in _quoted(markdown) if n not in derived and not _rounds_to(BACKING, n)]
-    assert not stale, f"{name}: {len(stale)} numbers that no output, result or profile gives: {stale[:15]}"
+    out = []
+    for para in paragraphs:
+        sources = (set(defaults) | named_stages(para))
+        values = _records().union(*(_source(s) for s in sources)) if sources else _records()
+        out += [(n, where) for n, where in _quoted(para) if n not in derived and not _rounds_to(values, n)]
+    return out
+
+
+@pytest.mark.parametrize("name, defaults, paragraphs", list(_documents()),
+                         ids=lambda x: x if isinstance(x, str) and len(x) < 40 else "")
+def test_numbers_in_prose_come_from_the_output_they_name(name, defaults, paragraphs):
+    stale = stale_numbers(name, defaults, paragraphs)
+    assert not stale, f"{name}: {len(stale)} numbers that no output the paragraph names gives: {stale[:15]}"
 
 
 def test_the_check_catches_a_stale_number():
@@ -169,3 +238,16 @@ def test_the_check_catches_a_stale_number():
             "| | paper (FHM) | embedded |\n|---|---|---|\n| accuracy | 0.807 | 0.836 |\n"
             "Notebook 04 runs ViT-L/14 and `eval_n = 96` with SmolLM2-135M.\n")
     assert sorted(n for n, _ in _quoted(text)) == ["0.836", "0.836", "96"]
+
+
+def test_a_number_from_another_stages_results_is_not_backed():
+    """A number only notebook 05 prints fails in a paragraph of notebook 04 that does not name 05, and passes once
+    the paragraph names it."""
+    only_05 = sorted(_source("05_debate") - _source("04_few_shot") - _records())
+    v = next(x for x in only_05 if 0 < x < 1 and round(x, 3) == x and not _rounds_to(
+        _source("04_few_shot") | _records(), f"{x:.3f}"))
+    text = f"The moderator scores {v:.3f} on these memes."
+    assert stale_numbers("04_few_shot", ("04_few_shot",), [text]) == [(f"{v:.3f}", text)]
+    assert stale_numbers("04_few_shot", ("04_few_shot",), [text + " Notebook 05 prints it."]) == []
+    assert named_stages("notebooks 02-04 and 06_evaluation") == {"02_finetuning", "03_clip4dm", "04_few_shot",
+                                                                  "06_evaluation"}

@@ -164,6 +164,9 @@ def test_readme_blocks_and_results_page_are_generated_from_the_committed_results
             assert text[text.index(start) + len(start):text.index(end)].strip() == fn(PROFILE).strip(), \
                 f"{path.name} block {name}: run `make results`"
     assert DOCS_RESULTS.read_text() == results_page(), "docs/results.md: run `make results`"
+    from lib.compendium.results import DOCS_PAGES
+    for path, make in DOCS_PAGES.items():
+        assert path.read_text(encoding="utf-8") == make(), f"{path.relative_to(ROOT)}: run `make results`"
     import nbformat
     from lib.compendium.results import notebook_cost
     for st in stages():
@@ -171,6 +174,20 @@ def test_readme_blocks_and_results_page_are_generated_from_the_committed_results
             head = nbformat.read(str(st.notebook), as_version=4).cells[0].source
             assert f"<!-- cost:start --> {notebook_cost(st.name, PROFILE)} <!-- cost:end -->" in head, \
                 f"{st.notebook.name}: its cost cell is not the committed timings' (run `make results`)"
+
+
+def test_committed_findings_were_computed_under_the_current_analysis_plan():
+    """Every planned claims table records the digest of the plan it was computed under: a plan changed since the
+    results (a claim, its n, its test, its family) fails here until the stages that read it rerun."""
+    from lib.compendium.findings import plans_used
+    from lib.evaluation import plan as analysis
+    plan = analysis.load()
+    used = plans_used(PROFILE)
+    assert used, "no planned claims table is committed"
+    wrong = {table: digests for table, digests in used.items() if digests != {plan.digest}}
+    assert not wrong, f"claims tables computed under another plan than {plan.digest}: {wrong}"
+    tables = {f"{c.stage}/{c.table}" for c in plan.claims}
+    assert tables == set(used), f"planned tables with no committed rows: {sorted(tables - set(used))}"
 
 
 # ----------------------------------------------------------------------------- what the readings rest on

@@ -167,37 +167,35 @@ def test_scrub_redacts_keys_read_from_another_env_file(tmp_path, monkeypatch):
     assert "fake-from-another-env-file-42" not in text and "fake-token-elsewhere-777" not in text and "sent *** and ***" in text
 
 
-def test_the_findings_table_gives_each_claim_its_papers_effect_power_and_verdict(tmp_path, monkeypatch):
-    """The README's findings block, from a stage's metrics (TRACE) and a claims table (ARCADE): every row has
-    the paper's effect (or says none is published), the minimum detectable difference and a verdict, and
-    the rules of the verdicts it uses are written under it."""
-    import pandas as pd
+def test_the_findings_block_gives_each_planned_claim_its_effect_and_verdict_and_the_page_every_column(tmp_path, monkeypatch,
+                                                                                                    plan_at):
+    """The README's block, from the committed claims tables and the analysis plan: one row per primary claim of the
+    plan (claim, effect with interval, verdict), the legend from the verdict rules; a claim whose table has no row
+    reads "not run"; the whole table (test, raw and Holm-adjusted p, design MDD, control, baseline) on its page."""
+    from lib.arcade.report import claim_frame
     from lib.compendium import results
-    from lib.evaluation.claims import VERDICTS, claim_tests
-    (tmp_path / "02_finetuning").mkdir()
-    (tmp_path / "02_finetuning" / "metrics.json").write_text(json.dumps({
-        "caption_benefit_acc": 0.02, "caption_benefit_ci_low": -0.03, "caption_benefit_ci_high": 0.07,
-        "caption_benefit_mcnemar_p": 0.5, "caption_benefit_n": 96, "caption_benefit_only_default_right": 14,
-        "caption_benefit_only_without_right": 12}))
-    items = [str(i) for i in range(48)]
-    truth = {i: 1 for i in items}
-    rows, _ = claim_tests([("debate beats a direct judge", "arcade", "direct", "x"),
-                           ("debate beats its twin", "arcade", "twin", "x")],
-                          {"arcade": {i: True for i in items}, "direct": {i: int(i) % 3 == 0 for i in items},
-                           "twin": {i: i != "0" for i in items}}, truth)
+    from lib.evaluation import plan as analysis
+    from lib.evaluation.verdicts import legend
+    from tests.test_debate_oracle import _runs
+    plan_at(96)
     (tmp_path / "05_debate").mkdir()
-    pd.DataFrame(rows).to_csv(tmp_path / "05_debate" / "claims.csv", index=False)
+    claim_frame(_runs({"arcade": 0.90, "direct": 0.40, "oracle": 0.95})).to_csv(tmp_path / "05_debate" / "claims.csv",
+                                                                               index=False)
     monkeypatch.setattr("lib.compendium.findings.results_dir", lambda profile: tmp_path)
+    plan = analysis.load()
     block = results.findings_block("embedded")
     lines = [ln for ln in block.splitlines() if ln.startswith("| ") and "---" not in ln]
-    assert lines[0].endswith("| paper's A − B | MDD (80% power) | verdict |") and len(lines) == 4
-    trace, arcade, twin = lines[1].split(" | "), lines[2].split(" | "), lines[3].split(" | ")
-    assert trace[-3].startswith("none published") and trace[-1].rstrip(" |") == "no test"
-    assert float(trace[-2]) > 0.02                                   # 96 memes cannot see a 0.02 difference
-    assert arcade[-3].startswith("+0.100 (none published") and arcade[-1].rstrip(" |") == "reproduced, no control"
-    assert f"*no test*: {VERDICTS['no test']}" in block and "*reproduced, no control*" in block
-    # one discordant post in 48: no difference reaches 80% power, and the table says so in words
-    assert twin[-2] == findings.NO_MDD and f"*{findings.NO_MDD}*: no difference" in block
+    assert lines[0] == "| system | claim | A − B [95% CI] | verdict |"
+    assert len(lines) == 1 + sum(c.role == "primary" for c in plan.claims)
+    rows = {ln.split(" | ")[1]: ln.split(" | ") for ln in lines[1:]}
+    assert rows["debate beats a direct judge"][-1].rstrip(" |") == "reproduced"       # +0.50 at p ~ 1e-14
+    assert rows["captions help"][-1].rstrip(" |") == "not run"                       # 02 wrote no claims table
+    assert legend() in block
+    frame = findings.findings_rows("embedded")
+    debate = next(r for r in frame if r["id"] == "arcade.debate_vs_direct")
+    assert float(debate["p adjusted"]) >= float(debate["p"]) and debate["control"].startswith("oracle vs direct: +0.5")
+    page = findings.findings_page("embedded")
+    assert plan.digest in page and "p (Holm)" in page and "design MDD (80%, alpha/m)" in page
 
 
 def test_the_time_left_falls_back_to_fresh_clone_and_latest_times_and_names_what_it_cannot_estimate(tmp_path, monkeypatch):

@@ -113,22 +113,25 @@ def _run(right: set[int], n: int = 100):
                                       "prediction": int(i in right)} for i in range(n)]}}
 
 
-def test_an_option_claim_joins_the_claims_table_with_its_own_precondition():
+def test_an_option_claim_joins_the_claims_table_with_its_own_precondition_and_component_check():
     runs = {"cls+rel": _run(set(range(60))), "image_text_only": _run(set(range(58))), "cls+con": _run(set(range(55))),
             "shuffled": _run(set(range(59))), "cue": _run(set(range(90))),
             controls.option_variant("cls+rel", "interplay"): _run(set(range(75)))}
-    claims, _ = controls.claim_frame(runs, captions_precondition=False, options={"interplay": True})
-    row = claims[claims.claim == "interplay captions help"].iloc[0]
+    check = controls.component_checks({"interplay_label_acc": 0.998, "interplay_check_n": 515})
+    claims, _ = controls.claim_frame(runs, options={"interplay": "not met: a probe gains nothing"}, components=check)
+    row = claims[claims["id"] == "trace.interplay_captions"].iloc[0]          # plan v2: a secondary capacity check
+    assert row["role"] == "secondary" and row["family"] == "capacity checks"
     assert row["A"] == "cls+rel (interplay captions)" and row["B"] == "image_text_only"
-    assert row["A-B"] == pytest.approx(0.17) and row["verdict"] == "reproduced"
-    ctrl = claims[claims.claim == "control: interplay captions help"].iloc[0]
-    assert ctrl["verdict"] == "control detected"
-    # a null with the option's precondition unmet reads "mechanism absent"; met, the interval decides
-    runs[controls.option_variant("cls+rel", "interplay")] = _run(set(range(58)))
-    for met, expected in ((False, "mechanism absent in MemeWorld"), (True, "not reproduced")):
-        claims2, _ = controls.claim_frame(runs, captions_precondition=None, options={"interplay": met})
-        assert claims2[claims2.claim == "interplay captions help"].iloc[0]["verdict"] == expected
-        assert "mechanism absent" not in claims2[claims2.claim == "captions help"].iloc[0]["verdict"]
+    assert row["A-B"] == pytest.approx(0.17) and row["control status"] == "detected"
+    # the captioner states the label: a capacity check stands beside the row; its precondition is its own
+    assert row["component check"].startswith("capacity check") and "0.998 of 515" in row["component check"]
+    assert row["precondition"] == "not met: a probe gains nothing"
+    first = claims[(claims["id"] == "trace.captions_help") & (claims["role"] == "primary")].iloc[0]
+    assert first["precondition"] == "not measured" and first["component check"] == "none"
+    # neither column moves a number of the row
+    plain, _ = controls.claim_frame(runs)
+    cols = ["A-B", "95% CI A-B", "p", "design MDD", "control A-B", "control p"]
+    assert plain[cols].fillna(-9).equals(claims[cols].fillna(-9))
 
 
 def test_option_runs_refuse_a_column_no_meme_holds(tmp_path):

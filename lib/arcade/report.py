@@ -20,9 +20,12 @@ from lib.arcade.court import DIFFICULTY, LABELS, TYPES, CallTrace, Court, CourtC
 from lib.arcade.oracle import OracleCourt, accounts_from_memeworld
 from lib.arcade.scoring import balanced_sample, cost_summary, evaluate, report_text
 from lib.evaluation.metrics import interval_keys, paired_accuracy_test
-from lib.evaluation.claims import (PAPERS_NUMBER, claim_metric_keys, claim_tests, cold_run_metric_keys, first_present,
-                                   positive_controls, share_control, share_row, share_test)
+from lib.evaluation import plan as analysis
+from lib.evaluation.claims import (PAPERS_NUMBER, as_planned, claim_metric_keys, cold_run_metric_keys, cold_runs_of,
+                                   first_present, fisher_mdd, plan_rows, share_test, table)
+from lib.evaluation.metrics import run_spread
 from lib.evaluation.preconditions import judge_status
+from lib.evaluation.verdicts import family_confidence
 
 
 def run_variant(chat, samples: Sequence[Any], cfg: CourtConfig, out_dir: Path, name: str, model: str,
@@ -314,10 +317,9 @@ def post_correct(results: Sequence[SampleResult], class_mode: str = "multiclass"
 paired_test = paired_accuracy_test          # the claim tests' name for it
 
 
-#: notebook 05's claims: (the paper's claim, variant A, variant B, what the comparison isolates); "a|b":
-#: the first of them that ran (a variant run on the emergent-hate posts alone, else the main sample's).
-#: The ARCADE paper's result tables were not available: no claim has a published effect, so each is held
-#: to claims.DEFAULT_PAPER_EFFECT
+#: notebook 05's claims (params/analysis/plan.yaml holds their arms, units, n, controls and baselines), by statement:
+#: what each comparison isolates. The ARCADE paper's result tables were not available: no claim has a published
+#: effect, so each is held to the plan's default effect
 CLAIMS = (
     ("debate beats a direct judge", "arcade", "direct",
      "the court (gate, prosecutor, defender, judge) against one judge call on the same posts"),
@@ -335,8 +337,8 @@ CLAIMS = (
 #: posts of every other type it sends there (A: the gated court's run on the emergent-hate posts, else the main
 #: sample's; B: the main sample's posts of the other types; a summary dismissal is Track II's first round finding
 #: nothing, so the gate sent that post there; a post whose gate call failed went to no track).
-#: Two shares on different posts: Fisher's exact test (claims.share_test). Its positive control is a gate that
-#: routes right (every emergent-hate post to Track II) put in on the fewest posts that reach the paper's effect.
+#: Two shares on different posts: Fisher's exact test (claims.share_test), its power by enumeration. No run of the
+#: pipeline routes by a post's true type, so the claim has no control.
 GATE_CLAIM = ("the gate sends emergent hate to the right track", "arcade_type001|arcade", "arcade",
               "the share of emergent-hate posts the gated court sends to Track II against the share of the other "
               "posts it sends there")
@@ -349,19 +351,6 @@ TRACK2_ROUTES = ("track2", "dismissal")
 #: two arms the same court), so it has no verdict
 GATE_COST = ("what the gate's routing costs on emergent hate", "arcade_type001|arcade", "track2_transcript",
              "the gated court against the same posts forced through Track II (no claim: read beside the gate's)")
-
-
-#: each claim's positive control: (claim, the oracle variant, the base arm): the base arm's answers with the
-#: oracle court's put in on the fewest posts that reach the paper's effect (claims.control_at_effect), tested
-#: against the base arm on the same posts. Held to claims.DEFAULT_PAPER_EFFECT, as the claims are. The oracle
-#: court (debaters that state the post's true cue, the judge asked as in the claim's A arm) is where a debate
-#: carries the answer by construction: for the transcript claim, debaters that know the cue against blind ones;
-#: for the settings claim, the compendium's court at its best against the official code's. The gate's claim has
-#: its own (`gate_rows`: a gate that routes right)
-CONTROLS = (("debate beats a direct judge", "oracle", "direct"),
-            ("Track II's debate reads emergent hate (type 001)", "oracle_type001|oracle", "direct_type001|direct"),
-            ("Track II with the transcript vs blind debaters", "oracle_type001|oracle", "track2_blind"),
-            ("the compendium's settings vs the official code's", "oracle", "arcade_official"))
 
 
 #: where each claim's judge precondition is read: the oracle court on the claim's own posts ("a|b": the first that
@@ -390,66 +379,109 @@ def judge_preconditions(root: str | Path, suffix: str = "") -> dict[str, bool | 
 
 def claim_frame(runs: dict[str, dict[str, Any]], class_mode: str = "multiclass",
                 confidence: float = 0.95, spread: bool = False,
-                precondition: bool | None | dict[str, bool | None] = None, suffix: str = "", tag: str = ""):
-    """One row per claim in CLAIMS whose two variants ran: the paired test on the posts both judged
-    (and, where both variants have cold runs `<variant>_run<k>`, a row pooled over the runs,
-    clustered by post: metrics.claim_tests), then the gate's saving on the arcade run (no test: a
-    count of calls). `spread`: also return the per-run rows (cold_runs.csv). `precondition`: whether the
+                precondition: bool | None | dict[str, bool | None] = None, suffix: str = "", tag: str = "", plan=None):
+    """Notebook 05's claims table: each claim the analysis plan (params/analysis/plan.yaml) gives this table (the
+    adapted judge's when `suffix` is "_adapted"), tested with its unit's test by lib.evaluation.claims.plan_rows
+    (cold runs: the per-item means over the runs; its control the oracle court, debaters that state the post's true
+    cue, against the claim's B arm; its baseline the majority label), the gate's claim as two shares (`gate_rows`),
+    then two rows to read beside them, never claims: what the gate's routing costs on emergent hate, and the calls
+    it saves. `spread`: also return the per-run rows (cold_runs.csv). `precondition`: whether the
     judge meets its precondition (lib.evaluation.preconditions.judge_status; None: not measured), read by
     every claim, since the judge decides each of them; or claim -> that, measured on each claim's own posts
     (`judge_preconditions`). `suffix`: the claims on the variants named
     `<variant><suffix>` (the adapted judge's runs, `_adapted`), each claim's name followed by `tag`."""
     import pandas as pd
+    plan = plan or analysis.load()
 
     def arms(spec: str) -> str:
         return "|".join(v + suffix for v in spec.split("|"))
-    claims_ = [(c + tag, arms(a), arms(b), why) for c, a, b, why in CLAIMS]
-    controls_ = [(c + tag, arms(o), arms(b)) for c, o, b in CONTROLS]
     correct = {k: post_correct(v["results"], class_mode) for k, v in runs.items()}
     truth = {r.id: (int(r.gt > 0) if class_mode == "binary" else r.gt) for v in runs.values() for r in v["results"]}
     answers = {k: {r.id: (r.label if r.label is not None and r.label >= 0 else None) for r in v["results"]}
                for k, v in runs.items()}
-    control_rows, detected = positive_controls(controls_, correct, truth, confidence, items="posts")
+    table_name = "claims_adapted.csv" if suffix else "claims.csv"
+    planned = plan.of("05_debate", table_name)
+    by_statement = {c + tag: (a, b, why) for c, a, b, why in CLAIMS}
+    pre: dict[str, str] = {}
     if isinstance(precondition, dict):
-        pre = {c + tag: precondition[c] for c, *_ in CLAIMS if precondition.get(c) is not None}
-    else:
-        pre = {} if precondition is None else {c[0]: precondition for c in claims_}
-    rows, per_run = claim_tests(claims_, correct, truth, confidence, answers, controls=detected, preconditions=pre)
-    tested = {r["claim"] for r in rows}                  # a control only beside a claim that ran (the adapted judge
-    rows = [r for r in control_rows if r["claim"].removeprefix("control: ") in tested] + rows   # runs fewer variants)
-    gate = gate_rows(runs, suffix, tag, confidence)
-    rows = [r for r in gate if r.get("role") == "control"] + rows + [r for r in gate if r.get("role") != "control"]
+        pre = {p.id: ("met" if precondition[c] else "not met") for p in planned for c in precondition
+               if p.statement == c + tag and precondition[c] is not None}
+    elif precondition is not None:
+        pre = {p.id: "met" if precondition else "not met" for p in planned}
+    rows = []
+    for c in planned:
+        if c.unit == "two shares":
+            rows += gate_rows(runs, c, plan, suffix, confidence)
+            continue
+        a_spec, b_spec, why = by_statement.get(c.statement, (c.a, c.b, ""))
+        names = {c.a: first_present(c.a, correct) or c.a,
+                 c.b: first_present(arms(b_spec), correct) or c.b}
+        rows += plan_rows([c], correct, truth, plan_digest=plan.digest, alpha=plan.alpha, power=plan.power,
+                          family_sizes=plan.family_sizes(),
+                          confidence=confidence, answers=answers, preconditions=pre, arm_names=names,
+                          what={c.id: why})
+    per_run = []
+    for r in rows:
+        if r["role"] == "primary" and r["runs"] and int(r["runs"]) > 1:
+            ra, rb = cold_runs_of(r["A"], list(correct)), cold_runs_of(r["B"], list(correct))
+            k = min(len(ra), len(rb))
+            per_run += [{"claim": r["claim"], "A": r["A"], "B": r["B"], **x}
+                        for x in run_spread([correct[x] for x in ra[:k]], [correct[x] for x in rb[:k]], truth,
+                                            confidence)]
     cost_claim, a, b, why = GATE_COST
-    cost_rows, _ = claim_tests([(cost_claim + tag, arms(a), arms(b), why)], correct, truth, confidence, answers)
-    rows += [{**r, "role": "descriptive", "control": "—", "precondition": None, "paper A-B": None,
-              PAPERS_NUMBER: "no claim", "verdict": "—"} for r in cost_rows]
+    a_run, b_run = first_present(arms(a), correct), first_present(arms(b), correct)
+    if a_run and b_run and a_run != b_run:
+        t = paired_accuracy_test(correct[a_run], correct[b_run], truth, confidence)
+        rows.append({"id": "—", "claim": cost_claim + tag, "role": "descriptive", "family": "—", "A": a_run, "B": b_run,
+                     "unit": "items", "n": t["n"], "runs": 1, "acc A": round(t["acc_a"], 3), "acc B": round(t["acc_b"], 3),
+                     "A-B": round(t["difference"], 3), "test": t["test"], "p": float(f"{t['p']:.3g}"),
+                     "plan": plan.digest, "what it isolates": why})
     if "arcade" in runs and not suffix:
         cost = runs["arcade"]["cost"]
-        rows.append({"claim": "the gate saves calls", "A": "arcade", "B": "every post through Track II",
-                     "n": runs["arcade"]["corrected"]["n"], "A-B": round(cost["gate_call_saving"], 3),
+        rows.append({"id": "—", "claim": "the gate saves calls", "role": "descriptive", "A": "arcade",
+                     "B": "every post through Track II", "n": runs["arcade"]["corrected"]["n"],
+                     "A-B": round(cost["gate_call_saving"], 3), "plan": plan.digest,
                      "what it isolates": (f"{cost['calls_per_sample']:.2f} calls per post against "
                                           f"{cost['calls_all_track2']:.0f} for Track II on every post")})
-    return (pd.DataFrame(rows), pd.DataFrame(per_run)) if spread else pd.DataFrame(rows)
+    frame = table(rows)
+    return (frame, pd.DataFrame(per_run)) if spread else frame
 
 
-def gate_rows(runs: dict[str, dict[str, Any]], suffix: str = "", tag: str = "",
-              confidence: float = 0.95) -> list[dict[str, Any]]:
-    """The gate's claim (GATE_CLAIM, on the variants `<variant><suffix>`, its name followed by `tag`) and its
-    positive control, a control row first; none when its arms did not run."""
+def gate_rows(runs: dict[str, dict[str, Any]], c, plan, suffix: str = "", confidence: float = 0.95) -> list[dict[str, Any]]:
+    """The gate's claim (`c`, the plan's; GATE_CLAIM says which posts), as a claims-table row: the share of
+    emergent-hate posts the gated court sends to Track II against the share of the other posts it sends there,
+    Fisher's exact test, the MDD by enumeration at the claim's sizes and B's share; none when its arms did not run."""
     claim, a_spec, b_spec, why = GATE_CLAIM
     a_name = first_present("|".join(v + suffix for v in a_spec.split("|")), runs)
     b_name = b_spec + suffix
     if a_name is None or b_name not in runs:
         return []
-    a = {r.id: r.route in TRACK2_ROUTES for r in runs[a_name]["results"] if r.type == EMERGENT}
+    a = [r.route in TRACK2_ROUTES for r in runs[a_name]["results"] if r.type == EMERGENT]
     b = [r.route in TRACK2_ROUTES for r in runs[b_name]["results"] if r.type != EMERGENT]
     if not a or not b:
         return []
-    test = "Fisher exact (shares sent to Track II)"
-    control, found = share_control(claim + tag, a, {i: True for i in a}, b, a_name, b_name, confidence=confidence,
-                                   items="emergent-hate posts")
-    row = share_row(claim + tag, a_name, b_name, share_test(list(a.values()), b, confidence), why, control=found)
-    return [{**control, "test": test}, {**row, "test": test}]
+    t = share_test(a, b, confidence)
+    m = plan.family_sizes().get(c.family, 1) if c.role == "primary" else 1
+    level = family_confidence(plan.alpha, m)
+    fam = share_test(a, b, level)["ci_difference"]
+    mdd = fisher_mdd(t["n_a"], t["n_b"], t["share_b"], plan.power, plan.alpha / m)
+    ci = t["ci_difference"]
+    return [{"id": c.id, "claim": c.statement, "role": c.role, "family": c.family, "A": a_name, "B": b_name,
+             "unit": c.unit, "n": t["n_a"] + t["n_b"], "runs": 1, "as planned": as_planned(c, t["n_a"] + t["n_b"], 1),
+             "acc A": round(t["share_a"], 3),
+             "95% CI A": f"[{t['ci_a'][0]:.3f}, {t['ci_a'][1]:.3f}]", "acc B": round(t["share_b"], 3),
+             "95% CI B": f"[{t['ci_b'][0]:.3f}, {t['ci_b'][1]:.3f}]", "A-B": round(t["difference"], 3),
+             "95% CI A-B": f"[{ci[0]:.3f}, {ci[1]:.3f}]", "family-wise CI A-B": f"[{fam[0]:.3f}, {fam[1]:.3f}] ({level:.2%})",
+             "only A right": None, "only B right": None,
+             "test": "Fisher exact (shares sent to Track II)", "p": float(f"{t['p']:.3g}"),
+             "design MDD": round(mdd, 3) if mdd == mdd else float("nan"),
+             "MDD rule": f"Fisher exact by enumeration at {t['n_a']} and {t['n_b']} posts, B's share {t['share_b']:.2f}, "
+                         f"alpha {plan.alpha / m:.2g}",
+             "majority line": None, "flag": "none", "paper A-B": round(c.effect, 3), PAPERS_NUMBER: c.effect_said,
+             "control": "none in the pipeline (no run routes by a post's true type)", "control test": "—",
+             "control n": None, "control status": "none ran",
+             "baseline": "—", "precondition": "not measured", "component check": "none", "plan": plan.digest,
+             "what it isolates": why}]
 
 
 def with_cold_runs(variants: dict[str, dict[str, Any]], cold_runs: dict[str, Any] | None) -> dict[str, dict[str, Any]]:

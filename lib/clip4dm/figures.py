@@ -149,6 +149,6 @@ def draw_clip4dm_score_distributions(profile: str):
 
 
 @figure("clip4dm_claims", "notebooks/03_clip4dm.ipynb", ("clip4dm_claims",),
-        "CLIP4DM's claims beside their planted positive controls: AP differences, intervals over images, power")
+        "CLIP4DM's claims beside their oracle-attribution controls: AP differences, intervals over images, design MDD")
 def draw_clip4dm_claims(profile: str):
     return differences_figure(art_path(profile, "clip4dm_claims"), "AP difference A - B (95% interval over images)")

@@ -100,9 +100,27 @@ def _domain_order(dom: str) -> tuple[int, str]:
     return (list(NOCAPS_DOMAIN_KEYS).index(dom) if dom in NOCAPS_DOMAIN_KEYS else len(NOCAPS_DOMAIN_KEYS), dom)
 
 
+def swap_attributions(recs, res) -> list[float]:
+    """Each caption's attribution at its pair's swap position: a foil's at its foil word, an original's at the word
+    the foil of its image replaced (an image's first foil). What an oracle that knows where a foil would differ, but
+    not which caption is the foil, reads from CLIP4DM's own attributions: the claims' positive control puts it through
+    the F-CLIPScore formula (lib.clip4dm.claims). 0 where the position holds no attributed word."""
+    where: dict[str, int] = {}
+    for r in recs:
+        if r.is_foil and r.misaligned_positions:
+            where.setdefault(str(r.img_path), int(r.misaligned_positions[0]))
+    out = []
+    for r, x in zip(recs, res):
+        pos = where.get(str(r.img_path))
+        attrs, positions = clip4dm._all_words(x)
+        out.append(next((float(sc) for (_, sc), q in zip(attrs, positions) if q == pos), 0.0) if pos is not None else 0.0)
+    return out
+
+
 def _foil_frame(recs, res) -> pd.DataFrame:
     """results_<foil benchmark>.csv: one row per pair with what its metrics read (the words' counts give the
-    LA chance lines; whether the foil word's string repeats tells where LA by string and by position differ)."""
+    LA chance lines; whether the foil word's string repeats tells where LA by string and by position differ; the
+    attribution at the pair's swap position feeds the claims' positive control)."""
     words = [[w for w, _ in clip4dm._all_words(x)[0]] for x in res]
     return pd.DataFrame({"id": [r.id for r in recs], "image": [f"{Path(r.img_path).parent.name}/{Path(r.img_path).name}" for r in recs],
                          "domain": [r.group for r in recs], "is_foil": [r.is_foil for r in recs],
@@ -112,6 +130,7 @@ def _foil_frame(recs, res) -> pd.DataFrame:
                          "lowest_word_position": [x["lowest_word_position"] for x in res],
                          "clip_score": [x["clip_score"] for x in res], "f_clipscore": [clip4dm.f_clipscore(x) for x in res],
                          "sum_negative_attribution": [x["sum_negative_attribution"] for x in res],
+                         "swap_attribution": swap_attributions(recs, res),
                          "n_words": [len([w for w in ws if w not in clip4dm.PUNCT]) for ws in words],
                          "n_content_words": [len(clip4dm.content_words(ws)) for ws in words],
                          "foil_word_repeated": [r.is_foil and sum(normalize_word(w) == normalize_word(r.misaligned_words[0])

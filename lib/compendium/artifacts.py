@@ -92,6 +92,7 @@ ARTIFACTS: dict[str, Artifact] = {
     "serving_metrics": Artifact("serving", "metrics.json", "make reproduce NB=serving"),
     "serving_settings": Artifact("serving", "settings.json", "make reproduce NB=serving"),
     "captioning_examples": Artifact("01_captioning", "examples.json", "make reproduce NB=01"),
+    "captioning_metrics": Artifact("01_captioning", "metrics.json", "make reproduce NB=01"),
     "trace_selected_share": Artifact("02_finetuning", "selected_share.csv", "make reproduce NB=02"),
     "trace_per_type": Artifact("02_finetuning", "per_type.csv", "make reproduce NB=02"),
     "trace_claims": Artifact("02_finetuning", "claims.csv", "make reproduce NB=02"),

@@ -1,13 +1,23 @@
-"""The findings table: one row per claim the compendium tests, from the committed claims tables and metrics
-(the README's findings block; notebook 07 shows it from its run's artifacts).
+"""The findings table: one row per claim of the analysis plan (params/analysis/plan.yaml), from the committed claims
+tables, its p corrected across the claim's family (Holm) and its verdict given by the rules of
+lib.evaluation.verdicts from the corrected test alone. The README shows a block a newcomer reads at a glance
+(claim, effect with interval, verdict); docs/findings.md and notebook 07 the whole table: test, n, unit, raw and
+adjusted p, the design's MDD beside the paper's effect, control, baseline, component check and flags.
 """
 from __future__ import annotations
 
 import csv
+import re
 from pathlib import Path
+from typing import Any
 
-from lib.compendium.artifacts import RESULTS_ROOT, read_json
-from lib.evaluation import claims
+from lib.compendium.artifacts import RESULTS_ROOT
+from lib.evaluation import plan as analysis
+from lib.evaluation.verdicts import decide, legend
+
+#: what the findings table calls each plan unit
+UNIT_WORDS = {"items": "", "cold runs": " x {runs} cold runs (per-item means)", "seeds": " x {runs} seeds",
+              "images": "", "two shares": ""}
 
 
 def results_dir(profile: str) -> Path:
@@ -15,99 +25,148 @@ def results_dir(profile: str) -> Path:
     return RESULTS_ROOT / profile
 
 
-def _p(v) -> str:
+def _num(v: Any) -> float:
     try:
-        v = float(v)
+        return float(v)
     except (TypeError, ValueError):
-        return "—"
+        return float("nan")
+
+
+def _p(v: Any) -> str:
+    v = _num(v)
     return "—" if v != v else (f"{v:.2g}" if v < 0.001 else f"{v:.3f}")
 
 
-#: the MDD cell of a claim whose discordance no difference can lift to 80% power at its n (claims.mcnemar_mdd's NaN)
-NO_MDD = "none at this n"
+INTERVAL = re.compile(r"\[\s*([-+0-9.eE]+|nan)\s*,\s*([-+0-9.eE]+|nan)\s*\]")
 
 
-def _mdd(v) -> str:
-    """A minimum detectable difference for the table: its value, NO_MDD where the test has none (NaN), "—"
-    where no test was run."""
-    try:
-        v = float(v)
-    except (TypeError, ValueError):
-        return "—"
-    return NO_MDD if v != v else _p(v)
+def _interval(text: Any) -> tuple[float, float]:
+    """An interval as a claims table writes it ("[lo, hi]", maybe followed by its level); NaNs when there is none."""
+    m = INTERVAL.search(str(text))
+    return (float(m.group(1)), float(m.group(2))) if m else (float("nan"), float("nan"))
 
 
-def findings_rows(profile: str, root: Path | None = None) -> list[dict[str, str]]:
-    """One row per claim the embedded run tests (system, claim, arms, n, effect with its 95% interval, p, the
-    paper's effect, MDD, verdict), from the committed claims tables and metrics (`root`: another stage root)."""
+def _tables(d: Path, plan: analysis.Plan) -> dict[tuple[str, str], list[dict[str, str]]]:
+    out = {}
+    for stage, table in dict.fromkeys((c.stage, c.table) for c in plan.claims):
+        f = d / stage / table
+        out[stage, table] = list(csv.DictReader(f.open(encoding="utf-8"))) if f.exists() else []
+    return out
+
+
+def plans_used(profile: str, root: Path | None = None) -> dict[str, set[str]]:
+    """Each planned claims table -> the plan digests its rows record (a table computed under another plan shows
+    another digest, or none)."""
     d = results_dir(profile) if root is None else Path(root)
-    rows: list[dict[str, str]] = []
-    m2 = read_json(d / "02_finetuning" / "metrics.json") if (d / "02_finetuning" / "metrics.json").exists() else {}
-    if "caption_benefit_acc" in m2 and not (d / "02_finetuning" / "claims.csv").exists():   # before 02's claims table
-        seeds = (f"{m2['caption_benefit_seeds_positive']} of {m2['caption_benefit_n_seeds']} seeds positive"
-                 if "caption_benefit_n_seeds" in m2 else "1 seed")
-        n = int(m2["caption_benefit_n"])
-        mdd = (claims.mdd_from_counts(n, m2["caption_benefit_only_default_right"], m2["caption_benefit_only_without_right"])
-               if "caption_benefit_only_default_right" in m2 else float("nan"))
-        paper = claims.PaperEffect()
-        rows.append({"system": "TRACE", "claim": "captions help", "A vs B": "cls+rel vs image_text_only",
-                     "n": f"{n} memes; {seeds}",
-                     "effect": f"{m2['caption_benefit_acc']:+.3f} [{m2['caption_benefit_ci_low']:+.3f}, "
-                               f"{m2['caption_benefit_ci_high']:+.3f}]",
-                     "p": f"{_p(m2['caption_benefit_mcnemar_p'])} (McNemar)", "paper": paper.said,
-                     "mdd": _mdd(mdd),
-                     "verdict": claims.verdict(m2["caption_benefit_acc"], (m2["caption_benefit_ci_low"],
-                                                                             m2["caption_benefit_ci_high"]),
-                                               m2["caption_benefit_mcnemar_p"], paper.value, mdd, None)})
-    m3 = read_json(d / "03_clip4dm" / "metrics.json") if (d / "03_clip4dm" / "metrics.json").exists() else {}
-    if "ap_fclipscore" in m3 and not (d / "03_clip4dm" / "claims.csv").exists():    # a run before 03's claims table
-        ft = d / "03_clip4dm" / "foil_table.csv"
-        n = next((r["n_pairs"] for r in csv.DictReader(ft.open(encoding="utf-8")) if r["benchmark"] == "foil"), "—") \
-            if ft.exists() else "—"
-        rows.append({"system": "CLIP4DM", "claim": "F-CLIPScore ranks foils better than CLIPScore (FOIL AP)",
-                     "A vs B": "F-CLIPScore vs CLIPScore", "n": f"{n} caption pairs; 1 trained model",
-                     "effect": f"{m3['ap_fclipscore'] - m3['ap_clipscore']:+.3f} (AP {m3['ap_fclipscore']:.3f} vs "
-                               f"{m3['ap_clipscore']:.3f})", "p": "— (no test yet)",
-                     "paper": "—", "mdd": "—", "verdict": "no test"})
-    # each stage's claims, then the claims re-tested on an embedded component adapted to MemeWorld (a named
-    # option: notebook 04's moderator, notebook 05's judge), each such claim's name saying which (its notebook's tag)
-    for stage, system, items, file in (
-            ("02_finetuning", "TRACE", "memes", "claims.csv"), ("03_clip4dm", "CLIP4DM", "captions", "claims.csv"),
-            ("04_few_shot", "See, Explain, Intervene", "memes", "claims.csv"),
-            ("04_few_shot", "See, Explain, Intervene", "memes", "claims_adapted.csv"),
-            ("05_debate", "ARCADE on H-VLI", "posts", "claims.csv"),
-            ("05_debate", "ARCADE on H-VLI", "posts", "claims_adapted.csv")):
-        f = d / stage / file
-        if not f.exists():
+    plan = analysis.load()
+    return {f"{stage}/{table}": {r.get("plan", "") for r in rows} for (stage, table), rows in _tables(d, plan).items()
+            if rows}
+
+
+def findings_rows(profile: str, root: Path | None = None) -> list[dict[str, Any]]:
+    """One row per claim of the plan: its primary test from its stage's committed claims table (`root`: another
+    stage root, e.g. a run's artifacts), the p adjusted across its family (the plan's correction, Holm), and its
+    verdict from the adjusted test alone. A claim whose arms did not run has no test and no verdict ("not run")."""
+    d = results_dir(profile) if root is None else Path(root)
+    plan = analysis.load()
+    tables = _tables(d, plan)
+    rows = []
+    for c in plan.claims:
+        found = next((r for r in tables[c.stage, c.table] if r.get("id") == c.id and r.get("role") == c.role), None)
+        rows.append({"claim": c, "row": found})
+    for family in plan.families:
+        members = [x for x in rows if x["claim"].family == family and x["claim"].role == "primary" and x["row"]
+                   and x["row"].get("as planned", "yes") == "yes"]
+        decided = decide([{"p": _num(x["row"]["p"]), "difference": _num(x["row"]["A-B"]),
+                           "family_ci": _interval(x["row"].get("family-wise CI A-B", "")), "effect": x["claim"].effect}
+                          for x in members], plan.alpha)
+        for x, d in zip(members, decided):
+            x["p_adjusted"], x["verdict"] = d["p_adjusted"], d["verdict"]
+    out = []
+    for x in rows:
+        c, r = x["claim"], x["row"]
+        if r is None:
+            out.append({"id": c.id, "system": c.system, "claim": c.statement, "A vs B": f"{c.a} vs {c.b}",
+                        "n": "—", "effect": "—", "family ci": "—", "test": c.test, "p": "—", "p adjusted": "—",
+                        "mdd": "—", "paper": c.effect_said, "control": "—", "baseline": "—", "checks": "—",
+                        "verdict": "not run", "plan": "—", "role": c.role})
             continue
-        for r in csv.DictReader(f.open(encoding="utf-8")):
-            if r.get("p") in ("", None) or r.get("role") in ("control", "descriptive") or r["claim"].startswith("control: "):
-                continue          # a control's row is read in its claim's verdict; a descriptive row is no claim
-            runs = int(float(r.get("runs") or 1))
-            rows.append({"system": system, "claim": r["claim"], "A vs B": f"{r['A']} vs {r['B']}",
-                         "n": f"{r['n']} {items}" + (f" of {r['images']} images" if r.get("images") else "")
-                              + (f" x {runs} {'seeds' if 'seeds pooled' in r['claim'] else 'cold runs'}" if runs > 1 else ""),
-                         "effect": f"{float(r['A-B']):+.3f} {r.get('95% CI A-B', '')}".strip(),
-                         "p": f"{_p(r['p'])} ({r.get('test', 'exact McNemar')})",
-                         "paper": (f"{float(r['paper A-B']):+.3f} ({r.get(claims.PAPERS_NUMBER, '')})"
-                                   if r.get("paper A-B") not in ("", None) else "—"),
-                         "mdd": _mdd(r.get("MDD (80% power)") or "nan"), "verdict": r.get("verdict") or "—"})
-    return rows
+        diff, ci = _num(r["A-B"]), _interval(r["95% CI A-B"])
+        fam = _interval(r.get("family-wise CI A-B", ""))
+        padj = x.get("p_adjusted", float("nan"))
+        runs = int(_num(r.get("runs")) or 1)
+        n_text = f"{r['n']} {c.items}" + (f" of {r['images']} images" if r.get("images") else "") \
+            + UNIT_WORDS.get(c.unit, "").format(runs=runs)
+        ctl = r.get("control") or "—"
+        if r.get("control A-B") not in (None, "", "nan"):
+            ctl = (f"{ctl}: {_num(r['control A-B']):+.3f} {r.get('control 95% CI', '')}, p {_p(r['control p'])} "
+                   f"({r.get('control status')}; {r.get('control test')}, n {r.get('control n')})")
+        base = r.get("baseline") or "—"
+        if base not in ("—", "") and r.get("A-baseline") not in (None, ""):
+            base = f"{base} {_num(r['baseline acc']):.3f}: A {_num(r['A-baseline']):+.3f}, p {_p(r['baseline p'])}"
+        checks = "; ".join(x for x in (
+            f"precondition {r['precondition']}" if r.get("precondition") not in (None, "", "not measured") else "",
+            r.get("component check") if r.get("component check") not in (None, "", "none") else "",
+            r.get("flag") if r.get("flag") not in (None, "", "none") else "") if x) or "—"
+        planned = r.get("as planned", "yes")
+        if c.role != "primary":
+            v = "no verdict (secondary)"
+        elif planned != "yes":
+            v = f"not run as planned ({planned})"
+        else:
+            v = x["verdict"]
+        out.append({"id": c.id, "system": c.system, "claim": c.statement, "A vs B": f"{r['A']} vs {r['B']}",
+                    "n": n_text, "effect": f"{diff:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}]",
+                    "family ci": f"[{fam[0]:+.3f}, {fam[1]:+.3f}]" if fam[0] == fam[0] else "—", "test": r["test"],
+                    "p": _p(r["p"]), "p adjusted": _p(padj) if c.role == "primary" else "— (secondary)",
+                    "mdd": _p(r.get("design MDD")), "paper": c.effect_said, "control": ctl, "baseline": base,
+                    "checks": checks, "role": c.role, "plan": r.get("plan", ""), "verdict": v})
+    return out
 
 
 def findings_block(profile: str = "embedded", root: Path | None = None) -> str:
-    """The findings table as markdown (the README's block; notebook 07 shows it from its run's artifacts)."""
+    """The README's block: claim, effect with its interval, verdict (the whole table: docs/findings.md)."""
     rows = findings_rows(profile, root)
-    if not rows:
+    if not any(r["verdict"] != "not run" for r in rows):
         return "_No committed results yet: run `make reproduce`._"
-    out = ["| system | claim | A vs B | n | A − B [95% CI] | p (test) | paper's A − B | MDD (80% power) | verdict |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    out += [f"| {r['system']} | {r['claim']} | {r['A vs B']} | {r['n']} | {r['effect']} | {r['p']} | {r['paper']} | "
-            f"{r['mdd']} | {r['verdict']} |" for r in rows]
-    verdicts = list(dict.fromkeys(r["verdict"] for r in rows if r["verdict"] in claims.VERDICTS))
-    if any(r["mdd"] == NO_MDD for r in rows):
-        out += ["", f"MDD: the smallest difference the exact McNemar test detects with 80% power at the claim's n and "
-                    f"observed discordance (claims.mcnemar_mdd, by enumeration); *{NO_MDD}*: no difference that "
-                    f"discordance allows reaches 80% power at that n."]
-    out += ["", "Verdicts: " + "; ".join(f"*{v}*: {claims.VERDICTS[v]}" for v in verdicts) + "."] if verdicts else []
+    plan = analysis.load()
+    out = ["| system | claim | A − B [95% CI] | verdict |", "|---|---|---|---|"]
+    out += [f"| {r['system']} | {r['claim']} | {r['effect']} | {r['verdict']} |" for r in rows if r["role"] == "primary"]
+    out += ["", f"{sum(r['role'] == 'primary' for r in rows)} primary claims of the analysis plan (version "
+                f"{plan.version}, [docs/analysis-plan.md](docs/analysis-plan.md)), their p corrected together "
+                f"({plan.correction}); each verdict comes from its claim's own test alone: " + legend() + ". A claim "
+                f"that did not run as its plan says (another n, fewer runs) gets no verdict. The plan's version 1 was "
+                f"written after these results existed, by a rule that looks at no outcome; every later change is in "
+                f"its history. Every column (test, n, raw and adjusted p, the family-wise interval, the design's MDD "
+                f"beside the paper's effect, control, baseline, checks): [docs/findings.md](docs/findings.md)."]
     return "\n".join(out)
+
+
+def findings_table(profile: str = "embedded", root: Path | None = None) -> str:
+    """The whole findings table as markdown (docs/findings.md; notebook 07 shows it from its run's artifacts)."""
+    rows = findings_rows(profile, root)
+    cols = ("system", "claim", "A vs B", "n", "effect", "family ci", "test", "p", "p adjusted", "mdd", "paper",
+            "control", "baseline", "checks", "verdict")
+    head = ("system", "claim", "A vs B", "n", "A − B [95% CI]", "family-wise CI", "test", "p", "p (Holm)",
+            "design MDD (80%, alpha/m)",
+            "paper's A − B", "positive control (a pipeline arm vs B)", "no-model baseline (vs A)",
+            "precondition, component check, flags", "verdict")
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(str(r[c]).replace("|", "/") for c in cols) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def findings_page(profile: str = "embedded") -> str:
+    """docs/findings.md: the analysis plan's claims as the committed results test them."""
+    plan = analysis.load()
+    return ("# Findings: every claim of the analysis plan\n\n"
+            "Generated by `make results` from `results/embedded/` and `params/analysis/plan.yaml` (version "
+            f"{plan.version}, digest `{plan.digest}`: [its history](analysis-plan.md)); do not edit by hand. One row "
+            "per planned claim: its primary test (the plan's unit: items, cold runs as per-item means, seeds), the p "
+            f"corrected across the family ({plan.correction}), its family-wise interval, the design's minimum "
+            f"detectable difference at {plan.power:.0%} power and Holm's strictest threshold (alpha/m) beside the "
+            "paper's effect, its positive control (a pipeline arm where the "
+            "ingredient carries the signal, against the claim's B arm, with the claim's test), its no-model baseline "
+            "(against A), and what the checks say beside it. Verdicts: " + legend() + ". Preconditions, component "
+            "checks, controls, baselines and flags never change a verdict; the notebooks' readings say what each "
+            "means.\n\n" + findings_table(profile) + "\n")

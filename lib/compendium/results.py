@@ -28,7 +28,8 @@ from lib.compendium.bookkeeping import TIMING, same_result  # noqa: F401  (resul
 from lib.compendium.inputs import publish_figure_images
 from lib.models.chat.cache import ResponseCache, default_cache_path
 from lib.compendium.costs import Assumptions, cost_rows, markdown
-from lib.compendium.findings import findings_block, findings_rows  # noqa: F401  (the README's block; results.findings_rows as before)
+from lib.compendium.findings import findings_block, findings_page, findings_rows  # noqa: F401  (results.findings_rows as before)
+from lib.evaluation.plan_page import plan_page
 from lib.evaluation.preconditions import precondition_block
 from lib.compendium.params import ProfileError, load_profile, section_digest, stages
 
@@ -530,6 +531,9 @@ BLOCKS = {ROOT / "README.md": {"findings": findings_block, "timings": timings_bl
           ROOT / "docs" / "gpu-costs.md": {"costs": lambda _: costs_block("paper")},
           ROOT / "docs" / "models-and-serving.md": {"serving": serving_block}}
 DOCS_RESULTS = ROOT / "docs" / "results.md"
+#: generated pages beside docs/results.md: the findings table and the analysis plan with its history
+DOCS_PAGES = {ROOT / "docs" / "findings.md": lambda: findings_page("embedded"),
+              ROOT / "docs" / "analysis-plan.md": lambda: plan_page()}
 
 
 def _replace_block(text: str, name: str, body: str) -> str:
@@ -565,6 +569,11 @@ def update_readme(readme: Path | None = None) -> bool:
     if not DOCS_RESULTS.exists() or DOCS_RESULTS.read_text(encoding="utf-8") != page:
         write_text(DOCS_RESULTS, page)
         changed = True
+    for path, make in DOCS_PAGES.items():
+        text = make()
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            write_text(path, text)
+            changed = True
     return update_notebook_headers() or changed
 
 

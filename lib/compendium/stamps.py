@@ -21,7 +21,7 @@ from lib.compendium.artifacts import ARTIFACTS_ROOT, file_digest, source_digest
 from lib.compendium.params import Stage
 
 #: parameter files every stage may read (the others: profiles, which the stamp holds as the stage's section)
-PARAM_DIRS = ("prompts", "schemas", "presets")
+PARAM_DIRS = ("prompts", "schemas", "presets", "analysis")
 #: files and folders of a run that are no stage's result: reading them makes no dependency
 NOT_RESULTS = {"cache", "notebooks", "figures", "report", "test-logs", ".runs", ".usage"}
 NOT_RESULT_FILES = {"timings.json", ".stamp.json", "manifest.json", ".from_results.json"}

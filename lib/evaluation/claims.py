@@ -1,18 +1,22 @@
-"""Claims tables: a paired test per claim (one run, or cold runs pooled and clustered by item), its
-minimum detectable difference at 80% power (exact McNemar by enumeration), the verdict rules, the
-near-constant-arm flag, and the metrics.json keys of each row. The statistics themselves are
-`lib.evaluation.metrics`.
+"""Claims tables: each claim of the analysis plan (lib.evaluation.plan) tested with its unit's test (an exact
+McNemar on one run, a sign-flip on per-item means of cold runs, a paired t over seeds), its secondary tests, the
+design's minimum detectable difference, its control (a pipeline arm where the ingredient carries the signal, tested
+against the claim's B arm) and baseline (the no-model arm, against A), the near-constant-arm flag, and the
+metrics.json keys of each row. Verdicts need the family's correction: lib.compendium.findings gives them
+(lib.evaluation.verdicts holds the rules). The statistics themselves are `lib.evaluation.metrics`.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
 import functools
+import math
 from typing import Any, Sequence
 
 import numpy as np
 
-from lib.evaluation.metrics import paired_accuracy_test, pooled_paired_test, run_spread, share_difference_test
+from lib.evaluation.metrics import paired_accuracy_test, pooled_paired_test, run_spread, share_difference_test  # noqa: F401
+from lib.evaluation.verdicts import design_discordance, family_confidence, normal_mdd, seed_t_mdd, seed_t_test
 
 
 # ----------------------------------------------------------------------------- power of the paired test
@@ -65,61 +69,6 @@ def mcnemar_mdd(n: int, discordance: float, power: float = 0.80, alpha: float = 
     return hi
 
 
-#: the verdicts of a claims table, and their written rules (`verdict`)
-VERDICTS = {
-    "near-constant arm": "one arm gives one answer on at least 95% of the items: its accuracy is that label's share, "
-                         "so the difference is not read as a test of the claim, whatever its p",
-    "reproduced": "the effect is in the paper's direction, p < 0.05, and the positive control was detected",
-    "not reproduced": "the positive control was detected and the difference's interval excludes the paper's effect",
-    "underpowered": "the positive control was not detected, or the minimum detectable difference exceeds the "
-                    "paper's effect",
-    "mechanism absent in MemeWorld": "the method's precondition on MemeWorld's components is not met "
-                                     "(lib/evaluation/preconditions.py: e.g. the captions carry nothing the encoder "
-                                     "lacks), or the positive control's variant, where the ingredient carries the "
-                                     "answer, falls short of the paper's effect itself and the claim's own "
-                                     "difference is no significant one in the paper's direction: either way the "
-                                     "claim cannot show here whatever the test's power (a finding about "
-                                     "MemeWorld's components)",
-    "inconclusive": "none of the above: the interval holds both no effect and the paper's effect",
-    "reproduced, no control": "the effect is in the paper's direction with p < 0.05, but no positive control backs "
-                              "it: none ran, or its oracle variant fell short of the paper's effect (then read the "
-                              "difference with its arms: it is not the mechanism's, whose oracle could not make it)",
-    "no test": "no positive control ran for this claim and p >= 0.05 (or the effect goes the other way): a null "
-               "cannot be read either way",
-}
-
-
-def verdict(difference: float, ci_difference: tuple[float, float], p: float, paper_effect: float,
-            mdd: float, control_detected: bool | str | None, near_constant: bool = False,
-            precondition: bool | None = None) -> str:
-    """A claim's verdict from its paired test (the difference A - B, its interval and p), the paper's
-    effect (signed, in the same units; A is the paper's better arm, so it is positive), the test's minimum
-    detectable difference, whether the positive control at the same n was detected (None: no
-    control ran; SHORT: its oracle variant falls short of the paper's effect), whether an arm is a
-    near-constant predictor and whether the method's precondition holds for the components the claim ran on
-    (None: not measured). The rules are VERDICTS', checked in that order; an unmet precondition outranks every
-    verdict but a reproduction."""
-    if near_constant:
-        return "near-constant arm"
-    if control_detected is None or control_detected == SHORT:
-        if difference > 0 and p < 0.05:
-            return "reproduced, no control"
-        return "no test" if control_detected is None and precondition is not False else "mechanism absent in MemeWorld"
-    if control_detected and difference > 0 and p < 0.05:
-        return "reproduced"
-    if precondition is False:
-        return "mechanism absent in MemeWorld"
-    if control_detected and not (ci_difference[0] <= paper_effect <= ci_difference[1]):
-        return "not reproduced"
-    if not control_detected or not (mdd <= abs(paper_effect)):
-        return "underpowered"
-    return "inconclusive"
-
-
-#: a positive control whose oracle variant falls short of the paper's effect on every item (`control_at_effect`)
-SHORT = "short"
-
-
 #: an arm giving one answer on at least this share of a claim's items is a near-constant predictor
 NEAR_CONSTANT = 0.95
 
@@ -159,50 +108,6 @@ class PaperEffect:
     @property
     def said(self) -> str:
         return self.source if self.effect is not None else f"none published: held to {DEFAULT_PAPER_EFFECT:.2f}"
-
-
-def claim_row(claim: str, a: str, b: str, t: dict[str, Any], what: str, flag: str = "",
-              paper: PaperEffect | None = None, control: bool | None = None,
-              precondition: bool | None = None) -> dict[str, Any]:
-    """One row of a claims table (notebooks 04 and 05): a paired test's result `t`
-    (paired_accuracy_test, or pooled_paired_test over cold runs) for settings `a` and `b`, rounded
-    for reading, the intervals as "[lo, hi]", the test's minimum detectable difference at 80% power
-    (`mcnemar_mdd`: NaN where no difference of the observed discordance reaches it), `flag`
-    (`constant_arm`: an arm that answers one label almost always), the paper's effect (`paper`; none:
-    DEFAULT_PAPER_EFFECT) and the verdict (`verdict`; `control`: whether the claim's positive control
-    was detected at the same n, None where none ran; `precondition`: whether the method's precondition holds
-    for the components this claim ran on, None where not measured)."""
-    ci = t.get("ci_difference", (float("nan"), float("nan")))
-    paper = paper or PaperEffect()
-    mdd = _mdd_of(t)
-    return {"claim": claim, "A": a, "B": b, "n": t["n"], "runs": t.get("runs", 1),
-            "acc A": round(t["acc_a"], 3), "95% CI A": f"[{t['ci_a'][0]:.2f}, {t['ci_a'][1]:.2f}]",
-            "acc B": round(t["acc_b"], 3), "95% CI B": f"[{t['ci_b'][0]:.2f}, {t['ci_b'][1]:.2f}]",
-            "A-B": round(t["difference"], 3), "95% CI A-B": f"[{ci[0]:.2f}, {ci[1]:.2f}]",
-            "only A right": t["only_a_right"], "only B right": t["only_b_right"],
-            "test": t.get("test", "exact McNemar"), "p": float(f"{t['p']:.3g}"),
-            "MDD (80% power)": mdd, "majority line": round(t["majority_acc"], 3), "flag": flag or "none",
-            "paper A-B": round(paper.value, 3), PAPERS_NUMBER: paper.said,
-            "control": "none ran" if control is None else "oracle short of the effect" if control == SHORT
-                       else "detected" if control else "not detected",
-            "precondition": "not measured" if precondition is None else "met" if precondition else "not met",
-            "verdict": verdict(t["difference"], ci, t["p"], paper.value, mdd, control, near_constant=bool(flag),
-                               precondition=precondition),
-            "what it isolates": what}
-
-
-def _mdd_of(t: dict[str, Any]) -> float:
-    """A claims row's minimum detectable difference (`mdd_from_counts`; pooled rows: the items whose run
-    means differ, a conservative stand-in for the pooled test's own power)."""
-    return mdd_from_counts(int(t["n"]), t["only_a_right"], t["only_b_right"])
-
-
-def mdd_from_counts(n: int, only_a_right: int, only_b_right: int) -> float:
-    """The exact McNemar test's minimum detectable difference at 80% power for `n` paired items and the
-    observed discordance (the share of items one arm gets right and the other wrong), rounded to 3
-    places. NaN: no difference the discordance allows reaches 80%."""
-    mdd = mcnemar_mdd(n, (only_a_right + only_b_right) / n if n else 0.0)
-    return round(mdd, 3) if mdd == mdd else float("nan")
 
 
 # ----------------------------------------------------------------------------- a claim on two shares
@@ -257,47 +162,6 @@ def share_test(a: Sequence[bool], b: Sequence[bool], confidence: float = 0.95) -
     return share_difference_test(int(sum(map(bool, a))), len(a), int(sum(map(bool, b))), len(b), confidence)
 
 
-def share_row(claim: str, a: str, b: str, t: dict[str, Any], what: str, paper: PaperEffect | None = None,
-              control: bool | None = None, precondition: bool | None = None) -> dict[str, Any]:
-    """A claims-table row for `share_test`'s result, in claim_row's columns: "n" counts both sides' items,
-    "acc A" and "acc B" hold the two shares, the MDD is `fisher_mdd`'s at B's observed share; the paired
-    columns (only A right, only B right, majority line) stay empty."""
-    paper = paper or PaperEffect()
-    ci = t["ci_difference"]
-    mdd = fisher_mdd(t["n_a"], t["n_b"], t["share_b"])
-    mdd = round(mdd, 3) if mdd == mdd else float("nan")
-    return {"claim": claim, "A": a, "B": b, "n": t["n_a"] + t["n_b"], "runs": 1,
-            "acc A": round(t["share_a"], 3), "95% CI A": f"[{t['ci_a'][0]:.2f}, {t['ci_a'][1]:.2f}]",
-            "acc B": round(t["share_b"], 3), "95% CI B": f"[{t['ci_b'][0]:.2f}, {t['ci_b'][1]:.2f}]",
-            "A-B": round(t["difference"], 3), "95% CI A-B": f"[{ci[0]:.2f}, {ci[1]:.2f}]",
-            "only A right": None, "only B right": None, "test": t["test"], "p": float(f"{t['p']:.3g}"),
-            "MDD (80% power)": mdd, "majority line": None, "flag": "none",
-            "paper A-B": round(paper.value, 3), PAPERS_NUMBER: paper.said,
-            "control": "none ran" if control is None else "detected" if control else "not detected",
-            "precondition": "not measured" if precondition is None else "met" if precondition else "not met",
-            "verdict": verdict(t["difference"], ci, t["p"], paper.value, mdd, control, precondition=precondition),
-            "what it isolates": what}
-
-
-def share_control(claim: str, a: dict[str, bool], oracle: dict[str, bool], b: Sequence[bool], a_name: str,
-                  b_name: str, paper: PaperEffect | None = None, confidence: float = 0.95,
-                  items: str = "items") -> tuple[dict[str, Any], bool]:
-    """A two-share claim's positive control and whether it was detected (Fisher's p < 0.05, A's share above
-    B's): A's items with the `oracle`'s value (what a mechanism that works does: a gate that routes every
-    emergent-hate post to Track II) put in on the fewest of them, in a seeded order, that lift A's share over
-    B's by the paper's effect (`control_at_effect`), tested against the same B."""
-    paper = paper or PaperEffect()
-    share_a, share_b = float(np.mean([bool(v) for v in a.values()])), float(np.mean([bool(v) for v in b]))
-    arm, k = control_at_effect(oracle, a, max(0.0, share_b + paper.value - share_a))
-    t = share_test(list(arm.values()), list(b), confidence)
-    found = bool(t["difference"] > 0 and t["p"] < 0.05)
-    row = share_row(f"control: {claim}", f"{a_name}_at_effect", b_name, t,
-                    f"{a_name}'s {items} with the oracle's value on {k} of {len(arm)}: the fewest that lift its share "
-                    f"over {b_name}'s by the paper's effect", paper=paper)
-    return {**row, "role": "control", "control": "—",
-            "verdict": "control detected" if found else "control not detected"}, found
-
-
 def cold_runs_of(name: str, names: Sequence[str]) -> list[str]:
     """`name` and its cold runs present in `names` (`<name>_run1`, `<name>_run2`, ...), in run order."""
     out, k = [name], 1
@@ -313,59 +177,30 @@ def first_present(arm: str, names) -> str | None:
     return next((x for x in arm.split("|") if x in names), None)
 
 
-def claim_tests(claims: Sequence[tuple], correct: dict[str, dict[str, bool]],
-                truth: dict[str, int], confidence: float = 0.95, answers: dict[str, dict[str, Any]] | None = None,
-                controls: dict[str, bool] | None = None, preconditions: dict[str, bool] | None = None
-                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Claims tables' rows (notebooks 04 and 05). `claims`: (claim, A, B, what it isolates[, PaperEffect])
-    with A and B names in `correct` (item -> right or wrong; "a|b": the first of them that ran); `controls`:
-    claim -> whether its positive control was detected (absent: none ran); `preconditions`: claim -> whether
-    the method's precondition holds for its components (absent: not measured). Each claim whose two arms ran gets its paired test
-    on one run (exact McNemar); where both arms also have cold runs (`<name>_run<k>`), a second row
-    pools the k runs both have, clustered by item (pooled_paired_test), and the second list gets one
-    row per run (run_spread) with the claim's name: the distribution one run draws from. `answers`
-    (name -> item -> the answer given, None for none): an arm answering one label almost always is
-    flagged in the row (`constant_arm`)."""
-    rows, spread = [], []
-    answers, controls, preconditions = answers or {}, controls or {}, preconditions or {}
-    for claim, a, b, what, *rest in claims:
-        paper = rest[0] if rest else None
-        a, b = first_present(a, correct), first_present(b, correct)
-        if a is None or b is None or a == b:
-            continue
-        items = [i for i in correct[a] if i in correct[b]]
-        flag = "; ".join(f for f in (constant_arm(a, answers.get(a), items), constant_arm(b, answers.get(b), items)) if f)
-        control, pre = controls.get(claim), preconditions.get(claim)
-        rows.append(claim_row(claim, a, b, paired_accuracy_test(correct[a], correct[b], truth, confidence), what, flag,
-                              paper, control, pre))
-        ra, rb = cold_runs_of(a, list(correct)), cold_runs_of(b, list(correct))
-        k = min(len(ra), len(rb))
-        if k > 1:
-            runs_a, runs_b = [correct[x] for x in ra[:k]], [correct[x] for x in rb[:k]]
-            rows.append(claim_row(f"{claim} ({k} cold runs pooled)", a, b,
-                                  pooled_paired_test(runs_a, runs_b, truth, confidence), what, flag, paper, control,
-                                  pre))
-            spread += [{"claim": claim, "A": a, "B": b, **r} for r in run_spread(runs_a, runs_b, truth, confidence)]
-    return rows, spread
-
-
 def claim_metric_keys(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """metrics.json keys of each tested claim row: claim_<A>_vs_<B>_{n, acc_a, acc_b, p, majority}
-    ("/" in a setting name becomes "_"; a row pooled over k > 1 cold runs ends its stem in _pooled
-    and adds _runs); a row without a test (no p) is skipped."""
+    """metrics.json keys of each tested claims-table row: claim_<A>_vs_<B>_{n, acc_a, acc_b, p, majority, runs} for a
+    claim's primary test, claim_<A>_vs_<B>_s<k>_... for its k-th secondary test, and claim_<A>_vs_<B>_control_{diff,
+    p} for its control ("/" in a setting name becomes "_"); a row without a test (no p) is skipped."""
     m: dict[str, Any] = {}
+    seen: dict[str, int] = {}
     for row in rows:
         p = row.get("p")
-        if p is None or p != p:
+        if p is None or p != p or row.get("role") not in ("primary", "secondary"):
             continue
-        runs = int(row.get("runs", 1) or 1)
-        key = "claim_" + f"{row['A']}_vs_{row['B']}".replace("/", "_") + ("_pooled" if runs > 1 else "")
-        m.update({f"{key}_n": int(row["n"]), f"{key}_acc_a": row["acc A"], f"{key}_acc_b": row["acc B"], f"{key}_p": p})
+        stem = "claim_" + f"{row['A']}_vs_{row['B']}".replace("/", "_")
+        if row["role"] == "secondary":
+            seen[stem] = seen.get(stem, 0) + 1
+            key = f"{stem}_s{seen[stem]}"
+        else:
+            key = stem
+        m.update({f"{key}_n": int(row["n"]), f"{key}_acc_a": row["acc A"], f"{key}_acc_b": row["acc B"], f"{key}_p": p,
+                  f"{key}_runs": int(row.get("runs") or 1)})
         majority = row.get("majority line")
         if majority is not None and majority == majority:          # a two-share row has no majority line
             m[f"{key}_majority"] = majority
-        if runs > 1:
-            m[f"{key}_runs"] = runs
+        ctl = row.get("control A-B")
+        if row["role"] == "primary" and ctl is not None and ctl == ctl:
+            m.update({f"{key}_control_diff": ctl, f"{key}_control_p": row.get("control p")})
     return m
 
 
@@ -384,54 +219,205 @@ def cold_run_metric_keys(spread_rows: Sequence[dict[str, Any]]) -> dict[str, Any
     return m
 
 
-def control_at_effect(oracle: dict[str, bool], base: dict[str, bool], effect: float,
-                      seed: int = 0) -> tuple[dict[str, bool], int]:
-    """A positive control's arm whose effect over `base` is the paper's `effect`, not a larger one: `base`'s
-    right/wrong per item with the `oracle` arm's (a variant where the effect exists by construction: debaters
-    that state the true cue, exemplars of the query's type) put in on the fewest items, taken in a seeded
-    order, that lift its accuracy over `base` to `effect` or more. Returns the arm and how many items took
-    the oracle's answer; where even every item falls short, the arm is the oracle's on all of them (its
-    effect is then below the paper's, and the test is read on that)."""
-    items = [i for i in base if i in oracle]
-    if not items:
-        raise ValueError("control_at_effect: the oracle and base arms share no item")
-    order = sorted(items)
-    np.random.default_rng(seed).shuffle(order)
-    arm = {i: bool(base[i]) for i in items}
-    need, gain = effect * len(items) - 1e-9, 0
-    for k, i in enumerate(order, 1):
-        if gain >= need:
-            return arm, k - 1
-        gain += int(bool(oracle[i])) - int(arm[i])
-        arm[i] = bool(oracle[i])
-    return arm, len(order)
+# ----------------------------------------------------------------------------- the plan's claims, tested
+#: a claims table's columns, every stage's (CLIP4DM's hold AP in the accuracy columns, a two-share row shares)
+COLUMNS = ("id", "claim", "role", "family", "A", "B", "unit", "n", "runs", "as planned", "acc A", "95% CI A", "acc B",
+           "95% CI B", "A-B", "95% CI A-B", "family-wise CI A-B", "only A right", "only B right", "test", "p",
+           "design MDD", "MDD rule", "majority line", "flag", "paper A-B", PAPERS_NUMBER, "control", "control test",
+           "control n", "control A-B", "control 95% CI", "control p", "control status", "baseline", "baseline acc",
+           "A-baseline", "baseline p", "precondition", "component check", "plan", "what it isolates")
 
 
-def positive_controls(controls: Sequence[tuple], correct: dict[str, dict[str, bool]],
-                      truth: dict[str, int], confidence: float = 0.95, items: str = "items"
-                      ) -> tuple[list[dict[str, Any]], dict[str, bool]]:
-    """A claims table's control rows (they go before the claims) and claim -> whether its control was detected
-    (the exact McNemar test's p < 0.05 in the oracle's direction), for each (claim, oracle arm, base arm[, the
-    paper's effect: a PaperEffect]) of `controls` whose two arms ran ("a|b": the first that ran): the base arm's
-    answers with the oracle's on the fewest items that reach the claim's paper effect (DEFAULT_PAPER_EFFECT where
-    the paper publishes none; `control_at_effect`), tested against the base arm on the same items. An oracle arm
-    short of that effect on every item is the control at its own effect; unless the test still detects it, the
-    claim's control reads SHORT (the variant did not produce the effect: no test could)."""
-    rows, detected = [], {}
-    for claim, oracle, base, *published in controls:
-        o, b = first_present(oracle, correct), first_present(base, correct)
-        if o is None or b is None:
+def as_planned(c, n: int, runs: int) -> str:
+    """Whether a claim's test ran as its plan says: "yes", or what differs (its n, its runs). The findings table gives
+    no verdict to a claim that did not."""
+    out = []
+    if int(n) != int(c.n):
+        out.append(f"n {int(n)} where the plan says {c.n}")
+    if c.unit in ("seeds", "cold runs", "seeds pooled") and int(runs or 1) < int(c.runs):
+        out.append(f"{int(runs or 1)} of the plan's {c.runs} runs")
+    return "; ".join(out) or "yes"
+
+
+def _ci(pair) -> str:
+    lo, hi = pair
+    return "—" if lo != lo else f"[{lo:.3f}, {hi:.3f}]"
+
+
+def _restrict(correct: dict[str, bool], items: set[str]) -> dict[str, bool]:
+    return {i: v for i, v in correct.items() if i in items}
+
+
+def _acc(c: dict[str, bool], items: Sequence[str]) -> float:
+    return float(np.mean([c[i] for i in items])) if items else float("nan")
+
+
+def arm_test(unit: str, a: str, b: str, correct: dict[str, dict[str, bool]], truth: dict[str, int],
+             items: set[str], confidence: float = 0.95, runs: int | None = None) -> dict[str, Any]:
+    """Arm `a` against arm `b` on `items` with the test of `unit` (lib.evaluation.plan.UNITS): "items", the exact
+    McNemar on the single run; "cold runs" and "seeds pooled", the sign-flip over items on each item's mean over the
+    runs both arms have (`<name>_run<k>`: cold runs, or seeds); "seeds", the paired t-test over the per-seed accuracy
+    differences (lib.evaluation.verdicts.seed_t_test), the seed the unit. `runs`: at most this many runs."""
+    names = list(correct)
+    ra, rb = cold_runs_of(a, names), cold_runs_of(b, names)
+    k = min(len(ra), len(rb), runs or 10 ** 6)
+    ids = sorted(i for i in items if all(i in correct[x] for x in (*ra[:k], *rb[:k])))
+    if unit == "items" or k < 2:
+        t = paired_accuracy_test(_restrict(correct[a], set(ids)), _restrict(correct[b], set(ids)), truth, confidence)
+        if unit != "items":
+            t["test"] = f"exact McNemar (only {k} run of each arm: no {unit} to pool)"
+        return t
+    if unit in ("cold runs", "seeds pooled"):
+        return pooled_paired_test([_restrict(correct[x], set(ids)) for x in ra[:k]],
+                                  [_restrict(correct[x], set(ids)) for x in rb[:k]], truth, confidence)
+    if unit != "seeds":
+        raise ValueError(f"arm_test: unit {unit!r} is not a paired-accuracy unit")
+    acc_a = [_acc(correct[x], ids) for x in ra[:k]]
+    acc_b = [_acc(correct[x], ids) for x in rb[:k]]
+    t = seed_t_test(np.subtract(acc_a, acc_b), confidence)
+    arm_a, arm_b = seed_t_test(acc_a, confidence), seed_t_test(acc_b, confidence)
+    labels = collections.Counter(truth[i] for i in ids)
+    return {"n": len(ids), "runs": k, "acc_a": float(np.mean(acc_a)), "ci_a": arm_a["ci_difference"],
+            "acc_b": float(np.mean(acc_b)), "ci_b": arm_b["ci_difference"], "difference": t["difference"],
+            "ci_difference": t["ci_difference"], "only_a_right": None, "only_b_right": None, "test": t["test"],
+            "p": t["p"], "sd": t["sd"], "per_seed": list(np.subtract(acc_a, acc_b)),
+            "majority_acc": labels.most_common(1)[0][1] / len(ids) if ids else float("nan")}
+
+
+def design_mdd(unit: str, t: dict[str, Any], alpha: float = 0.05, power: float = 0.80) -> tuple[float, str]:
+    """The smallest difference a claim's test detects with `power` at its design (n, runs, the arms' accuracies) and
+    level `alpha` (a primary claim's: Holm's strictest threshold, the family's alpha / m), and the rule it comes from.
+    Every rule takes the larger of the observed spread and the one independent errors at these accuracies would give,
+    so a run whose arms happen to agree does not look powerful."""
+    n = int(t["n"])
+    level = f"at alpha {alpha:.2g}"
+    if t["test"].startswith("paired t over"):
+        floor = math.sqrt((t["acc_a"] * (1 - t["acc_a"]) + t["acc_b"] * (1 - t["acc_b"])) / n) if n else float("nan")
+        sd = max(float(t["sd"]), floor) if t["sd"] == t["sd"] else floor
+        return (round(seed_t_mdd(int(t["runs"]), sd, power, alpha), 3),
+                f"paired t over {t['runs']} seeds {level}, per-seed SD {sd:.3f} (the larger of the observed "
+                f"{t['sd']:.3f} and independent errors' {floor:.3f})")
+    if t["test"].startswith("sign-flip"):
+        d_var = float(np.var(t["item_diffs"], ddof=1)) if len(t.get("item_diffs", [])) > 1 else float("nan")
+        floor = design_discordance(t["acc_a"], t["acc_b"], 0.0) / max(1, int(t["runs"]))
+        var = max(d_var, floor) if d_var == d_var else floor
+        return (round(normal_mdd(math.sqrt(var / n), power, alpha), 3) if n else float("nan"),
+                f"normal approximation {level}, per-item differences' variance {var:.3f} (the larger of the observed "
+                f"and independent errors' over {t['runs']} runs)")
+    if t["test"].startswith("exact McNemar"):
+        observed = ((t["only_a_right"] or 0) + (t["only_b_right"] or 0)) / n if n else 0.0
+        disc = design_discordance(t["acc_a"], t["acc_b"], observed)
+        mdd = mcnemar_mdd(n, disc, power, alpha)
+        return (round(mdd, 3) if mdd == mdd else float("nan"),
+                f"exact McNemar at n = {n} {level}, discordance {disc:.2f} (the larger of the observed "
+                f"{observed:.2f} and independent errors')")
+    if "se" in t:
+        return round(normal_mdd(float(t["se"]), power, alpha), 3), f"normal approximation {level} from the bootstrap's SE"
+    return float("nan"), "none"
+
+
+def _p(v: float) -> float:
+    return float(f"{v:.3g}") if v == v else float("nan")
+
+
+def _arms_row(c, role: str, a: str, b: str, t: dict[str, Any], unit: str, what: str, plan_digest: str,
+              alpha: float, power: float, main: bool = True, family_ci=(float("nan"), float("nan")),
+              family_level: float | None = None) -> dict[str, Any]:
+    """A test's row; `main`: the claim's own test (its family shown), not one of its secondary tests. `alpha`: the
+    design MDD's level (a primary claim's: alpha / m); `family_ci`: its family-wise interval at `family_level`."""
+    mdd, rule = design_mdd(unit, t, alpha, power)
+    fam = _ci(family_ci) + (f" ({family_level:.2%})" if family_level and family_ci[0] == family_ci[0] else "")
+    return {"id": c.id, "claim": c.statement, "role": role, "family": c.family if main else "—",
+            "A": a, "B": b, "unit": unit, "n": t["n"], "runs": t.get("runs", 1),
+            "as planned": as_planned(c, t["n"], t.get("runs", 1)) if main else "—",
+            "acc A": round(t["acc_a"], 3), "95% CI A": _ci(t["ci_a"]), "acc B": round(t["acc_b"], 3),
+            "95% CI B": _ci(t["ci_b"]), "A-B": round(t["difference"], 3), "95% CI A-B": _ci(t["ci_difference"]),
+            "family-wise CI A-B": fam, "only A right": t.get("only_a_right"), "only B right": t.get("only_b_right"),
+            "test": t["test"], "p": _p(t["p"]), "design MDD": mdd, "MDD rule": rule,
+            "majority line": round(t["majority_acc"], 3), "flag": "none", "paper A-B": round(c.effect, 3),
+            PAPERS_NUMBER: c.effect_said, "control": "—", "control test": "—", "control n": None, "control A-B": None,
+            "control 95% CI": "—", "control p": None, "control status": "—", "baseline": "—", "baseline acc": None,
+            "A-baseline": None, "baseline p": None, "precondition": "not measured", "component check": "none",
+            "plan": plan_digest, "what it isolates": what}
+
+
+def majority_arm(truth: dict[str, int], items: Sequence[str]) -> dict[str, bool]:
+    """The no-model baseline: the majority label of `items` answered on every one of them."""
+    label = collections.Counter(truth[i] for i in items).most_common(1)[0][0] if items else 0
+    return {i: truth[i] == label for i in items}
+
+
+def plan_rows(claims, correct: dict[str, dict[str, bool]], truth: dict[str, int], *, plan_digest: str,
+              alpha: float = 0.05, power: float = 0.80, confidence: float = 0.95,
+              answers: dict[str, dict[str, Any]] | None = None, first_items: set[str] | None = None,
+              preconditions: dict[str, str] | None = None, components: dict[str, str] | None = None,
+              arm_names: dict[str, str] | None = None, what: dict[str, str] | None = None,
+              extra_baselines: dict[str, dict[str, bool]] | None = None,
+              family_sizes: dict[str, int] | None = None) -> list[dict[str, Any]]:
+    """Each planned claim (lib.evaluation.plan.PlannedClaim) whose arms ran, as rows of COLUMNS: its primary test (the
+    plan's unit, on its first n items: `first_items` holds them where a later run grew the claim), then its
+    secondary tests, each with the design's MDD. Beside the primary test: its control (the plan's pipeline arm,
+    tested against B with the same test on the same items: detected, not detected, or short of the paper's effect),
+    its baseline (the no-model arm, "majority" or an arm of `correct` / `extra_baselines`, tested against A with the
+    exact McNemar), the near-constant flag (`answers`), the precondition and component check (claim id -> text).
+    No answer is substituted and nothing is planted: every number is an arm's. `arm_names`: a plan arm name -> the
+    name this table's `correct` gives it. `family_sizes`: family -> its primary claims (m; the plan's
+    `family_sizes()`): a primary claim's family-wise interval is at 1 - alpha/m and its design MDD at alpha/m, Holm's
+    strictest threshold. Verdicts are not here: they need the family's correction (lib.compendium.findings)."""
+    answers, preconditions, components = answers or {}, preconditions or {}, components or {}
+    names = arm_names or {}
+    extra = extra_baselines or {}
+    rows: list[dict[str, Any]] = []
+    for c in claims:
+        a, b = names.get(c.a, c.a), names.get(c.b, c.b)
+        if a not in correct or b not in correct or a == b:
             continue
-        paper = published[0] if published and published[0] is not None else PaperEffect()
-        arm, k = control_at_effect(correct[o], correct[b], paper.value)
-        t = paired_accuracy_test(arm, {i: correct[b][i] for i in arm}, truth, confidence)
-        short = k == len(arm) and t["difference"] < paper.value - 1e-9
-        detected[claim] = bool(t["difference"] > 0 and t["p"] < 0.05) or (SHORT if short else False)
-        how = (f"{b}'s answers with {o}'s on all {len(arm)} {items}: the oracle falls short of the paper's effect"
-               if short else f"{b}'s answers with {o}'s on {k} of {len(arm)} {items}: the fewest that lift it by the "
-               f"paper's effect")
-        row = claim_row(f"control: {claim}", f"{o}_at_effect", b, t, how, paper=paper)
-        rows.append({**row, "role": "control", "control": "—",
-                     "verdict": "control detected" if detected[claim] is True else
-                                "oracle short of the effect" if detected[claim] == SHORT else "control not detected"})
-    return rows, detected
+        common = {i for i in correct[a] if i in correct[b]}
+        primary_items = (common & first_items) if (first_items and c.n < len(common)) else common
+        t = arm_test(c.unit, a, b, correct, truth, primary_items, confidence, c.runs)
+        m = (family_sizes or {}).get(c.family, 1) if c.role == "primary" else 1
+        level = family_confidence(alpha, m)
+        family_ci = arm_test(c.unit, a, b, correct, truth, primary_items, level, c.runs)["ci_difference"]
+        row = _arms_row(c, "primary" if c.role == "primary" else "secondary", a, b, t, c.unit,
+                        (what or {}).get(c.id, ""), plan_digest, alpha / m, power, family_ci=family_ci,
+                        family_level=level)
+        ids = [i for i in sorted(primary_items) if i in correct[a] and i in correct[b]]
+        row["flag"] = "; ".join(f for f in (constant_arm(a, answers.get(a), ids), constant_arm(b, answers.get(b), ids))
+                                if f) or "none"
+        ctl = names.get(c.control, c.control) if c.control else None
+        if ctl and ctl in correct:
+            unit = c.unit if len(cold_runs_of(ctl, list(correct))) > 1 else "items"
+            ct = arm_test(unit, ctl, b, correct, truth, primary_items, confidence, c.runs)
+            short = ct["ci_difference"][1] < c.effect
+            found = ct["difference"] > 0 and ct["p"] < alpha
+            row.update({"control": f"{ctl} vs {b}", "control test": ct["test"], "control n": ct["n"],
+                        "control A-B": round(ct["difference"], 3),
+                        "control 95% CI": _ci(ct["ci_difference"]), "control p": _p(ct["p"]),
+                        "control status": ("detected" if found else "not detected")
+                                          + (", short of the paper's effect" if short else "")})
+        elif c.control:
+            row["control"] = f"{ctl} did not run"
+        base = names.get(c.baseline, c.baseline) if c.baseline else None
+        if base:
+            arm = (majority_arm(truth, ids) if base == "majority" else extra.get(base) or correct.get(base))
+            if arm is not None:
+                bt = paired_accuracy_test({i: correct[a][i] for i in ids if i in arm},
+                                          {i: arm[i] for i in ids if i in arm}, truth, confidence)
+                row.update({"baseline": base, "baseline acc": round(bt["acc_b"], 3),
+                            "A-baseline": round(bt["difference"], 3), "baseline p": _p(bt["p"])})
+        row["precondition"] = preconditions.get(c.id, "not measured")
+        row["component check"] = components.get(c.id, "none")
+        rows.append(row)
+        for s in c.secondary:
+            items = common if s.n is None or s.n >= len(common) else (common & first_items if first_items else common)
+            st = arm_test(s.unit, a, b, correct, truth, items, confidence, s.runs)
+            sr = _arms_row(c, "secondary", a, b, st, s.unit, s.what, plan_digest, alpha, power, main=False)
+            sr["claim"] = f"{c.statement} [{s.what}]"
+            rows.append(sr)
+    return rows
+
+
+def table(rows: Sequence[dict[str, Any]]):
+    """The rows as a DataFrame in COLUMNS' order (a stage's claims.csv)."""
+    import pandas as pd
+    return pd.DataFrame(list(rows), columns=list(COLUMNS))

@@ -173,19 +173,28 @@ def laid_out(fig, title: str | None = None, **suptitle_kw):
     return fig
 
 
+def _interval(text) -> tuple[float, float]:
+    try:
+        lo, hi = (float(x) for x in str(text).strip("[]").split(","))
+        return lo, hi
+    except ValueError:
+        return float("nan"), float("nan")
+
+
 def claims_figure(csv_path: Path, xlabel: str, items: str, share_xlabel: str | None = None):
-    """Each claim of a claims.csv (claim, A, B, n, runs, acc and interval of each, the test and its p,
-    majority line) as two points with their intervals on one row (a row pooled over cold runs shows
-    the pooled accuracies with intervals over items). Rows that compare two shares rather than two
-    accuracies (claims.share_row: no majority line, e.g. the share of posts a gate routes) go on a panel
-    of their own below, on an axis labelled `share_xlabel`, so no share is read as an accuracy."""
+    """Each planned claim of a claims.csv (its primary test: lib.evaluation.claims.COLUMNS) as its two arms' accuracies
+    with their intervals on one row (over seeds or per-item means where the plan's unit says so), the majority line
+    where the row has one, and its positive control's arm as a green diamond (B's accuracy plus the control's
+    difference from B on the same items). Rows that compare two
+    shares rather than two accuracies (a gate's routing) go on a panel of their own below, on an axis labelled
+    `share_xlabel`, so no share is read as an accuracy."""
     import pandas as pd
     c = pd.read_csv(csv_path)
-    c = c[c["p"].notna()].reset_index(drop=True)
-    shares = c["majority line"].isna() if share_xlabel else pd.Series(False, index=c.index)
+    c = c[(c["role"] == "primary") & c["p"].notna()].reset_index(drop=True)
+    shares = (c["unit"] == "two shares") if share_xlabel else pd.Series(False, index=c.index)
     acc, sh = c[~shares].reset_index(drop=True), c[shares].reset_index(drop=True)
     if sh.empty:
-        fig, ax = subplots(figsize=(9, 0.75 * len(c) + 1.4))
+        fig, ax = subplots(figsize=(9, 0.75 * max(len(c), 1) + 1.4))
         _claim_rows(ax, acc, xlabel, items)
     else:
         fig, (ax, ax2) = subplots(2, 1, figsize=(9, 0.75 * len(c) + 2.4), height_ratios=[max(len(acc), 1), len(sh)])
@@ -200,11 +209,18 @@ def _claim_rows(ax, c, xlabel: str, items: str, legend: bool = True):
     for k, r in c.iterrows():
         y = len(c) - 1 - k
         for off, side, color in ((0.15, "A", "tab:blue"), (-0.15, "B", "tab:orange")):
-            lo, hi = (float(x) for x in r[f"95% CI {side}"].strip("[]").split(","))
-            ax.errorbar(r[f"acc {side}"], y + off, xerr=[[r[f"acc {side}"] - lo], [hi - r[f"acc {side}"]]], fmt="o",
-                        color=color, capsize=3, label=("A" if side == "A" else "B") if k == 0 else None)
+            lo, hi = _interval(r[f"95% CI {side}"])
+            v = r[f"acc {side}"]
+            err = [[v - lo], [hi - v]] if lo == lo else None
+            ax.errorbar(v, y + off, xerr=err, fmt="o", color=color, capsize=3,
+                        label=("A" if side == "A" else "B") if k == 0 else None)
             ax.text(1.02, y + off, r[side], va="center", fontsize=8, color=color, transform=ax.get_yaxis_transform())
-        if r["majority line"] == r["majority line"]:
+        ctl = r.get("control A-B")
+        if ctl == ctl and ctl is not None and r["acc B"] == r["acc B"]:
+            ax.plot(r["acc B"] + ctl, y, marker="D", color="tab:green", ls="none",
+                    label="control arm (B + its difference)" if not any(
+                        h.get_label().startswith("control arm") for h in ax.get_lines()) else None)
+        if r["majority line"] == r["majority line"] and r["majority line"] is not None:
             ax.plot([r["majority line"]] * 2, [y - 0.35, y + 0.35], color="grey", ls="--", lw=1,
                     label=f"majority line of these {items}" if k == 0 else None)
     ax.set_yticks(range(len(c)), [f"{r['claim']}\n(n={r['n']}" + (f" x {int(r['runs'])} runs" if r.get("runs", 1) > 1 else "")
@@ -220,7 +236,7 @@ def cold_runs_figure(cold_csv: Path, claims_csv: Path, items: str):
     with its bootstrap interval over items (bar), zero marked."""
     import pandas as pd
     cold, claims = pd.read_csv(cold_csv), pd.read_csv(claims_csv)
-    pooled = claims[claims["runs"] > 1].reset_index(drop=True)
+    pooled = claims[(claims["role"] == "primary") & (claims["runs"] > 1)].reset_index(drop=True)
     fig, ax = subplots(figsize=(8, 0.8 * max(1, len(pooled)) + 1.3))
     for k, r in pooled.iterrows():
         y = len(pooled) - 1 - k
@@ -240,25 +256,30 @@ def cold_runs_figure(cold_csv: Path, claims_csv: Path, items: str):
 
 
 def differences_figure(csv_path: Path, xlabel: str):
-    """Each row of a claims.csv as its difference A - B with the interval (squares: claims; circles: their
-    positive controls), the paper's effect as a diamond and the minimum detectable difference at 80% power
-    as a bar from zero, the verdict beside it: whether a null could have been seen, on one axis."""
+    """Each planned claim of a claims.csv (its primary test) as its difference A - B with the interval (squares), its
+    positive control's difference against the same B (green circles), the paper's effect as a diamond and the
+    design's minimum detectable difference at 80% power as a bar from zero: whether a null could have been seen, on
+    one axis. Verdicts need the family's correction: notebook 07 and the README give them."""
     import pandas as pd
     c = pd.read_csv(csv_path)
-    fig, ax = subplots(figsize=(9.5, 0.62 * len(c) + 1.5))
+    c = c[c["role"] == "primary"].reset_index(drop=True)
+    fig, ax = subplots(figsize=(9.5, 0.62 * max(len(c), 1) + 1.5))
     for k, r in c.iterrows():
         y = len(c) - 1 - k
-        control = r.get("role") == "control"
-        lo, hi = (float(x) for x in r["95% CI A-B"].strip("[]").split(","))
-        if pd.notna(r.get("MDD (80% power)")):
-            ax.plot([0, r["MDD (80% power)"]], [y - 0.22] * 2, color="tab:purple", lw=3, alpha=0.35,
-                    label="minimum detectable difference (80% power)" if k == 0 else None)
-        ax.errorbar(r["A-B"], y, xerr=[[r["A-B"] - lo], [hi - r["A-B"]]], fmt="o" if control else "s",
-                    color="tab:green" if control else "tab:blue", capsize=3)
+        lo, hi = _interval(r["95% CI A-B"])
+        if pd.notna(r.get("design MDD")):
+            ax.plot([0, r["design MDD"]], [y - 0.22] * 2, color="tab:purple", lw=3, alpha=0.35,
+                    label="design's minimum detectable difference (80% power)" if k == 0 else None)
+        ax.errorbar(r["A-B"], y, xerr=[[r["A-B"] - lo], [hi - r["A-B"]]], fmt="s", color="tab:blue", capsize=3,
+                    label="the claim: A - B" if k == 0 else None)
+        if pd.notna(r.get("control A-B")):
+            clo, chi = _interval(r.get("control 95% CI"))
+            ax.errorbar(r["control A-B"], y + 0.22, xerr=[[r["control A-B"] - clo], [chi - r["control A-B"]]] if clo == clo
+                        else None, fmt="o", color="tab:green", capsize=3,
+                        label="positive control (an oracle arm) - B" if k == 0 else None)
         if pd.notna(r.get("paper A-B")):
             ax.plot(r["paper A-B"], y, marker="D", color="tab:red", ms=5, ls="none",
                     label="the paper's effect" if k == 0 else None)
-        ax.text(1.01, y, str(r.get("verdict", "")), va="center", fontsize=7, transform=ax.get_yaxis_transform())
     ax.axvline(0, color="grey", lw=1, ls="--")
     ax.set_yticks(range(len(c)), [f"{r['claim']}\n{r['A']} vs {r['B']} (n={r['n']}, p={r['p']:.3g})"
                                   for _, r in c.iloc[::-1].iterrows()], fontsize=7)

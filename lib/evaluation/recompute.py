@@ -284,7 +284,7 @@ def _clip4dm(d: Path, root: Path) -> dict[str, Any]:
     nli = root / "models" / "memeworld-nli" / "training.json"
     if nli.exists() and "nli_heldout_acc" in read_json(nli).get("metrics", {}):
         m["nli_heldout_acc"] = read_json(nli)["metrics"]["nli_heldout_acc"]
-    if (d / "claims.csv").exists():       # the claims and their planted controls, from the same per-caption results
+    if (d / "claims.csv").exists():       # the claims and their oracle controls, from the same per-caption results
         tests = pd.read_csv(d / "claims.csv")["test"].astype(str)
         draws = re.search(r"\((\d+) resamples", tests.iloc[0]) if len(tests) else None
         m.update(c4claims.claim_metrics(c4claims.claim_table(d, resamples=int(draws.group(1)) if draws else
@@ -378,8 +378,18 @@ def _fewshot(d: Path, root: Path) -> dict[str, Any]:
     quality = pd.DataFrame([{"dataset": "fhm", "retriever": retriever,
                              **retrieval.retrieval_quality(ranked[:, :n], pool, queries)}
                             for n in sorted(set(settings["shots"]) | {knn_n})])
+    knns = {retriever: knn}                      # every retriever's exemplars' label vote: each claim's baseline
+    for r in settings["retrievers"][1:]:
+        f = _file(d) / f"exemplars_fhm_{r.replace('/', '_')}.json"
+        if f.exists():
+            rk = read_json(f)
+            qs = [sei.Meme(q, "", "", int(label[q]), type=mtype.get(q)) for q in rk]
+            knns[r] = rep.knn_predictions(np.array([[index[e] for e, _ in row] for row in rk.values()])[:, :knn_n],
+                                          pool, qs)
+    first = {p.id for p in by.get("zero_shot", [])} or None       # the memes the run first answered (the plan's n)
     claims, cold = rep.claim_frame({**by, "knn_vote": knn}, main, retriever, spread=True,
-                                   others=settings["retrievers"][1:], preconditions=retrieval_status(root))
+                                   others=settings["retrievers"][1:], preconditions=retrieval_status(root),
+                                   first_items=first, knn=knns)
     rows3 = rep.table3_rows(read_jsonl(_file(d) / "agent_outputs.jsonl"), settings["semsim_model"], bs)
     committed = read_json(_file(d) / "metrics.json")
     maj = max(np.mean([q.label for q in queries]), 1 - np.mean([q.label for q in queries]))
@@ -394,7 +404,8 @@ def _fewshot(d: Path, root: Path) -> dict[str, Any]:
             ad.setdefault(r["role"], {}).setdefault(r["setting"], []).append(
                 Prediction(**{k: v for k, v in r.items() if k not in ("model", "role")}))
         ad_claims = rep.claim_frame({**ad.get("model", {}), "knn_vote": knn}, main, retriever,
-                                    preconditions=retrieval_status(root), tag=rep.ADAPTED_MODERATOR_TAG)
+                                    preconditions=retrieval_status(root), tag=rep.ADAPTED_MODERATOR_TAG,
+                                    first_items=first, knn=knns)
         out.update(rep.adapted_metrics(ad, read_json(_file(d) / "adapted.json")["training"], ad_claims))
     return out
 

@@ -27,8 +27,9 @@ from lib.sei.agents import (AGENTS, LABEL_WORDS, AgentExample, AgentRecipe, agen
 from lib.compendium.artifacts import read_jsonl, require, stage_dir, write_bytes, write_json
 from lib.models.chat import ResponseCache, default_cache_path
 from lib.data.prep import load_prepared
-from lib.evaluation.metrics import interval_keys
-from lib.evaluation.claims import PaperEffect, claim_metric_keys, claim_tests, cold_run_metric_keys, positive_controls
+from lib.evaluation.metrics import interval_keys, run_spread
+from lib.evaluation import plan as analysis
+from lib.evaluation.claims import claim_metric_keys, cold_run_metric_keys, cold_runs_of, plan_rows, table
 from lib.compendium.params import is_paper
 from lib.sei.fewshot import Meme, Prediction, subgroup
 from lib.evaluation.textmetrics import pair_semsim, score_texts
@@ -390,30 +391,17 @@ def knn_result(ranked: np.ndarray, pool: Sequence[Meme], queries: Sequence[Meme]
     return {**sei.classification(knn_predictions(ranked, pool, queries)), "calls": 0}
 
 
-#: notebook 04's claims: (the paper's claim, setting A, setting B, what the comparison isolates[, the paper's
-#: effect]); "<main>" is the main setting (first retriever, 4 shots)
-FEWSHOT_CLAIMS = (
-    ("retrieved exemplars beat random ones", "<main>", "random_4",
-     "the same prompt and n, with exemplars chosen by image similarity or at random"),
-    ("exemplars beat none (zero-shot)", "<main>", "zero_shot",
-     "four retrieved exemplars against the same prompt with none"),
-    ("the exemplars' labels carry the signal", "<main>", "shuffled_labels_4",
-     "the same exemplars shown with their gold labels or labels redrawn at the base rate"),
-    ("the model adds to its exemplars' vote", "<main>", "knn_vote",
-     "the model's answer against the majority label of the same retrieved exemplars (no model)"),
-    ("the exemplars' explanations add to their labels", "<main>", "labels_only_4",
-     "the same exemplars and labels, shown with or without their silver explanations and interventions"),
-    ("four exemplars beat two", "<main>", "<retriever>/2", "the same retriever at n = 4 and n = 2",
-     PaperEffect(0.0214, "Table 2, InternVL3.5-8B on FHM, SigLIP exemplars: 73.55 (4-shot) vs 71.41 (2-shot)")),
-)   # the other claims have no published number (the paper runs no random, zero-shot or shuffled-label arm)
-
-#: every claim's positive control: (claim, the oracle setting, the claim's base arm[, the paper's effect]): the base
-#: arm's answers with those of the oracle retriever's setting (`exemplars: same_type`, informative neighbours by
-#: construction) on the fewest memes that reach the claim's paper effect (claims.positive_controls), "<retriever>"
-#: as in FEWSHOT_CLAIMS. The oracle is a model that uses what its exemplars show; against the shuffled labels, the
-#: knn vote, the labels without explanations or two exemplars it shows that the claim's test, at its n, sees a
-#: variant that beats that base arm by the paper's effect
-FEWSHOT_CONTROLS = tuple((claim, "same_type_4", b, *paper) for claim, _, b, _, *paper in FEWSHOT_CLAIMS)
+#: what each planned claim of notebook 04 (params/analysis/plan.yaml) isolates; the plan holds the arms ("<main>"-free
+#: names: the paper's retriever at 4 shots is memeworld-clip/4), units, n, controls and baselines
+FEWSHOT_WHAT = {
+    "retrieved_vs_random": "the same prompt and n, with exemplars chosen by image similarity or at random",
+    "zero_shot": "four retrieved exemplars against the same prompt with none",
+    "shuffled_labels": "the same exemplars shown with their gold labels or labels redrawn at the base rate",
+    "adds_to_vote": "the model's answer against the majority label of the same retrieved exemplars (no model)",
+    "explanations": "the same exemplars and labels, shown with or without their silver explanations and interventions",
+    "four_vs_two": "the same retriever at n = 4 and n = 2",
+    "text_retriever": "the same prompt and n, with exemplars chosen by image and meme-text similarity or at random",
+}
 
 
 #: what follows each claim's name in the adapted moderator's claims table (notebook 04, claims_adapted.csv)
@@ -428,37 +416,51 @@ def prediction_correct(preds: Sequence[Prediction]) -> dict[str, bool]:
 
 def claim_frame(preds: dict[str, Sequence[Prediction]], main_name: str, retriever: str,
                 confidence: float = 0.95, spread: bool = False, others: Sequence[str] = (),
-                preconditions: dict[str, bool] | None = None, tag: str = ""):
-    """One row per claim in FEWSHOT_CLAIMS whose two settings ran (`preds`: setting name ->
-    predictions, the knn vote included): both accuracies with Wilson intervals on the memes both
-    answered, the difference with its bootstrap interval, the exact McNemar test on the discordant
-    memes, and those memes' majority line; a claim whose settings have cold runs (`<name>_run<k>`)
-    gets a second row pooled over the runs, clustered by meme (metrics.claim_tests). Same columns as
-    notebook 05's claims.csv. `spread`: also return the per-run rows (cold_runs.csv). `others`: further
-    retrievers (a named option beside the paper's), each with the first claim retested on its exemplars
-    at the main setting's n. `preconditions`: retriever -> whether its exemplars are informative neighbours
-    (lib.evaluation.preconditions.retrieval_status; absent: not measured), read by every claim on its exemplars.
-    `tag`: follows every claim's name (the adapted moderator's table: " (adapted moderator)"), as notebook 05's."""
+                preconditions: dict[str, bool] | None = None, tag: str = "", plan=None,
+                first_items: Sequence[str] | None = None, knn: dict[str, Sequence[Prediction]] | None = None):
+    """Notebook 04's claims table: each claim the analysis plan (params/analysis/plan.yaml) gives this table (the
+    adapted moderator's when `tag` is ADAPTED_MODERATOR_TAG), tested with its unit's test on its first n memes
+    (`first_items`: the memes the run first answered, before the evaluation set grew; the grown set is the plan's
+    second look) by lib.evaluation.claims.plan_rows: its control is the same-type exemplars' setting against the
+    claim's B arm, its baseline the majority label of the claim's own exemplars (the kNN vote of its retriever:
+    `knn`, retriever -> predictions; "knn_vote" in `preds` is the main retriever's). `preds`: setting name ->
+    predictions. `preconditions`: retriever -> whether its exemplars are informative neighbours. `spread`: also
+    return the per-run rows (cold_runs.csv). `others` is kept for the callers; the plan names the retrievers."""
     import pandas as pd
+    plan = plan or analysis.load()
+    table_name = "claims_adapted.csv" if tag == ADAPTED_MODERATOR_TAG else "claims.csv"
     truth = {p.id: p.gold for v in preds.values() for p in v}
-
-    def fill(x: str) -> str:
-        return x.replace("<main>", main_name).replace("<retriever>", retriever)
-    first, _, base, what, *paper = FEWSHOT_CLAIMS[0]
-    n_main = main_name.rsplit("/", 1)[-1]
-    claims = [(claim + tag, fill(a), fill(b), what, *paper) for claim, a, b, what, *paper in FEWSHOT_CLAIMS]
-    claims += [(f"{first} ({r}){tag}", f"{r}/{n_main}", base, f"{what}; exemplars by {r}", *paper) for r in others]
     answers = {k: {p.id: p.label for p in v} for k, v in preds.items()}
     correct = {k: prediction_correct(v) for k, v in preds.items()}
-    control_rows, detected = positive_controls(
-        [(c + tag, fill(o), fill(b), *paper) for c, o, b, *paper in FEWSHOT_CONTROLS], correct, truth, confidence,
-        items="memes")
-    detected.update({f"{first} ({r}){tag}": detected[first + tag] for r in others if first + tag in detected})
-    pre = {c[0]: (preconditions or {}).get(retriever) for c in claims[:len(FEWSHOT_CLAIMS)]}
-    pre.update({f"{first} ({r}){tag}": (preconditions or {}).get(r) for r in others})
-    rows, runs = claim_tests(claims, correct, truth, confidence, answers, controls=detected,
-                             preconditions={k: v for k, v in pre.items() if v is not None})
-    return (pd.DataFrame(control_rows + rows), pd.DataFrame(runs)) if spread else pd.DataFrame(control_rows + rows)
+    knn_correct = {r: prediction_correct(v) for r, v in (knn or {}).items()}
+    first = set(first_items) if first_items is not None else None
+    rows = []
+    for c in plan.of("04_few_shot", table_name):
+        base = c.a.rsplit("/", 1)[0]
+        status = (preconditions or {}).get(base)
+        pre = {c.id: "met" if status else "not met"} if status is not None else {}
+        extra = {"knn_vote": knn_correct[base]} if base in knn_correct and base != retriever else None
+        names = {"memeworld-clip/4": main_name} if c.a == "memeworld-clip/4" else {}
+        rows += plan_rows([c], correct, truth, plan_digest=plan.digest, alpha=plan.alpha, power=plan.power,
+                          family_sizes=plan.family_sizes(),
+                          confidence=confidence, answers=answers, first_items=first, preconditions=pre,
+                          arm_names=names, extra_baselines=extra,
+                          what={c.id: FEWSHOT_WHAT.get(c.id.split(".")[1], "")})
+    claims = table(rows)
+    if not spread:
+        return claims
+    runs = []
+    for r in rows:
+        if r["role"] == "primary" and r["runs"] and int(r["runs"]) > 1:
+            ra, rb = cold_runs_of(r["A"], list(correct)), cold_runs_of(r["B"], list(correct))
+            k = min(len(ra), len(rb))
+            ids = set.intersection(*(set(correct[x]) for x in (*ra[:k], *rb[:k])))
+            if first is not None:
+                ids &= first
+            runs += [{"claim": r["claim"], "A": r["A"], "B": r["B"], **x}
+                     for x in run_spread([{i: correct[x][i] for i in ids} for x in ra[:k]],
+                                         [{i: correct[x][i] for i in ids} for x in rb[:k]], truth, confidence)]
+    return claims, pd.DataFrame(runs)
 
 
 def claim_metrics(claims) -> dict[str, Any]:

@@ -7,11 +7,9 @@ TRACE JSON, on which the default model trains exactly as on the real captions.
   them (the no-caption variant removes both).
 - `cue`, the positive control: the first caption column of every meme says what MemeWorld's generator knows
   of it (its `final_reason`: the interplay of text and picture, which the image encoder cannot read). Captions
-  then carry information by construction. The control's arm is sized where 04's and 05's oracle controls are,
-  on the test's own arms (lib.evaluation.claims.control_at_effect: the base arm with the cue model's answers
-  on the fewest memes that give the paper's effect), so its effect is the paper's, not a larger one. (A cue on
-  only a share of the memes, sized from validation accuracy, failed twice: the model leaned on the cue and
-  lost the memes without it, and the share could not buy the effect where test accuracy exceeds validation.)
+  then carry information by construction. The control is that whole arm of the pipeline (the default model
+  trained on the cue source, on every seed), tested against each claim's B arm with the claim's own test on the
+  claim's memes: it says whether this pipeline can carry what captions say at all. Nothing is substituted.
 
     src = derive_source(trace_json, out_dir / "trace_captions_cue.json", "cue", columns, accounts=accounts,
                         share=1.0)
@@ -26,7 +24,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from lib.compendium.artifacts import write_json
-from lib.evaluation.claims import claim_tests, positive_controls
+from lib.evaluation import plan as analysis
+from lib.evaluation.claims import cold_runs_of, plan_rows, table
 from lib.trace.report import TraceRuns, seed_replicates
 from lib.trace.runs import load_trace_data, subsample
 
@@ -96,25 +95,19 @@ def derived_runs(stage: TraceRuns, source: str | Path, tag: str) -> TraceRuns:
 
 
 # ----------------------------------------------------------------------------- notebook 02's claims table
-#: (claim, A, B, what it isolates): TRACE's claims on FHM's test_seen, the default model against the run that
-#: removes one ingredient. The TRACE paper reports no such ablation on FHM: each is held to the default effect
-TRACE_CLAIMS = (
-    ("captions help", "cls+rel", "image_text_only",
-     "the default model against the same model without captions (image and meme text: no caption, no selection)"),
-    ("what the captions say helps (selection kept)", "cls+rel", "shuffled",
-     "the default model on its captions against the same model on another meme's captions: candidates, "
-     "relevance scorer and Gumbel selection kept"),
-    ("the relevance loss beats the contrastive one", "cls+rel", "cls+con",
-     "the same model and captions, trained with the caption-relevance or the contrastive auxiliary loss"),
-)
-#: each claim's positive control: the default model on the cue source (captions that state the true cue), its
-#: answers on the fewest memes that give the paper's effect against the claim's base arm. The loss claim's
-#: control shows that the same test, on the same memes against the contrastive arm, detects that effect
-TRACE_CONTROLS = (("captions help", "cue", "image_text_only"),
-                  ("what the captions say helps (selection kept)", "cue", "shuffled"),
-                  ("the relevance loss beats the contrastive one", "cue", "cls+con"))
+#: what each planned claim (params/analysis/plan.yaml, stage 02_finetuning) isolates
+TRACE_WHAT = {
+    "trace.captions_help": "the default model against the same model without captions (image and meme text: no "
+                           "caption, no selection)",
+    "trace.caption_content": "the default model on its captions against the same model on another meme's captions: "
+                             "candidates, relevance scorer and Gumbel selection kept",
+    "trace.relevance_loss": "the same model and captions, trained with the caption-relevance or the contrastive "
+                            "auxiliary loss",
+    "trace.interplay_captions": "the default model with the interplay captioner's candidates against the same model "
+                                "without captions",
+}
 #: the claims whose mechanism is the captions themselves (lib.trace.probe's precondition applies to them)
-CAPTION_CLAIMS = ("captions help", "what the captions say helps (selection kept)")
+CAPTION_CLAIMS = ("trace.captions_help", "trace.caption_content")
 
 
 def run_correct(result: dict[str, Any], split: str = "test_seen") -> dict[str, bool]:
@@ -125,15 +118,6 @@ def run_correct(result: dict[str, Any], split: str = "test_seen") -> dict[str, b
 def option_variant(default: str, option: str) -> str:
     """The run name of the default model with a caption option's candidates ("cls+rel (interplay captions)")."""
     return f"{default} ({option} captions)"
-
-
-def option_claims(options: Sequence[str], default: str = "cls+rel") -> tuple[tuple, tuple]:
-    """(claims, controls) of the caption options: each option's captions against the model without captions,
-    the claim "captions help" with the option's candidates; its positive control is the caption claim's."""
-    claims = tuple((f"{o} captions help", option_variant(default, o), "image_text_only",
-                    f"the default model with the {o} option's candidates against the same model without captions")
-                   for o in options)
-    return claims, tuple((c[0], "cue", "image_text_only") for c in claims)
 
 
 def option_runs(stage: TraceRuns, options: dict[str, Sequence[str]], default: tuple[str, dict[str, Any], str],
@@ -169,30 +153,72 @@ def _default_and_seeds(runs: TraceRuns, name: str, default: tuple[str, dict[str,
 
 
 def claim_frame(runs: dict[str, dict[str, Any]], seeds: dict[str, Sequence[dict[str, Any]]] | None = None,
-                split: str = "test_seen", confidence: float = 0.95, captions_precondition: bool | None = None,
-                options: dict[str, bool | None] | None = None):
-    """Notebook 02's claims table (the columns of 04's and 05's): each claim of TRACE_CLAIMS whose two runs exist,
-    on the memes of `split`, exact McNemar on the first seed and, where both arms have further seeds (`seeds`:
-    variant -> its replicate runs, in seed order), a row pooled over the seeds both have, clustered by meme;
-    the positive controls' rows first (TRACE_CONTROLS); `captions_precondition`: whether the run's captions carry
-    what the encoder cannot read (lib.trace.probe; None: not measured), for the caption claims. Returns (claims,
-    per-seed rows). `options`: caption option -> whether its captions carry what the encoder cannot read (the
-    option's runs are in `runs` and `seeds` under option_variant's name; each adds option_claims' claim)."""
+                split: str = "test_seen", confidence: float = 0.95, captions_precondition: str | None = None,
+                options: dict[str, str | None] | None = None, components: dict[str, str] | None = None,
+                plan=None):
+    """Notebook 02's claims table: each claim the analysis plan (params/analysis/plan.yaml) gives notebook 02, on
+    the memes of `split` (lib.evaluation.claims.plan_rows): decided on the seeds (a paired t over the per-seed
+    accuracy differences: the trained models are the unit), the first seed's McNemar and the items pooled over the
+    seeds beside it; its control is the cue arm (the default model on captions that state the true cue, every seed)
+    against the claim's B arm, its baseline the caption-only model (a classifier on the captions alone).
+    `seeds`: variant -> its replicate runs, in seed order. `captions_precondition`, `options` (caption option ->
+    its precondition) and `components` (claim id -> the component check): text for their columns. Returns
+    (claims, per-seed rows)."""
     import pandas as pd
-    options = options or {}
-    opt_claims, opt_controls = option_claims(list(options))
+    plan = plan or analysis.load()
     correct = {name: run_correct(r, split) for name, r in runs.items()}
     for variant, reps in (seeds or {}).items():
         correct.update({f"{variant}_run{k}": run_correct(r, split) for k, r in enumerate(reps, 1)})
     truth = {str(p["id"]): int(p["label"]) for r in runs.values() for p in r["eval"]["predictions"] if p["split"] == split}
-    control_rows, detected = positive_controls(TRACE_CONTROLS + opt_controls, correct, truth, confidence, items="memes")
-    pre = {claim: captions_precondition for claim in CAPTION_CLAIMS}
-    pre.update({c[0]: met for c, met in zip(opt_claims, options.values())})
-    rows, per_seed = claim_tests(TRACE_CLAIMS + opt_claims, correct, truth, confidence, controls=detected,
-                                 preconditions=pre)
-    for r in rows:                                   # the replicates here are training seeds, not cold runs
-        r["claim"] = r["claim"].replace("cold runs pooled", "seeds pooled")
-    return pd.DataFrame(control_rows + rows), pd.DataFrame(per_seed)
+    pre = {cid: captions_precondition for cid in CAPTION_CLAIMS if captions_precondition}
+    for name, status in (options or {}).items():
+        if status:
+            pre[f"trace.{name}_captions"] = status
+    rows = plan_rows(plan.of("02_finetuning", "claims.csv"), correct, truth, plan_digest=plan.digest, alpha=plan.alpha,
+                     family_sizes=plan.family_sizes(),
+                     power=plan.power, confidence=confidence, preconditions=pre, components=components or {},
+                     what=TRACE_WHAT)
+    per_seed = [{"claim": r["claim"], "A": r["A"], "B": r["B"], "seed": k, "difference": d}
+                for r, t in _per_seed(rows, correct) for k, d in enumerate(t)]
+    return table(rows), pd.DataFrame(per_seed)
+
+
+def precondition_text(probe_m: dict[str, Any], name: str = "captions") -> str | None:
+    """A caption claim's precondition column: whether the source's captions carry what the frozen encoder cannot
+    read (lib.trace.probe: the label accuracy a linear probe gains from them, with its interval; "met" needs the
+    whole interval above 0). None where the probe did not run."""
+    k = f"probe_{name}_label"
+    if f"{k}_ci_low" not in probe_m:
+        return None
+    met = probe_m[f"{k}_ci_low"] > 0
+    return (f"{'met' if met else 'not met'}: a linear probe gains {probe_m[f'{k}_gain']:+.3f} "
+            f"[{probe_m[f'{k}_ci_low']:+.3f}, {probe_m[f'{k}_ci_high']:+.3f}] from them")
+
+
+def component_checks(captioning_metrics: dict[str, Any]) -> dict[str, str]:
+    """Claim id -> its component check: the interplay captioner's caption states the meme's label (notebook 01's
+    isolated check), so its claim reads the captioner's capacity, not TRACE's mechanism."""
+    m = captioning_metrics
+    if "interplay_label_acc" not in m:
+        return {}
+    return {"trace.interplay_captions": f"capacity check: the captioner's caption implies the label on "
+                                        f"{m['interplay_label_acc']:.3f} of {int(m['interplay_check_n'])} memes "
+                                        f"(notebook 01): the caption states the answer"}
+
+
+def _per_seed(rows, correct):
+    """(primary row, its per-seed accuracy differences) for the seed-level rows (the spread a single seed draws from)."""
+    out = []
+    for r in rows:
+        if r["role"] != "primary" or not str(r["test"]).startswith("paired t over"):
+            continue
+        names = list(correct)
+        ra, rb = cold_runs_of(r["A"], names), cold_runs_of(r["B"], names)
+        k = min(len(ra), len(rb))
+        ids = [i for i in correct[r["A"]] if all(i in correct[x] for x in (*ra[:k], *rb[:k]))]
+        out.append((r, [sum(correct[x][i] for i in ids) / len(ids) - sum(correct[y][i] for i in ids) / len(ids)
+                        for x, y in zip(ra[:k], rb[:k])]))
+    return out
 
 
 def control_runs(stage: TraceRuns, src: str | Path, out_dir: str | Path, default: tuple[str, dict[str, Any], str],
