@@ -119,3 +119,35 @@ def test_the_full_shape_clip_stand_ins_have_the_checkpoints_shapes(tmp_path):
     cfg = CLIPConfig.from_pretrained(clip_full_shape(tmp_path / "b32", "B/32"))
     assert (cfg.vision_config.hidden_size, cfg.vision_config.num_hidden_layers, cfg.vision_config.patch_size) == (768, 12, 32)
     assert (cfg.text_config.hidden_size, cfg.projection_dim) == (512, 512) and set(CLIP_SHAPES) == {"B/32", "L/14", "H/14"}
+
+
+def test_the_optimizer_step_is_a_floor_under_every_batch_size(paligemma_3b):
+    """Weights, gradients, Adam's two moments and the multi-tensor Adam's one weights-sized temporary: 10 bytes
+    per parameter in bf16, about 27 GiB for PaliGemma-3B. With fused attention, the answer's logits alone and
+    checkpointing the forward/backward peak is under it at batch 2 to 8, so the estimate is the step's."""
+    from lib.models.train_memory import optimizer_bytes
+    sdpa = replace(paligemma_3b, eager_attention=False)
+    floor = optimizer_bytes(sdpa)["total"]
+    assert floor == pytest.approx(10 * sdpa.params) and 26.5 < floor / GIB < 27.5
+    for batch in (2, 4, 8):
+        est = step_bytes(sdpa, batch, 1536, gradient_checkpointing=True, logit_tokens=64)
+        assert est["forward_backward"] < est["optimizer_step"] == est["total"] == floor
+    fused, loop = optimizer_bytes(sdpa, "fused")["total"], optimizer_bytes(sdpa, "for-loop")["total"]
+    assert fused == pytest.approx(8 * sdpa.params) and fused < loop < floor       # one tensor's copy, not all
+    assert loop - fused == pytest.approx(2 * sdpa.vocab * sdpa.decoder.hidden)      # the token embedding's
+    with pytest.raises(ValueError, match="expected one of"):
+        optimizer_bytes(sdpa, "lion")
+
+
+def test_accumulated_gradients_live_through_the_next_forward(paligemma_3b):
+    one = step_bytes(paligemma_3b, 2, 1536, grad_accum=1)
+    two = step_bytes(paligemma_3b, 2, 1536, grad_accum=4)
+    assert two["forward_backward"] - one["forward_backward"] == pytest.approx(2 * paligemma_3b.params)
+    assert one["accumulated_gradients"] == 0
+
+
+def test_a_refusal_names_the_optimizer_step_when_it_is_the_peak(paligemma_3b):
+    sdpa = replace(paligemma_3b, eager_attention=False)
+    with pytest.raises(RecipeMemoryError) as e:                  # a 24 GB card: the step cannot fit at any batch
+        check_fits(sdpa, 8, 1, 1536, 22.5 * GIB, gradient_checkpointing=True, logit_tokens=64)
+    assert "optimizer step 27." in str(e.value) and "no batch size fits" in str(e.value)

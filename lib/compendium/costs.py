@@ -265,8 +265,10 @@ def cost_rows(profile: str = "paper", a: Assumptions | None = None) -> list[Row]
                     f"{', gradient checkpointing' if ckpt else ''}{', logits of the answers only' if logit_tok else ''}"
                     f"{', eager attention' if shape.eager_attention else ', fused (SDPA) attention'}",
                     train_seconds(pg, train_tok, a) / 3600, tr["total"] / GIB, 24.0, "estimated",
-                    f"weights + Adam {tr['states'] / GIB:.1f} GiB, activations {tr['activations'] / GIB:.1f}, "
-                    f"logits {tr['logits'] / GIB:.1f} (lib.models.train_memory; train_agent refuses a recipe that does not fit): "
+                    f"the larger of the forward/backward peak {tr['forward_backward'] / GIB:.1f} GiB (weights + Adam "
+                    f"{tr['states'] / GIB:.1f}, activations {tr['activations'] / GIB:.1f}, logits {tr['logits'] / GIB:.1f}) "
+                    f"and the optimizer step's {tr['optimizer_step'] / GIB:.1f} (weights, gradients, Adam's moments and "
+                    f"the multi-tensor Adam's temporary; lib.models.train_memory; train_agent refuses a recipe that does not fit): "
                     f"train before any vLLM server starts"
                     + (f"; a 48 GB GPU: batch_size {smaller[0]['batch_size']}, grad_accum {smaller[0]['grad_accum']}"
                        f"{', gradient checkpointing' if smaller[0]['gradient_checkpointing'] else ''} "

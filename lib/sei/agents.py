@@ -111,9 +111,18 @@ class AgentRecipe:
     attn_implementation: str = "sdpa"  # fused attention (torch's SDPA: flash / memory-efficient kernels on a
                                      #   GPU) instead of eager's s x s scores per head; "eager" or
                                      #   "flash_attention_2" where a model needs them; "auto": the library's default
-    answer_logits_only: bool = False  # the same loss from the logits of the answer span alone: PaliGemma's
-                                     #   257k-vocabulary logits over all 1,536 positions (and their float32
-                                     #   copy) are most of a batch's memory; off: the model's own loss
+    answer_logits_only: bool = False  # the same loss from the logits of the answer tokens alone, in chunks of
+                                     #   `loss_chunk` positions, each chunk's float32 logits recomputed in the
+                                     #   backward pass instead of kept: PaliGemma's 257k-vocabulary logits over
+                                     #   all 1,536 positions (and their float32 copies) are most of a batch's
+                                     #   memory; off: the model's own loss
+    loss_chunk: int = 1024           # answer positions per chunk of the answer-only loss
+    float32_master_weights: bool = False  # not the paper's recipe: it updates bfloat16 weights in place, and an
+                                     #   Adam step under half a bfloat16 unit of a weight (lr 2e-5 on any weight
+                                     #   above about 8e-3) is rounded away; true keeps float32 weights (and Adam
+                                     #   state) that train under `mixed_precision`, saved in `dtype`. The
+                                     #   training record's `update_share` says what share of the weights a step
+                                     #   changed either way. Memory: 16 bytes per parameter instead of 8
     seed: int = 0
     threads: int = 2
     prompt_dir: str = "params/prompts/sei/agents"
@@ -273,6 +282,17 @@ def encode_example(proc, img, prompt: str, target: str, max_len: int) -> dict[st
             "_answer_kept": sum(t != -100 for t in labels)}
 
 
+#: what `_collate` adds for `answer_loss`, all computed on the CPU so that the loss needs no host synchronisation:
+#: the (row, position) of every position that predicts an answer token, its target, and their number
+ANSWER_KEYS = ("_answer_rows", "_answer_cols", "_answer_targets", "_answer_count")
+
+
+def _answer_index(lab: "torch.Tensor") -> dict[str, Any]:
+    rows, cols = (lab[:, 1:] != -100).nonzero(as_tuple=True)      # position p predicts the token at p + 1
+    return {"_answer_rows": rows, "_answer_cols": cols, "_answer_targets": lab[rows, cols + 1],
+            "_answer_count": int(rows.numel())}
+
+
 def _collate(batch: list[dict[str, Any]], pad_id: int):
     n = max(len(b["input_ids"]) for b in batch)
     ids = torch.full((len(batch), n), pad_id, dtype=torch.long)
@@ -294,6 +314,7 @@ def _collate(batch: list[dict[str, Any]], pad_id: int):
             out[key] = torch.stack([b[key] for b in batch])
     if "_id" in batch[0]:
         out["_ids"] = [b["_id"] for b in batch]      # which examples: named when a step's loss is not finite
+    out.update(_answer_index(lab))
     return out
 
 
@@ -302,8 +323,9 @@ def agent_key(base_digest: Any, recipe: AgentRecipe, train: Sequence[AgentExampl
     """What a trained agent is read back under: its base's weights, the parts of the recipe that change the weights
     it trains, its examples and prompt, and the code that trains it (TRAINING_CODE)."""
     rec_json = {k: v for k, v in asdict(recipe).items()             # what changes the weights a recipe trains
-                if k not in ("threads", "prompt_dir", "gradient_checkpointing", "answer_logits_only", "attn_implementation")
-                and not (k == "drop_cut_answers" and not v)}
+                if k not in ("threads", "prompt_dir", "gradient_checkpointing", "answer_logits_only", "attn_implementation",
+                             "loss_chunk")
+                and not (k in ("drop_cut_answers", "float32_master_weights") and not v)}
     return hashlib.sha256(json.dumps({"base": base_digest, "recipe": rec_json, "code": code_of(*TRAINING_CODE),
                                       "data": examples_digest(train, template)}, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -320,7 +342,8 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
     if recipe.max_train and len(train) > recipe.max_train:
         rng = random.Random(recipe.seed)
         train = sorted(rng.sample(train, recipe.max_train), key=lambda e: e.id)
-    model, proc, src = _load_base(recipe.base, recipe.dtype, recipe.attn_implementation)
+    model, proc, src = _load_base(recipe.base, "float32" if recipe.float32_master_weights else recipe.dtype,
+                                  recipe.attn_implementation)
     base_digest = folder_identity(src)
     key = agent_key(base_digest, recipe, train, template)
     rec_path = out_dir / "training.json"
@@ -353,17 +376,22 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
         earliest = min(next(k for k, t in enumerate(x["labels"]) if t != -100) for x in encoded)
         estimate = check_recipe_memory(model, recipe, longest,   # answer logits: at most from the earliest answer on
                                        logit_tokens=longest - earliest + 1 if recipe.answer_logits_only else None)
+    from accelerate.utils import DataLoaderConfiguration
     acc = new_accelerator(mixed_precision=recipe.mixed_precision, gradient_accumulation_steps=recipe.grad_accum,
-                          cpu=device == "cpu")
+                          cpu=device == "cpu", dataloader_config=DataLoaderConfiguration(non_blocking=device == "cuda"))
     g = torch.Generator().manual_seed(recipe.seed)
     loader = torch.utils.data.DataLoader(encoded, batch_size=recipe.batch_size, shuffle=True, generator=g,
-                                         collate_fn=lambda b: _collate(b, tok.pad_token_id or 0))
+                                         collate_fn=lambda b: _collate(b, tok.pad_token_id or 0),
+                                         pin_memory=device == "cuda")   # pinned: the copy to the GPU does not block
     opt = torch.optim.Adam(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
     steps = recipe.epochs * max(1, len(loader) // recipe.grad_accum)
     warm = int(recipe.warmup_share * steps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    head = model.get_output_embeddings()
     model, opt, loader, sched = acc.prepare(model, opt, loader, sched)
-    curve, t0 = [], time.time()
+    probe = UpdateProbe(acc.unwrap_model(model), seed=recipe.seed)
+    syncs = recipe.epochs * math.ceil(len(loader) / recipe.grad_accum)     # optimizer steps that update the weights
+    curve, t0, done = [], time.time(), 0
     bar = tqdm(total=recipe.epochs * len(loader), desc=f"fine-tune {agent}", disable=not progress)
     for epoch in range(recipe.epochs):
         model.train()
@@ -371,12 +399,20 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
         pending: list[tuple[int, list[str], Any]] = []   # losses stay on the device: one host sync per 16 steps
         for step, batch in enumerate(loader, 1):
             ids = batch.pop("_ids")
+            answer = {k: batch.pop(k) for k in ANSWER_KEYS}
             with acc.accumulate(model):
-                loss = answer_loss(model, batch) if recipe.answer_logits_only else model(**batch).loss
+                loss = (answer_loss(model, batch, answer, head, acc.autocast, recipe.loss_chunk)
+                        if recipe.answer_logits_only else model(**batch).loss)
                 acc.backward(loss)
+                measured = acc.sync_gradients and (done == 0 or done == syncs - 1)   # the first and last update
                 if acc.sync_gradients:
                     acc.clip_grad_norm_(model.parameters(), 1.0)
+                    done += 1
+                if measured:
+                    probe.before()
                 opt.step()
+                if measured:
+                    probe.after()
                 sched.step()
                 opt.zero_grad(set_to_none=True)
             pending.append((step, ids, loss.detach()))
@@ -398,29 +434,117 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
               "n_answer_cut": cut["whole"], "n_answer_shortened": cut["part"],
               "gradient_checkpointing": checkpointing,
               "attn_implementation": getattr(model.config, "_attn_implementation", None), "curve": curve,
-              "memory_estimate_gib": round(estimate["total"] / 2 ** 30, 2) if estimate else None, "train_s": time.time() - t0}
+              "memory_estimate_gib": round(estimate["total"] / 2 ** 30, 2) if estimate else None,
+              "update_share": probe.shares(), "train_s": time.time() - t0}
     if acc.is_main_process:
-        save_model(acc.unwrap_model(model), proc, out_dir, record)
+        trained = acc.unwrap_model(model)
+        if recipe.float32_master_weights:                 # trained in float32, served in the recipe's dtype
+            trained = trained.to(torch_dtype(recipe.dtype))
+        save_model(trained, proc, out_dir, record)
+        del trained
     acc.wait_for_everyone()
+    release_training(acc, model)
+    del model, opt, loader, sched, head, probe
+    empty_device_cache()
     return {**record, "cached": False}
 
 
-def answer_loss(model, batch: dict[str, Any]) -> "torch.Tensor":
-    """The causal-LM loss on the answer tokens (mean cross-entropy over labels != -100, in float32), computing
-    logits only for the positions that predict them: batches are right-padded, so the last
-    `n - earliest answer position + 1` positions hold every answer of the batch (`logits_to_keep`). The same
-    value and gradients as the model's own loss, without the vocabulary-wide logits of the prompt."""
-    labels = batch["labels"]
-    n = labels.shape[1]
-    has = labels != -100
-    rows = has.any(dim=1)
-    first = int(has[rows].float().argmax(dim=1).min()) if bool(rows.any()) else n - 1
-    keep = n - first + 1
-    out = model(**{k: v for k, v in batch.items() if k != "labels"}, logits_to_keep=keep)
-    logits = out.logits[:, :-1].float()
-    target = labels[:, n - keep + 1:]
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                                             ignore_index=-100)
+def release_training(acc, model) -> None:
+    """Drop what keeps a trained model alive after its training: accelerate's lists of prepared objects, and
+    the forward it bound to the model itself for mixed precision (a bound method of the model stored on the
+    model: a reference cycle only the garbage collector would break, holding the weights, and through the
+    optimizer the gradients and Adam's state, until it ran). Then collect, so that the memory is free when
+    `train_agent` returns: a second agent trained in the same process gets the whole device."""
+    import gc
+    for m in {id(x): x for x in (model, acc.unwrap_model(model, keep_fp32_wrapper=False))}.values():
+        m.__dict__.pop("forward", None)
+        m.__dict__.pop("_original_forward", None)
+    acc.free_memory()
+    gc.collect()
+
+
+def empty_device_cache() -> None:
+    """Return the caching allocator's unused blocks to the device (a no-op without CUDA)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+class UpdateProbe:
+    """The share of weights one optimizer step changes, measured on a fixed random sample of each weight tensor
+    (`sample` elements, or all of a smaller one) copied before the step and compared after it. In bfloat16 a step
+    under half a unit in the last place of a weight is rounded away: at the paper's lr of 2e-5 that is any weight
+    above about 8e-3 in magnitude (2^-7), so most of a trained model's weights do not move."""
+
+    def __init__(self, model, sample: int = 4096, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.index = [(torch.arange(p.numel()) if p.numel() <= sample else
+                       torch.randint(0, p.numel(), (sample,), generator=g)).to(p.device) for p in self.params]
+        self.before_values: list["torch.Tensor"] = []
+        self.measured: list[dict[str, float]] = []
+
+    def before(self) -> None:
+        self.before_values = [p.detach().reshape(-1)[i].clone() for p, i in zip(self.params, self.index)]
+
+    def after(self) -> None:
+        changed = torch.stack([(p.detach().reshape(-1)[i] != b).sum() for p, i, b in
+                               zip(self.params, self.index, self.before_values)]).sum()
+        n = sum(int(i.numel()) for i in self.index)
+        self.measured.append({"changed": changed, "sampled": n})  # a device tensor: read once, at the end
+        self.before_values = []
+
+    def shares(self) -> dict[str, Any]:
+        """{"first_step": share, "last_step": share, "sampled": n, "dtype": the weights' dtype}."""
+        if not self.measured:
+            return {}
+        vals = [float(m["changed"]) / m["sampled"] for m in self.measured]
+        return {"first_step": round(vals[0], 6), "last_step": round(vals[-1], 6), "sampled": self.measured[0]["sampled"],
+                "dtype": str(self.params[0].dtype).removeprefix("torch.") if self.params else None}
+
+
+def answer_loss(model, batch: dict[str, Any], answer: dict[str, Any], head, autocast, chunk: int = 1024
+                ) -> "torch.Tensor":
+    """The causal-LM loss on the answer tokens (mean cross-entropy over labels != -100, in float32) without the
+    vocabulary-wide logits: the model runs with a hook on its output layer (`head`) that keeps the final hidden
+    states and lets the layer compute one position; the answer positions (`answer`: `_collate`'s indices,
+    computed on the CPU, so nothing here waits on the device) are gathered and the output layer, the float32
+    upcast and the cross-entropy run on `chunk` of them at a time, each chunk recomputed in the backward pass
+    rather than kept (torch.utils.checkpoint). `autocast`: the accelerator's autocast context, so the chunks
+    compute as the model's own output layer would. The same value and gradients as the model's own loss."""
+    kept: list[Any] = []
+
+    def keep_hidden(_module, args):
+        kept.append(args[0])
+        return (args[0][:, -1:],)             # the model's own logits: one position, unused
+
+    hook = head.register_forward_pre_hook(keep_hidden)
+    try:
+        model(**{k: v for k, v in batch.items() if k != "labels"})
+    finally:
+        hook.remove()
+    hidden = kept[0][answer["_answer_rows"], answer["_answer_cols"]]
+    cap = _softcap(model)
+    targets = answer["_answer_targets"]
+
+    def chunk_loss(h, t):
+        with autocast():
+            logits = head(h)
+        logits = logits.float()
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+        return torch.nn.functional.cross_entropy(logits, t, reduction="sum")
+
+    from torch.utils.checkpoint import checkpoint
+    total = sum(checkpoint(chunk_loss, hidden[i:i + chunk], targets[i:i + chunk], use_reentrant=False)
+                for i in range(0, answer["_answer_count"], chunk))
+    return total / max(1, answer["_answer_count"])
+
+
+def _softcap(model) -> float | None:
+    """The final logit soft-capping of Gemma-2 decoders (PaliGemma 2), applied after the output layer."""
+    cfg = getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)
+    text = getattr(cfg, "text_config", None) or cfg
+    return getattr(text, "final_logit_softcapping", None)
 
 
 def answers_in_reach(encoded: list[dict[str, Any]], agent: str, recipe: AgentRecipe
@@ -457,7 +581,9 @@ def check_recipe_memory(model, recipe: AgentRecipe, seq_len: int, free_bytes: fl
 
 
 def gpu_free_bytes() -> float:
-    return float(torch.cuda.mem_get_info()[0])
+    """Free memory of the current CUDA device, the caching allocator's unused blocks included."""
+    from lib.models.train_memory import free_bytes
+    return free_bytes()
 
 
 #: steps between host synchronisations of the training loss (each reads the pending losses at once)

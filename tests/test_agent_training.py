@@ -1,0 +1,116 @@
+"""What a training step of a task agent keeps, computes and leaves behind, on tiny same-architecture models on the
+CPU (the paper's PaliGemma recipe: bfloat16 weights, Adam at lr 2e-5, the answer-only loss)."""
+import contextlib
+import weakref
+
+import numpy as np
+import pytest
+import torch
+
+from lib.sei import agents as A
+from lib.sei.agents import (ANSWER_KEYS, AgentRecipe, _collate, answer_loss, build_agent_data, encode_example,
+                            render_prompt, train_agent)
+
+TPL = "explain why {label} {ocr}"
+
+
+def _data(tmp_path):
+    from test_sei import _records
+    memes, cap, hat, sense = _records(tmp_path)
+    return build_agent_data(cap, hat, sense, memes)["explainer"]
+
+
+def _batch(base, tmp_path, dtype="float32"):
+    from PIL import Image
+    model, proc, _ = A._load_base(str(base), dtype, "sdpa")
+    enc = []
+    for e in [e for e in _data(tmp_path) if e.split == "train"][:4]:
+        with Image.open(e.img_path) as im:
+            enc.append(encode_example(proc, im.convert("RGB"), render_prompt(TPL, e.inputs), e.target, 256))
+    batch = _collate(enc, 0)
+    return model, batch, {k: batch.pop(k) for k in ANSWER_KEYS}
+
+
+def _host_syncs(fn) -> int:
+    """How many times `fn` reads a tensor's value back to Python or sizes a result by its data (the operations
+    that make the host wait for a GPU): counted by torch's dispatcher, so it works on the CPU."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    waits = {"_local_scalar_dense", "nonzero", "masked_select", "item", "unique_consecutive", "_unique2"}
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__.split(".")[0]
+            masks = name in ("index", "index_put", "index_put_") and any(
+                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] if len(args) > 1 else []) or [])
+            if name in waits or masks:                  # a boolean mask sizes its result by the data too
+                Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.n
+
+
+def test_the_answer_only_loss_adds_no_host_synchronisation_to_the_models_step(tiny_paligemma, tmp_path):
+    """Forward and backward of the answer-only loss wait on the device no more often than the model's own loss
+    does (whatever the model itself does, e.g. checking its image tokens): the answer positions come from the
+    collate function, on the CPU."""
+    model, batch, answer = _batch(tiny_paligemma, tmp_path)
+    model.train()
+    own = _host_syncs(lambda: model(**batch).loss.backward())
+    mine = _host_syncs(lambda: answer_loss(model, batch, answer, model.get_output_embeddings(),
+                                           contextlib.nullcontext, chunk=3).backward())
+    assert mine <= own
+
+
+def test_the_collate_function_indexes_every_answer_token(tiny_paligemma, tmp_path):
+    _, batch, answer = _batch(tiny_paligemma, tmp_path)
+    lab = batch["labels"]
+    got = sorted(zip(answer["_answer_rows"].tolist(), (answer["_answer_cols"] + 1).tolist()))
+    assert got == sorted(map(tuple, (lab != -100).nonzero().tolist()))
+    assert answer["_answer_targets"].tolist() == [lab[r, c].item() for r, c in got]
+
+
+def test_train_agent_leaves_nothing_of_its_model_alive(tiny_paligemma, tmp_path, monkeypatch):
+    """In bf16 mixed precision (accelerate binds a forward of the model to the model itself): once train_agent
+    returns, nothing holds the trained model, so its weights, gradients and Adam state are free for the next
+    agent (this test calls no garbage collection itself)."""
+    refs = []
+    load = A._load_base
+
+    def watched(*a, **k):
+        m, p, s = load(*a, **k)
+        refs.append(weakref.ref(m))
+        return m, p, s
+
+    monkeypatch.setattr(A, "_load_base", watched)
+    rec = train_agent(_data(tmp_path), tmp_path / "agent", AgentRecipe(
+        base=str(tiny_paligemma), epochs=1, lr=1e-3, batch_size=4, threads=1, dtype="bfloat16", mixed_precision="bf16",
+        answer_logits_only=True), TPL, progress=False)
+    assert np.isfinite(rec["curve"][0]["loss"]) and len(refs) == 1
+    assert refs[0]() is None
+
+
+def test_bfloat16_weights_lose_most_of_an_adam_step_at_the_papers_lr_and_float32_master_weights_keep_it(
+        tiny_paligemma, tmp_path):
+    """The paper's recipe (bfloat16 weights, Adam, lr 2e-5): a step under half a bfloat16 unit of a weight is
+    rounded away, so the first update changes a small share of the weights; the `float32_master_weights` option
+    changes every weight whose gradient is not zero (the float32 recipe's share), and saves the agent in bfloat16."""
+    import json
+    shares = {}
+    for name, kw in {"paper": {}, "master": {"float32_master_weights": True},
+                     "float32": {"dtype": "float32", "mixed_precision": "no"}}.items():
+        rec = train_agent(_data(tmp_path), tmp_path / name, AgentRecipe(
+            base=str(tiny_paligemma), epochs=1, lr=2e-5, batch_size=4, threads=1, **{
+                "dtype": "bfloat16", "mixed_precision": "bf16", **kw}), TPL, progress=False)
+        shares[name] = rec["update_share"]
+        assert shares[name]["sampled"] > 1000 and 0 <= shares[name]["first_step"] <= 1
+    assert shares["paper"]["dtype"] == "bfloat16" and shares["master"]["dtype"] == "float32"
+    assert shares["master"]["first_step"] == pytest.approx(shares["float32"]["first_step"], abs=0.01)
+    assert shares["paper"]["first_step"] < 0.5 * shares["master"]["first_step"]
+    assert json.loads((tmp_path / "master" / "config.json").read_text())["dtype"] == "bfloat16"
+    other = A.agent_key("b", AgentRecipe(float32_master_weights=True), [], TPL)
+    assert other != A.agent_key("b", AgentRecipe(), [], TPL)                          # another agent
+    assert A.agent_key("b", AgentRecipe(loss_chunk=7), [], TPL) == A.agent_key("b", AgentRecipe(), [], TPL)
