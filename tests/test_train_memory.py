@@ -90,9 +90,11 @@ def test_the_measurement_runs_at_toy_shape_and_reports_every_setting(tmp_path):
     for r in rec["runs"]:
         # the MFU here divides by a matmul rate measured in the same process: on a loaded machine either can be slowed,
         # so only its sign holds everywhere
-        assert r["s_per_example"] > 0 and 1024 < r["tokens_per_example"] <= 1536 and 0 < r["mfu"] < float("inf")
+        assert r["s_per_example"] > 0 and 1024 < r["tokens_per_example"] <= 1536
+        assert r["mfu"] is None and 0 < r["mfu_vs_measured_matmul"] < float("inf")   # a CPU has no datasheet peak
+        assert r["update_share"]["sampled"] > 0
     table = measure.markdown({"agent_training": rec})
-    assert table.count("\n| 2 |") == 2 and "MFU" in table
+    assert table.count("\n| 2 |") == 2 and "MFU (datasheet peak)" in table and "measured matmul rate" in table
     with pytest.raises(RuntimeError, match="needs a visible CUDA GPU"):
         measure.measure_agent(toy=False)
     c = json.loads(path.read_text())["clip4dm"]                  # CLIP4DM from files against its floor, same record
@@ -151,3 +153,21 @@ def test_a_refusal_names_the_optimizer_step_when_it_is_the_peak(paligemma_3b):
     with pytest.raises(RecipeMemoryError) as e:                  # a 24 GB card: the step cannot fit at any batch
         check_fits(sdpa, 8, 1, 1536, 22.5 * GIB, gradient_checkpointing=True, logit_tokens=64)
     assert "optimizer step 27." in str(e.value) and "no batch size fits" in str(e.value)
+
+
+def test_model_flops_utilisation_is_counted_against_the_datasheet_peak(paligemma_3b):
+    """The conventional MFU: 6 x parameters x tokens plus attention, against the GPU's dense bf16 peak by name."""
+    from lib.compendium.measure import datasheet_tflops, markdown, training_flops
+    assert datasheet_tflops("NVIDIA H100 80GB HBM3") == 989.4 and datasheet_tflops("NVIDIA H100 PCIe") == 756.0
+    assert datasheet_tflops("NVIDIA A100-SXM4-80GB") == 312.0 and datasheet_tflops("NVIDIA A10") == 125.0
+    assert datasheet_tflops("NVIDIA L40S") == 362.1 and datasheet_tflops("NVIDIA L4") == 121.0
+    assert datasheet_tflops("NVIDIA A10G") is None and datasheet_tflops("Some GPU") is None
+    t = 1450
+    d = paligemma_3b.decoder
+    assert training_flops(paligemma_3b, t) == pytest.approx(6 * paligemma_3b.params * t + 12 * d.layers * d.hidden * t * t)
+    # the record committed before this column: its "mfu" was against the measured matmul rate, so it lands there
+    old = {"what": "x", "device": "H100", "torch": "2", "cuda": "13", "matmul_tflops": 700.0,
+           "runs": [{"batch_size": 2, "gradient_checkpointing": False, "peak_gib": 37.2, "estimate_gib": 36.0,
+                     "s_per_example": 0.54, "mfu": 0.06}]}
+    row = markdown({"agent_training": old}).splitlines()[-1]
+    assert row.endswith("| — | 6.0% |")

@@ -6,9 +6,12 @@ For each batch size and gradient-checkpointing setting it trains a random PaliGe
 (`lib.models.smoke.paligemma(full_shape=True)`) through `lib.sei.agents.train_agent`, the paper
 profile's recipe otherwise, for two short epochs on memes whose prompts fill about `max_len` tokens, and
 records the peak GPU memory, the seconds per example of the second epoch (the first pays for warm-up),
-`lib.models.train_memory`'s estimate beside the peak, and the model-FLOPs utilisation: 6 x parameters x tokens
-per example (forward and backward; a checkpointing recompute is not counted) against the GPU's bf16
-matrix rate measured here by a large matrix product. A setting `train_agent` refuses (it cannot fit) is a
+`lib.models.train_memory`'s estimate beside the peak, and the model-FLOPs utilisation the conventional way:
+6 x parameters x tokens per example plus the decoder's attention (12 x layers x hidden x tokens^2; forward and
+backward, a checkpointing recompute not counted) against the GPU's dense bf16 peak from its datasheet
+(`DATASHEET_BF16_TFLOPS`; none for a GPU the table does not know). Beside it, labelled, the same FLOPs against
+the bf16 matrix rate measured here by a large matrix product, which reads higher (a GPU reaches about two
+thirds of its datasheet rate on a plain matrix product). A setting `train_agent` refuses (it cannot fit) is a
 row that says so. `toy=True` runs the same code at the tiny shape on the CPU (what the tests do): the
 numbers then check the plumbing, not a GPU.
 
@@ -43,6 +46,28 @@ from lib.trace.training import Trainer
 from lib.trace.features import FeatureCache, MemeBatchData
 from lib.trace.runs import lowest_layer, split_rows
 from lib.models.train_memory import GIB, RecipeMemoryError
+
+
+#: dense (no sparsity) bf16 Tensor Core peaks in TFLOP/s from NVIDIA's datasheets, matched in this order against
+#: `torch.cuda.get_device_name()` (the first key the name contains; None: a GPU whose peak is not listed here)
+DATASHEET_BF16_TFLOPS: tuple[tuple[str, float | None], ...] = (
+    ("H100 NVL", 835.0), ("H100 PCIe", 756.0), ("H100", 989.4), ("H200", 989.4), ("B200", 2250.0), ("A100", 312.0),
+    ("A10G", None), ("A10", 125.0), ("L40S", 362.1), ("L4", 121.0))
+
+
+def datasheet_tflops(device_name: str) -> float | None:
+    """The dense bf16 peak of a GPU by its name (DATASHEET_BF16_TFLOPS), None when the table does not know it."""
+    for key, peak in DATASHEET_BF16_TFLOPS:
+        if key.lower() in device_name.lower():
+            return peak
+    return None
+
+
+def training_flops(shape, tokens: float) -> float:
+    """FLOPs of one training example (forward and backward): 6 x parameters x tokens plus the decoder's attention
+    scores and weighted sums, 12 x layers x hidden x tokens^2 (the usual model-FLOPs count; no recompute)."""
+    d = shape.decoder
+    return 6 * shape.params * tokens + 12 * d.layers * d.hidden * tokens ** 2
 
 
 def matmul_tflops(device: str, size: int = 8192, repeats: int = 20) -> float:
@@ -93,9 +118,12 @@ def measure_agent(batch_sizes: Sequence[int] = (2, 4, 8), checkpointing: Sequenc
     try:
         base = smoke_models.paligemma(root / "base", full_shape=not toy, device=device)
         from transformers import AutoConfig, AutoModelForImageTextToText
-        with torch.device("meta"):                      # the parameter count without loading the weights
-            params = float(sum(t.numel() for t in
-                               AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(base)).parameters()))
+        from lib.models.train_memory import shape_of
+        with torch.device("meta"):                      # the shape without loading the weights
+            shape = shape_of(AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(base)))
+        params = shape.params
+        name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (toy shape)"
+        peak = datasheet_tflops(name) if device == "cuda" else None
         rate = matmul_tflops(device, size=8192 if device == "cuda" else 256, repeats=20 if device == "cuda" else 3)
         max_len = int(section.get("max_len", 1536)) if not toy else 1536
         words = 80 if not toy else 60                 # about 1,450 and 1,360 tokens with the image's 1,024
@@ -122,13 +150,15 @@ def measure_agent(batch_sizes: Sequence[int] = (2, 4, 8), checkpointing: Sequenc
                 row.update({"peak_gib": round(torch.cuda.max_memory_allocated() / GIB, 2) if device == "cuda" else None,
                             "estimate_gib": rec.get("memory_estimate_gib"), "s_per_example": round(s_per, 4),
                             "tokens_per_example": tokens,
-                            "mfu": round(6 * params * tokens / s_per / (rate * 1e12), 4)})
+                            "mfu": round(training_flops(shape, tokens) / s_per / (peak * 1e12), 4) if peak else None,
+                            "mfu_vs_measured_matmul": round(training_flops(shape, tokens) / s_per / (rate * 1e12), 4),
+                            "update_share": rec.get("update_share")})
                 rows.append(row)
-        name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (toy shape)"
         return {"what": "the paper profile's agent recipe through lib.sei.agents.train_agent, random weights of "
                         + ("a tiny PaliGemma (toy)" if toy else "PaliGemma-3B-448's shape"),
                 "device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
-                "parameters": params, "matmul_tflops": float(f"{rate:.4g}"), "max_len": max_len, "runs": rows}
+                "parameters": params, "datasheet_bf16_tflops": peak, "matmul_tflops": float(f"{rate:.4g}"),
+                "max_len": max_len, "runs": rows}
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -272,13 +302,21 @@ def markdown(rec: dict[str, Any]) -> str:
 
 
 def _agent_markdown(a: dict[str, Any]) -> list[str]:
-    out = [f"Agent training, {a['what']}, on {a['device']} (torch {a['torch']}, CUDA {a['cuda']}; bf16 matrix rate "
-           f"{a['matmul_tflops']:.0f} TFLOP/s measured):", "",
-           "| batch | checkpointing | peak GiB | estimate GiB | s per example | MFU |", "|---|---|---|---|---|---|"]
+    peak = a.get("datasheet_bf16_tflops")
+    out = [f"Agent training, {a['what']}, on {a['device']} (torch {a['torch']}, CUDA {a['cuda']}; datasheet dense bf16 "
+           f"peak {f'{peak:.0f} TFLOP/s' if peak else 'not known'}, bf16 matrix rate {a['matmul_tflops']:.0f} TFLOP/s "
+           "measured here):", "",
+           "| batch | checkpointing | peak GiB | estimate GiB | s per example | MFU (datasheet peak) | "
+           "FLOPs / measured matmul rate |", "|---|---|---|---|---|---|---|"]
     for r in a["runs"]:
         if "refused" in r:
-            out.append(f"| {r['batch_size']} | {r['gradient_checkpointing']} | refused: does not fit | | | |")
+            out.append(f"| {r['batch_size']} | {r['gradient_checkpointing']} | refused: does not fit | | | | |")
         else:
+            if "mfu_vs_measured_matmul" in r:
+                mfu, vs = r["mfu"], r["mfu_vs_measured_matmul"]
+            else:                           # a record from before the datasheet column: its "mfu" was the second
+                mfu, vs = None, r.get("mfu")
             out.append(f"| {r['batch_size']} | {r['gradient_checkpointing']} | {r['peak_gib']} | {r['estimate_gib']} | "
-                       f"{r['s_per_example']:.3f} | {100 * r['mfu']:.1f}% |")
+                       f"{r['s_per_example']:.3f} | {f'{100 * mfu:.1f}%' if mfu is not None else '—'} | "
+                       f"{f'{100 * vs:.1f}%' if vs is not None else '—'} |")
     return out
