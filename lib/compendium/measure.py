@@ -138,6 +138,7 @@ def measure_agent(batch_sizes: Sequence[int] = (2, 4, 8), checkpointing: Sequenc
                 if device == "cuda":
                     torch.cuda.empty_cache()
                     torch.cuda.reset_peak_memory_stats()
+                held = torch.cuda.memory_allocated() if device == "cuda" else 0
                 try:
                     rec = train_agent(long_examples(root / "memes", 2 * b, words), root / f"agent_b{b}_{int(ckpt)}", recipe,
                                       "explain why {label} {ocr}", progress=progress, force=True)
@@ -152,7 +153,10 @@ def measure_agent(batch_sizes: Sequence[int] = (2, 4, 8), checkpointing: Sequenc
                             "tokens_per_example": tokens,
                             "mfu": round(training_flops(shape, tokens) / s_per / (peak * 1e12), 4) if peak else None,
                             "mfu_vs_measured_matmul": round(training_flops(shape, tokens) / s_per / (rate * 1e12), 4),
-                            "update_share": rec.get("update_share")})
+                            "update_share": rec.get("update_share"),
+                            # what the device still holds once train_agent has returned (its model, gradients and
+                            # Adam state should be gone)
+                            "left_gib": round((torch.cuda.memory_allocated() - held) / GIB, 3) if device == "cuda" else None})
                 rows.append(row)
         return {"what": "the paper profile's agent recipe through lib.sei.agents.train_agent, random weights of "
                         + ("a tiny PaliGemma (toy)" if toy else "PaliGemma-3B-448's shape"),
