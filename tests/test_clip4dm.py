@@ -500,6 +500,25 @@ def test_attribute_pairs_with_loader_threads_equals_the_inline_path(model, tmp_p
     assert a == b
 
 
+def test_attribute_pairs_streams_images_and_gives_what_embedding_every_image_first_gives(model, tmp_path):
+    """The images are embedded as the pairs first need them (the loader decoding ahead while the model attributes),
+    in the same image batches and pair chunks as embedding them all first: the same words, scores and cosines."""
+    import torch
+    from lib.clip4dm.runs import attribute_pairs, embed_image_files
+    paths = _files(tmp_path, 7, seed=5)
+    pairs = [(paths[(3 * i) % 7], CAPTIONS[i % 4]) for i in range(15)]        # images shared, out of order
+    got = attribute_pairs(model, pairs, tmp_path / "s.jsonl", batch_size=4, progress=False, workers=2)
+    emb = embed_image_files(model, [p for p, _ in pairs], batch_size=4, workers=0)
+    for s in range(0, len(pairs), 4):
+        chunk = pairs[s:s + 4]
+        scores, offsets, sims, texts = model.token_scores(None, [c for _, c in chunk],
+                                                         image_embeds=torch.stack([emb[p] for p, _ in chunk]))
+        for row, t, sc, of, c in zip(got[s:s + 4], texts, scores, offsets, sims):
+            want = model._words(t, sc, of, float(c))
+            assert row["cos"] == float(c)
+            assert row["word_attributions"] == [list(x) for x in want["all_word_attributions"]]
+
+
 def test_the_loader_defaults_to_no_threads_on_a_cpu_and_reports_its_ratio(model, tmp_path):
     from lib.clip4dm.runs import loader_ratio
     from lib.models.encoders.loading import default_loader_workers, image_batches

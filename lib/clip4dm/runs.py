@@ -174,11 +174,12 @@ def embed_image_files(model: "CLIP4DM", paths: Sequence[str], batch_size: int = 
 
 def loader_ratio(model: "CLIP4DM", image_paths: Sequence[str], captions: Sequence[str], batch_size: int = 32,
                  workers: int | None = None, repeats: int = 3) -> dict[str, Any]:
-    """How close attribution from image files comes to the model's own speed: pairs per second from the
-    files (decode, preprocess, embed, attribute, assemble words: what `attribute_pairs` does, one image per
-    pair) against the floor on the same pairs with the pixels already prepared (embed, attribute, assemble),
-    timed in alternation, best of `repeats`. On a GPU the loader's threads should bring the ratio near 1;
-    on a CPU both share the same cores."""
+    """How close attribution from image files comes to the model's own speed: pairs per second through
+    `attribute_pairs` itself (the production path: decode and preprocess on the loader's threads, embed,
+    attribute, assemble words, write the cache's lines; a fresh cache each time) against the floor on the same
+    pairs with the pixels already prepared (embed, attribute, assemble), timed in alternation, best of
+    `repeats`. On a GPU the loader's threads should bring the ratio near 1; on a CPU both share the same cores."""
+    import tempfile
     import torch
     if len(image_paths) != len(captions):
         raise ValueError(f"loader_ratio: {len(image_paths)} images but {len(captions)} captions")
@@ -194,8 +195,14 @@ def loader_ratio(model: "CLIP4DM", image_paths: Sequence[str], captions: Sequenc
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 
+    runs = iter(range(10 ** 6))
+
     def from_files():
-        attribute(model.image_embeddings(pix) for _, pix in encoder_image_batches(model.encoder, image_paths, batch_size, w))
+        with tempfile.TemporaryDirectory(prefix="clip4dm-ratio-") as tmp:
+            attribute_pairs(model, list(zip(image_paths, captions)), Path(tmp) / f"run{next(runs)}.jsonl",
+                            batch_size=batch_size, progress=False, workers=w)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
 
     def floor():
         attribute(model.image_embeddings(pix) for pix in ready)
@@ -239,13 +246,28 @@ def attribute_pairs(model: CLIP4DM, pairs: Sequence[tuple[str, str]], cache_path
     keys = [key(p) for p in pairs]
     todo = list(dict.fromkeys(k for k in keys if k not in done))
     by_key = {k: p for k, p in zip(keys, pairs)}
-    # each image is embedded once, however many captions it has (FOIL-style benchmarks score 2-4)
-    emb = embed_image_files(model, [by_key[k][0] for k in todo], batch_size, workers, progress, f"{desc}: images")
+    # each image is embedded once, however many captions it has (FOIL-style benchmarks score 2-4), as the pairs
+    # first need it: the loader's threads decode and preprocess the next images while the model attributes the
+    # pairs whose images are ready (the same image batches and pair chunks as embedding every image first, so
+    # the same numbers), and an embedding is dropped after its last pair
+    images = list(dict.fromkeys(by_key[k][0] for k in todo))
+    batches = encoder_image_batches(model.encoder, images, batch_size, workers) if images else iter(())
+    last_use = {by_key[k][0]: i for i, k in enumerate(todo)}
+    emb: dict[str, Any] = {}
+
+    def embedded(paths: list[str]) -> None:
+        while any(p not in emb for p in paths):
+            part, pix = next(batches)
+            emb.update(zip(part, model.image_embeddings(pix)))
     with open(cache_path, "a", encoding="utf-8") as f:
         for s in tqdm(range(0, len(todo), batch_size), desc=desc, disable=not progress or not todo):
             chunk = todo[s:s + batch_size]
+            embedded([by_key[k][0] for k in chunk])
             scores, offsets, sims, texts = model.token_scores(None, [by_key[k][1] for k in chunk],
                                                              image_embeds=torch.stack([emb[by_key[k][0]] for k in chunk]))
+            for k in chunk:
+                if last_use[by_key[k][0]] < s + batch_size:
+                    emb.pop(by_key[k][0], None)
             lines = []
             for k, t, sc, of, c in zip(chunk, texts, scores, offsets, sims):
                 r = model._words(t, sc, of, float(c))
