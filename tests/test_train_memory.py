@@ -105,8 +105,12 @@ def test_the_measurement_runs_at_toy_shape_and_reports_every_setting(tmp_path):
     t = json.loads(path.read_text())["trace"]                     # TRACE's feature cache and one epoch
     assert t["memes"] == 24 and t["train_memes"] > 0 and t["cache_memes_per_s"] > 0 and t["epoch_s_per_1000_train"] > 0
     assert "TRACE" in both and "memes/s" in both
+    g = json.loads(path.read_text())["generation"]               # captioning, silver texts, NLI, few-shot via vLLM
+    assert {k for k, v in g["parts"].items() if v.get("items_per_s", 0) > 0} == {"captioning", "silver", "nli"}
+    assert "--vllm-url" in g["parts"]["few_shot"]["skipped"] and g["commit"] and g["parts"]["silver"]["items"] == 4
+    assert "| silver |" in both and "| few_shot |" in both
     again = measure.measure(toy=True, out_dir=tmp_path, only=("clip4dm",))   # one part again: the rest is kept
-    assert again == path and set(json.loads(path.read_text())) == {"agent_training", "clip4dm", "trace"}
+    assert again == path and set(json.loads(path.read_text())) == {"agent_training", "clip4dm", "trace", "generation"}
     with pytest.raises(RuntimeError, match="no GPU is visible"):
         measure.measure_trace(toy=False)
     with pytest.raises(RuntimeError, match="no GPU is visible"):
@@ -171,3 +175,18 @@ def test_model_flops_utilisation_is_counted_against_the_datasheet_peak(paligemma
                      "s_per_example": 0.54, "mfu": 0.06}]}
     row = markdown({"agent_training": old}).splitlines()[-1]
     assert row.endswith("| — | 6.0% |")
+
+
+def test_the_few_shot_measurement_times_calls_to_a_served_model(tmp_path):
+    """The few-shot part's client against a loopback OpenAI-compatible server (what a vLLM server on the GPU is)."""
+    from lib.compendium import measure
+    from lib.models.chat import loopback
+    srv = loopback.start()
+    try:
+        rec = measure.measure_generation(parts=("few_shot",), toy=True, work=tmp_path,
+                                         vllm_url=f"http://127.0.0.1:{srv.server_address[1]}/v1", vllm_model="served")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    fs = rec["parts"]["few_shot"]
+    assert fs["items"] == 4 and fs["items_per_s"] > 0 and "served by vLLM" in fs["what"]

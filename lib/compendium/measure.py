@@ -264,11 +264,150 @@ def measure_trace(shape: str = "L/14", n: int = 2000, toy: bool = False, work: P
             tmp.cleanup()
 
 
+#: InternVL3.5-8B's sizes (InternViT-300M; the Qwen3-8B decoder), applied to the stand-in's configuration (whose small
+#: tokenizer keeps the vocabulary head small: the decoding rate is the layers')
+INTERNVL_8B = {"vision": dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16),
+               "text": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                            num_key_value_heads=8, head_dim=128)}
+#: facebook/bart-large-mnli's sizes
+BART_LARGE = dict(d_model=1024, encoder_layers=12, decoder_layers=12, encoder_attention_heads=16,
+                  decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096, max_position_embeddings=1024)
+GENERATION_PARTS = ("captioning", "silver", "nli", "few_shot")
+
+
+def _commit() -> str | None:
+    import subprocess
+    try:
+        r = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() or None
+
+
+def _generate_rate(chat, paths: Sequence[str], prompt: str, max_new_tokens: int) -> float:
+    """Conversations per second of one image and a prompt each, generated `chat.batch_size` at a time."""
+    import torch
+    from lib.models.chat import GenParams, image, text, user
+    convs = [[user(image(str(p)), text(prompt))] for p in paths]
+    t0 = time.perf_counter()
+    chat.generate_many(convs, GenParams(temperature=0.0, max_new_tokens=max_new_tokens), progress=False)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return len(convs) / (time.perf_counter() - t0)
+
+
+def measure_generation(parts: Sequence[str] = GENERATION_PARTS, toy: bool = False, n: int = 64,
+                       work: Path | None = None, vllm_url: str | None = None, vllm_model: str | None = None
+                       ) -> dict[str, Any]:
+    """The GPU stages that generate or score rather than train, on the visible GPU with random weights of the
+    paper's shapes: notebook 01's captioner (InternVL3.5-8B's layers through the HF chat backend, batch 16, 60 new
+    tokens, 1000-px memes), notebook 04's silver texts (a PaliGemma-3B agent, batch 16, `agent_max_new_tokens`),
+    SeeTRUE's NLI (BART-large-MNLI's shape, batch 32) and the few-shot calls through a vLLM server on this GPU
+    (`vllm_url`: one started with docs/models-and-serving.md's flags; without it that part says so). Items per
+    second and peak memory each. `toy`: the tiny stand-ins on the CPU, a few items (the tests' plumbing check)."""
+    import torch
+    from transformers import AutoConfig, AutoProcessor
+    from lib.models.chat import Chat
+    from lib.models.chat.hf import HFChatBackend
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and not toy:
+        raise RuntimeError("measure_generation: no GPU is visible; toy=True runs the tiny shapes on the CPU")
+    n = 4 if toy else n
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    tmp = tempfile.TemporaryDirectory(prefix="measure-gen-") if work is None else None
+    root = Path(tmp.name) if tmp is not None else Path(work)
+    out: dict[str, Any] = {}
+    section = load_profile("paper")["04_few_shot"]
+    try:
+        paths = memes_on_disk(root / "memes", n, size=(1000, 1000) if not toy else (64, 64), seed=3)
+
+        def peak() -> float | None:
+            return round(torch.cuda.max_memory_allocated() / GIB, 2) if device == "cuda" else None
+
+        def reset() -> None:
+            if device == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+        if "captioning" in parts:
+            reset()
+            from transformers import InternVLForConditionalGeneration
+            d = smoke_models.internvl(root / "internvl")
+            cfg = AutoConfig.from_pretrained(d)
+            if not toy:
+                for k, v in INTERNVL_8B["vision"].items():
+                    setattr(cfg.vision_config, k, v)
+                for k, v in INTERNVL_8B["text"].items():
+                    setattr(cfg.text_config, k, v)
+            with torch.device(device):
+                model = InternVLForConditionalGeneration(cfg).to(dtype).eval()
+            chat = Chat(HFChatBackend(str(d), model=model, processor=AutoProcessor.from_pretrained(d), device=device),
+                        None, batch_size=16)
+            rate = _generate_rate(chat, paths, "Describe this meme's picture in one sentence.", 60)
+            out["captioning"] = {"what": "InternVL3.5-8B's layers (random bf16 weights, the stand-in's small vocabulary), "
+                                         "HF chat backend, batch 16, 60 new tokens, 1000-px memes",
+                                 "items": n, "items_per_s": round(rate, 3), "peak_gib": peak()}
+            del chat, model
+        if "silver" in parts:
+            reset()
+            d = smoke_models.paligemma(root / "paligemma", full_shape=not toy, device=device)
+            chat = Chat(HFChatBackend(str(d), dtype="bfloat16" if device == "cuda" else "float32", device=device),
+                        None, batch_size=16)
+            new = int(section.get("agent_max_new_tokens", 100))
+            rate = _generate_rate(chat, paths, "explain why this meme is hateful", new if not toy else 8)
+            out["silver"] = {"what": f"a PaliGemma-3B-448 agent (random bf16 weights), batch 16, {new} new tokens",
+                             "items": n, "items_per_s": round(rate, 3), "peak_gib": peak()}
+            del chat
+        if "nli" in parts:
+            reset()
+            from transformers import AutoTokenizer, BartForSequenceClassification
+            from lib.models.nli import nli_entailment
+            d = smoke_models.bart_mnli(root / "bart")
+            cfg = AutoConfig.from_pretrained(d)
+            if not toy:
+                for k, v in BART_LARGE.items():
+                    setattr(cfg, k, v)
+            with torch.device(device):
+                model = BartForSequenceClassification(cfg).to(dtype).eval()
+            m = 16 * n
+            prem = [f"a person holds a red sign by the river number {i} while others watch" for i in range(m)]
+            hyp = [f"the sign is red {i}" for i in range(m)]
+            t0 = time.perf_counter()
+            nli_entailment(prem, hyp, (model, AutoTokenizer.from_pretrained(d)), device=device, batch_size=32)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            out["nli"] = {"what": "BART-large-MNLI's shape (random weights), batch 32", "items": m,
+                          "items_per_s": round(m / (time.perf_counter() - t0), 2), "peak_gib": peak()}
+            del model
+        if "few_shot" in parts:
+            if not vllm_url:
+                out["few_shot"] = {"skipped": "no vLLM server given: start one on this GPU with the flags of "
+                                              "docs/models-and-serving.md and pass --vllm-url (and --vllm-model)"}
+            else:
+                from lib.models.chat.openai_compatible import OpenAICompatibleBackend
+                chat = Chat(OpenAICompatibleBackend(vllm_model or "model", vllm_url, api_key_optional=True), None,
+                            max_workers=16)
+                rate = _generate_rate(chat, paths, "Is this meme hateful? Answer yes or no, then say why.", 100)
+                out["few_shot"] = {"what": f"{vllm_model} served by vLLM at {vllm_url}, one image per call, 100 new "
+                                           "tokens, 16 calls at a time", "items": n, "items_per_s": round(rate, 3)}
+        if toy:
+            for v in out.values():
+                if "what" in v:
+                    v["what"] = "the tiny stand-in in place of " + v["what"]
+        name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (toy shape)"
+        return {"what": "generation and scoring stages at the paper's shapes, random weights", "device": name,
+                "torch": torch.__version__, "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d"),
+                "commit": _commit(), "parts": out}
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
 def measure(toy: bool = False, out_dir: Path | None = None,
-            only: Sequence[str] = ("agent_training", "clip4dm", "trace"),
-            **kw) -> Path:
+            only: Sequence[str] = ("agent_training", "clip4dm", "trace", "generation"),
+            vllm_url: str | None = None, vllm_model: str | None = None, **kw) -> Path:
     """Run the measurements (`only`: some of them) and write them to `artifacts/measured/<device>.json`,
-    merged into what is there; returns the path."""
+    merged into what is there, each part stamped with the commit it measured; returns the path."""
     rec: dict[str, Any] = {}
     if "agent_training" in only:
         rec["agent_training"] = measure_agent(toy=toy, **kw)
@@ -276,6 +415,12 @@ def measure(toy: bool = False, out_dir: Path | None = None,
         rec["clip4dm"] = measure_clip4dm(toy=toy)
     if "trace" in only:
         rec["trace"] = measure_trace(toy=toy)
+    if "generation" in only:
+        rec["generation"] = measure_generation(toy=toy, vllm_url=vllm_url, vllm_model=vllm_model)
+    commit = _commit()
+    for part in rec.values():
+        part.setdefault("commit", commit)
+        part.setdefault("date", time.strftime("%Y-%m-%d"))
     device = next(iter(rec.values()))["device"]
     slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
     path = (out_dir or ROOT / "artifacts" / "measured") / f"{slug}.json"
@@ -296,6 +441,13 @@ def markdown(rec: dict[str, Any]) -> str:
             "|---|---|---|---|---|---|"]
         out += [f"| {r['shape']} | {r['batch_size']} | {r['workers']} | {r['from_files_pairs_per_s']:.0f} | "
                 f"{r['floor_pairs_per_s']:.0f} | {r['ratio']:.2f} |" for r in c["runs"]]
+    if "generation" in rec:
+        g = rec["generation"]
+        out += (["", ""] if out else []) + [f"Generation and scoring on {g['device']} (torch {g['torch']}, CUDA {g['cuda']}):",
+                                            "", "| stage | what | items/s | peak GiB |", "|---|---|---|---|"]
+        for k, v in g["parts"].items():
+            out.append(f"| {k} | {v.get('what', v.get('skipped', ''))} | "
+                       f"{v['items_per_s'] if 'items_per_s' in v else 'not measured'} | {v.get('peak_gib') or ''} |")
     if "trace" in rec:
         t = rec["trace"]
         out += (["", ""] if out else []) + [
