@@ -12,10 +12,13 @@ from lib.sei.agents import (ANSWER_KEYS, AgentRecipe, _collate, answer_loss, bui
                             render_prompt, train_agent)
 
 TPL = "explain why {label} {ocr}"
+#: the recipe the launch tests train: float32, a batch the two processes split in half
+RECIPE = dict(epochs=2, lr=1e-3, batch_size=4, threads=1, max_train=8)
 
 
 def _data(tmp_path):
     from test_sei import _records
+    tmp_path.mkdir(parents=True, exist_ok=True)
     memes, cap, hat, sense = _records(tmp_path)
     return build_agent_data(cap, hat, sense, memes)["explainer"]
 
@@ -114,3 +117,63 @@ def test_bfloat16_weights_lose_most_of_an_adam_step_at_the_papers_lr_and_float32
     other = A.agent_key("b", AgentRecipe(float32_master_weights=True), [], TPL)
     assert other != A.agent_key("b", AgentRecipe(), [], TPL)                          # another agent
     assert A.agent_key("b", AgentRecipe(loss_chunk=7), [], TPL) == A.agent_key("b", AgentRecipe(), [], TPL)
+
+
+def _launch(mode: str, base, out, timeout: int = 300):
+    """tests/dist_agent_worker.py on two CPU processes (torch.distributed.run, gloo); each rank's record."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+    from lib import ROOT
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (out / "tmp").mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TMPDIR": str(out / "tmp")}
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                        "127.0.0.1", "--master_port", str(port), str(ROOT / "tests" / "dist_agent_worker.py"), mode,
+                        str(base), str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    ranks = [json.loads((out / f"rank{k}.json").read_text()) for k in range(2) if (out / f"rank{k}.json").exists()]
+    return r, ranks
+
+
+def test_two_processes_train_the_agent_one_process_trains(tiny_paligemma, tmp_path):
+    """`accelerate launch` on two processes (here CPU and gloo) splits the recipe's batch between them and weighs
+    each answer token as one process does: the same losses (float32, within 1e-5 relative), the same weights
+    within float32 rounding and the same greedy answers."""
+    import json
+    from lib.models.chat import ResponseCache
+    from lib.sei.agents import agent_chat, run_agent
+    one = train_agent(_data(tmp_path / "one" / "data"), tmp_path / "one" / "agent", AgentRecipe(
+        base=str(tiny_paligemma), **RECIPE), TPL, progress=False)
+    r, ranks = _launch("train", tiny_paligemma, tmp_path / "two")
+    assert r.returncode == 0 and len(ranks) == 2 and all(x["ok"] for x in ranks), r.stderr[-3000:] + str(ranks)
+    assert ranks[0]["world"] == 2
+    for a, b in zip(one["curve"], ranks[0]["curve"]):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+    assert [c["loss"] for c in ranks[0]["curve"]] == [c["loss"] for c in ranks[1]["curve"]]
+    from safetensors.torch import load_file
+    w1 = load_file(str(tmp_path / "one" / "agent" / "model.safetensors"))
+    w2 = load_file(str(tmp_path / "two" / "agent" / "model.safetensors"))
+    assert w1.keys() == w2.keys()
+    for k in w1:
+        torch.testing.assert_close(w2[k], w1[k], atol=1e-5, rtol=1e-4, msg=k)
+    test = [e for e in _data(tmp_path / "one" / "data") if e.split == "test"]
+    answers = [[x.text for x in run_agent(agent_chat(tmp_path / d / "agent", ResponseCache(tmp_path / f"{d}.sqlite")),
+                                          TPL, [(e.img_path, e.inputs) for e in test], 6, progress=False)]
+               for d in ("one", "two")]
+    assert answers[0] == answers[1]
+    assert json.loads((tmp_path / "two" / "agent" / "training.json").read_text())["n_train"] == one["n_train"]
+
+
+@pytest.mark.parametrize("mode, error", [("nan", "FloatingPointError"), ("refuse", "RecipeMemoryError")])
+def test_one_ranks_failure_stops_every_rank(tiny_paligemma, tmp_path, mode, error):
+    """A non-finite loss on one rank, or one rank's memory check refusing, stops both ranks at once with an error
+    naming the rank (neither waits in a collective for a timeout); nothing is saved."""
+    r, ranks = _launch(mode, tiny_paligemma, tmp_path / mode, timeout=240)
+    assert len(ranks) == 2 and not any(x["ok"] for x in ranks), r.stderr[-3000:]
+    assert all(x["error"].startswith(error) for x in ranks), ranks
+    assert "rank 1" in ranks[0]["error"] and "rank 1" in ranks[1]["error"]
+    assert not (tmp_path / mode / "agent" / "config.json").exists()

@@ -511,8 +511,8 @@ def test_on_a_gpu_a_recipe_that_cannot_fit_is_refused_before_training(tiny_agent
     """The memory check runs before anything reaches the GPU (its free-memory query is mocked here)."""
     import lib.sei.agents as agents
     from lib.models.train_memory import RecipeMemoryError
-    monkeypatch.setattr(agents, "default_device", lambda: "cuda")
-    monkeypatch.setattr(agents, "gpu_free_bytes", lambda: 1024.0)
+    monkeypatch.setattr(agents, "_on_gpu", lambda acc: True)
+    monkeypatch.setattr(agents, "gpu_free_bytes", lambda device=None: 1024.0)
     data = agents.build_agent_data(*_records(tmp_path)[1:], _records(tmp_path)[0])
     with pytest.raises(RecipeMemoryError, match=r"this GPU has 0.0 GiB free"):
         agents.train_agent(data["explainer"], tmp_path / "big", agents.AgentRecipe(base=str(tiny_agent_base), epochs=1,

@@ -39,7 +39,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -56,7 +56,7 @@ from lib.models.chat.hf import HFChatBackend
 from lib.compendium.artifacts import save_model
 from lib.sei.retrieval import rank
 from lib.compendium.presets import default_device, folder_identity, get_preset, new_accelerator, torch_dtype
-from lib.models.train_memory import check_fits, shape_of
+from lib.models.train_memory import RecipeMemoryError, check_fits, shape_of
 
 AGENTS = ("captioner", "explainer", "commonsense", "intervention")
 #: the modules whose definitions train an agent (its recipe, encoding and loop; the embedded base VLM's model
@@ -354,12 +354,31 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
     torch.manual_seed(recipe.seed)
     torch.set_num_threads(recipe.threads)
     tok = getattr(proc, "tokenizer", proc)
-    encoded = []
+    device, estimate = default_device(), None
+    from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs
+    # split_batches: under `accelerate launch` the recipe's batch is split over the processes, so a launch on
+    # several GPUs trains what one GPU trains (the same effective batch, the same loss: `_global_count`); DDP is
+    # told that some weights get no gradient (a checkpoint's unused heads) and that the answer-only loss reaches
+    # the output layer outside the model's forward
+    acc = new_accelerator(mixed_precision=recipe.mixed_precision, gradient_accumulation_steps=recipe.grad_accum,
+                          cpu=device == "cpu", dataloader_config=DataLoaderConfiguration(
+                              non_blocking=device == "cuda", split_batches=True),
+                          kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+    world = acc.num_processes
+    if recipe.batch_size % world:
+        raise ValueError(f"agent {agent}: batch_size {recipe.batch_size} is split over {world} processes: make it a "
+                         f"multiple of {world}")
+    encoded, lazy = [], None
+    target = (lambda t: " " + t) if _leading_space(proc) else (lambda t: t)
     for e in tqdm(train, desc=f"encode {agent}", disable=not progress, leave=False):
-        with Image.open(e.img_path) as im:
-            enc = encode_example(proc, im.convert("RGB"), render_prompt(template, e.inputs), " " + e.target
-                                 if _leading_space(proc) else e.target, recipe.max_len)
-        encoded.append({**enc, "_id": e.id})
+        src = (str(e.img_path), render_prompt(template, e.inputs), target(e.target))
+        with Image.open(src[0]) as im:
+            enc = encode_example(proc, im.convert("RGB"), src[1], src[2], recipe.max_len)
+        if lazy is None:    # held in memory unless a launch or the pixels' size says otherwise (LazyExamples)
+            pixels = sum(v.numel() * v.element_size() for v in enc.values() if isinstance(v, torch.Tensor))
+            lazy = world > 1 or pixels * len(train) > LAZY_PIXEL_BYTES
+        encoded.append({**({k: v for k, v in enc.items() if not isinstance(v, torch.Tensor)} if lazy else enc),
+                        "_id": e.id, "_src": src})
     encoded, cut = answers_in_reach(encoded, agent, recipe)
     if recipe.gradient_checkpointing:
         if hasattr(model, "activation_checkpointing_enable"):          # transformers >= 5.x's name
@@ -370,19 +389,25 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
     checkpointing = bool(getattr(model, "is_activation_checkpointing", None)      # transformers >= 5.x's name
                          if hasattr(model, "is_activation_checkpointing")
                          else getattr(model, "is_gradient_checkpointing", False))
-    device, estimate = default_device(), None
-    if device == "cuda":                                 # before anything is on the GPU: refuse what cannot fit
+    refusal = None
+    if _on_gpu(acc):                  # each rank on its own device, before anything is on it: refuse what cannot fit
         longest = max(len(x["input_ids"]) for x in encoded)
         earliest = min(next(k for k, t in enumerate(x["labels"]) if t != -100) for x in encoded)
-        estimate = check_recipe_memory(model, recipe, longest,   # answer logits: at most from the earliest answer on
-                                       logit_tokens=longest - earliest + 1 if recipe.answer_logits_only else None)
-    from accelerate.utils import DataLoaderConfiguration
-    acc = new_accelerator(mixed_precision=recipe.mixed_precision, gradient_accumulation_steps=recipe.grad_accum,
-                          cpu=device == "cpu", dataloader_config=DataLoaderConfiguration(non_blocking=device == "cuda"))
+        try:
+            estimate = check_recipe_memory(
+                model, replace(recipe, batch_size=recipe.batch_size // world), longest,
+                free_bytes=gpu_free_bytes(acc.device),
+                where="this GPU" if world == 1 else f"{acc.device} (rank {acc.process_index} of {world})",
+                logit_tokens=longest - earliest + 1 if recipe.answer_logits_only else None)   # from the earliest answer
+        except RecipeMemoryError as e:
+            refusal = e
+    _every_rank_or_none(acc, refusal)
     g = torch.Generator().manual_seed(recipe.seed)
-    loader = torch.utils.data.DataLoader(encoded, batch_size=recipe.batch_size, shuffle=True, generator=g,
+    loader = torch.utils.data.DataLoader(LazyExamples(encoded, proc, recipe.max_len) if lazy else encoded,
+                                         batch_size=recipe.batch_size,
+                                         shuffle=True, generator=g,
                                          collate_fn=lambda b: _collate(b, tok.pad_token_id or 0),
-                                         pin_memory=device == "cuda")   # pinned: the copy to the GPU does not block
+                                         pin_memory=acc.device.type == "cuda")   # pinned: the copy does not block
     opt = torch.optim.Adam(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
     steps = recipe.epochs * max(1, len(loader) // recipe.grad_accum)
     warm = int(recipe.warmup_share * steps)
@@ -401,8 +426,13 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
             ids = batch.pop("_ids")
             answer = {k: batch.pop(k) for k in ANSWER_KEYS}
             with acc.accumulate(model):
-                loss = (answer_loss(model, batch, answer, head, acc.autocast, recipe.loss_chunk)
-                        if recipe.answer_logits_only else model(**batch).loss)
+                if world > 1:   # each rank's sum over the whole batch's answer tokens: DDP's mean is one process's loss
+                    loss = answer_loss(model, batch, answer, head, acc.autocast, recipe.loss_chunk,
+                                       denominator=_global_count(acc, answer) / world)
+                elif recipe.answer_logits_only:
+                    loss = answer_loss(model, batch, answer, head, acc.autocast, recipe.loss_chunk)
+                else:
+                    loss = model(**batch).loss
                 acc.backward(loss)
                 measured = acc.sync_gradients and (done == 0 or done == syncs - 1)   # the first and last update
                 if acc.sync_gradients:
@@ -418,14 +448,20 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
             pending.append((step, ids, loss.detach()))
             bar.update(1)
             if len(pending) == LOSS_SYNC_EVERY or step == len(loader):
-                values = torch.stack([x[2] for x in pending]).float().cpu().tolist()
-                for (at, memes, _), value in zip(pending, values):
-                    if not math.isfinite(value):       # nothing is saved: the error ends the run here
-                        raise FloatingPointError(
-                            f"agent {agent}: the training loss is {value} at epoch {epoch + 1}, step {at} of "
-                            f"{len(loader)} (memes {', '.join(memes)}); nothing was saved (recipe: lr {recipe.lr}, "
-                            f"mixed_precision {recipe.mixed_precision}, dtype {recipe.dtype})")
-                losses += values
+                stacked = torch.stack([x[2] for x in pending]).float()
+                values = stacked.cpu().tolist()
+                bad = next(((at, memes, value) for (at, memes, _), value in zip(pending, values)
+                            if not math.isfinite(value)), None)
+                error = None if bad is None else (
+                    f"agent {agent}: the training loss is {bad[2]} at epoch {epoch + 1}, step {bad[0]} of "
+                    f"{len(loader)} (memes {', '.join(bad[1])}{f', rank {acc.process_index}' if world > 1 else ''}); "
+                    f"nothing was saved (recipe: lr {recipe.lr}, mixed_precision {recipe.mixed_precision}, dtype "
+                    f"{recipe.dtype})")
+                # every rank learns of a non-finite loss on any rank at the same step, and all stop (one stopping
+                # alone would leave the others waiting in their next all-reduce); nothing is saved
+                _every_rank_or_none(acc, FloatingPointError(error) if error else None)
+                # each rank's loss is its share of the batch's; their mean over the ranks is the batch's loss
+                losses += acc.reduce(stacked, reduction="mean").cpu().tolist() if world > 1 else values
                 pending = []
         curve.append({"epoch": epoch + 1, "loss": float(np.mean(losses)), "seconds": time.time() - t0})
     bar.close()
@@ -433,7 +469,7 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
               "n_train": len(encoded), "tokens_per_example": float(np.mean([len(x["input_ids"]) for x in encoded])),
               "n_answer_cut": cut["whole"], "n_answer_shortened": cut["part"],
               "gradient_checkpointing": checkpointing,
-              "attn_implementation": getattr(model.config, "_attn_implementation", None), "curve": curve,
+              "attn_implementation": getattr(acc.unwrap_model(model).config, "_attn_implementation", None), "curve": curve,
               "memory_estimate_gib": round(estimate["total"] / 2 ** 30, 2) if estimate else None,
               "update_share": probe.shares(), "train_s": time.time() - t0}
     if acc.is_main_process:
@@ -447,6 +483,58 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
     del model, opt, loader, sched, head, probe
     empty_device_cache()
     return {**record, "cached": False}
+
+
+def _on_gpu(acc) -> bool:
+    """Whether this process trains on a CUDA device (the memory check runs there)."""
+    return acc.device.type == "cuda"
+
+
+class LazyExamples(torch.utils.data.Dataset):
+    """Encoded training examples whose pixels are made when a batch asks for them: `encode_example` again on the
+    example's image, prompt and target (`_src`), its tokens checked against the first encoding. The same tensors as
+    encoding everything first; memory for one batch's pixels instead of every example's, per process."""
+
+    def __init__(self, encoded: list[dict[str, Any]], proc, max_len: int):
+        self.encoded, self.proc, self.max_len = encoded, proc, max_len
+
+    def __len__(self) -> int:
+        return len(self.encoded)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        x = self.encoded[i]
+        path, prompt, target = x["_src"]
+        with Image.open(path) as im:
+            enc = encode_example(self.proc, im.convert("RGB"), prompt, target, self.max_len)
+        if enc["input_ids"] != x["input_ids"]:
+            raise AgentDataError(f"training example {x['_id']} ({path}) encodes differently than when it was read: "
+                                 "its image or the processor changed during training")
+        return {**x, **{k: v for k, v in enc.items() if isinstance(v, torch.Tensor)}}
+
+
+def _every_rank_or_none(acc, error: Exception | None) -> None:
+    """Raise on every process of a launch when any process has an error (its own error where it has one, else
+    one naming the ranks that do); one process alone does nothing but raise its own. Keeps ranks in step: a
+    rank that stopped alone would leave the others waiting in a collective until its timeout."""
+    if acc.num_processes == 1:
+        if error is not None:
+            raise error
+        return
+    from accelerate.utils import gather_object
+    msgs = gather_object([None if error is None else f"{type(error).__name__}: {error}"])
+    failed = [(r, m) for r, m in enumerate(msgs) if m]
+    if failed:            # every rank raises the same account of every rank's error (the earliest rank first)
+        kind = type(error) if error is not None else (
+            FloatingPointError if all(m.startswith("FloatingPointError") for _, m in failed) else RecipeMemoryError)
+        raise kind(f"rank {acc.process_index} of {acc.num_processes} stops with the launch: "
+                   + "; ".join(f"rank {r}: {m}" for r, m in failed))
+
+
+def _global_count(acc, answer: dict[str, Any]) -> "torch.Tensor":
+    """The whole batch's answer tokens, summed over the processes it was split across (a device tensor: no host
+    synchronisation)."""
+    n = torch.tensor(float(answer["_answer_count"]), device=acc.device)
+    return acc.reduce(n, reduction="sum")
 
 
 def release_training(acc, model) -> None:
@@ -502,8 +590,8 @@ class UpdateProbe:
                 "dtype": str(self.params[0].dtype).removeprefix("torch.") if self.params else None}
 
 
-def answer_loss(model, batch: dict[str, Any], answer: dict[str, Any], head, autocast, chunk: int = 1024
-                ) -> "torch.Tensor":
+def answer_loss(model, batch: dict[str, Any], answer: dict[str, Any], head, autocast, chunk: int = 1024,
+                denominator=None) -> "torch.Tensor":
     """The causal-LM loss on the answer tokens (mean cross-entropy over labels != -100, in float32) without the
     vocabulary-wide logits: the model runs with a hook on its output layer (`head`) that keeps the final hidden
     states and lets the layer compute one position; the answer positions (`answer`: `_collate`'s indices,
@@ -537,7 +625,9 @@ def answer_loss(model, batch: dict[str, Any], answer: dict[str, Any], head, auto
     from torch.utils.checkpoint import checkpoint
     total = sum(checkpoint(chunk_loss, hidden[i:i + chunk], targets[i:i + chunk], use_reentrant=False)
                 for i in range(0, answer["_answer_count"], chunk))
-    return total / max(1, answer["_answer_count"])
+    if not answer["_answer_count"]:          # this process's share of the batch has no answer token
+        total = hidden.sum() * 0.0
+    return total / (max(1, answer["_answer_count"]) if denominator is None else denominator)
 
 
 def _softcap(model) -> float | None:
@@ -570,21 +660,26 @@ def answers_in_reach(encoded: list[dict[str, Any]], agent: str, recipe: AgentRec
 
 
 def check_recipe_memory(model, recipe: AgentRecipe, seq_len: int, free_bytes: float | None = None,
-                        logit_tokens: int | None = None) -> dict[str, float]:
+                        logit_tokens: int | None = None, where: str = "this GPU") -> dict[str, float]:
     """Refuse (RecipeMemoryError) a recipe whose training step cannot fit the GPU's free memory with a 10%
     margin, naming a batch size / accumulation / checkpointing that fits (lib.models.train_memory's estimate from
     the model's configuration; `free_bytes` defaults to what the current CUDA device has free)."""
     if free_bytes is None:
         free_bytes = gpu_free_bytes()
     return check_fits(shape_of(model), recipe.batch_size, recipe.grad_accum, seq_len, free_bytes,
-                      recipe.gradient_checkpointing, where="this GPU", logit_tokens=logit_tokens)
+                      recipe.gradient_checkpointing, where=where, logit_tokens=logit_tokens)
 
 
-def gpu_free_bytes() -> float:
-    """Free memory of the current CUDA device, the caching allocator's unused blocks included."""
+def gpu_free_bytes(device: Any = None) -> float:
+    """Free memory of a CUDA device (default: the current one), the caching allocator's unused blocks included."""
     from lib.models.train_memory import free_bytes
-    return free_bytes()
+    return free_bytes(device)
 
+
+#: above this many bytes of pixels (every training example's, in float32), and in every process of a launch, the
+#: examples keep their tokens and make their pixels when a batch asks (LazyExamples): on HatReDAug at 448 px that is
+#: about 20 GB per process, where the embedded agents' few hundred examples hold well under this
+LAZY_PIXEL_BYTES = 2 * 1024 ** 3
 
 #: steps between host synchronisations of the training loss (each reads the pending losses at once)
 LOSS_SYNC_EVERY = 16
