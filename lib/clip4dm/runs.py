@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from lib.models.encoders.loading import default_loader_workers, image_batches as encoder_image_batches, load_pixels
 from lib.compendium.artifacts import code_of
 from lib.clip4dm.method import CLIP4DM, length_batches
+from lib.compendium import sharding
 
 
 # ----------------------------------------------------------------------------- speed
@@ -213,6 +214,26 @@ def loader_ratio(model: "CLIP4DM", image_paths: Sequence[str], captions: Sequenc
             "floor_pairs_per_s": n / t_floor, "ratio": t_floor / t_files}
 
 
+def _read_cache(path: Path) -> dict[str, dict[str, Any]]:
+    """The rows of an attribution cache file by key; a last line cut short by a crash is dropped (its pairs are
+    computed again)."""
+    if not path.exists():
+        return {}
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with open(path, "r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)
+        data = data[:data.rfind(b"\n") + 1]
+    out = {}
+    for line in data.decode("utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        out[row["key"]] = row
+    return out
+
+
 def attribute_pairs(model: CLIP4DM, pairs: Sequence[tuple[str, str]], cache_path, batch_size: int = 32,
                     progress: bool = True, desc: str = "CLIP4DM", workers: int | None = None) -> list[dict[str, Any]]:
     """Word attributions and cosine for (image path, caption) pairs, stored as JSON lines in
@@ -230,53 +251,60 @@ def attribute_pairs(model: CLIP4DM, pairs: Sequence[tuple[str, str]], cache_path
 
     def key(p):
         return hashlib.sha1(f"{tag}\x00{os.path.realpath(p[0])}\x00{p[1]}".encode()).hexdigest()
+    rank, world = sharding.launch()
     done: dict[str, dict[str, Any]] = {}
-    if cache_path.exists():
-        data = cache_path.read_bytes()
-        if data and not data.endswith(b"\n"):      # a line cut short by a crash: drop it, recompute its pairs
-            with open(cache_path, "r+b") as f:
-                f.truncate(data.rfind(b"\n") + 1)
-            data = data[:data.rfind(b"\n") + 1]
-        for line in data.decode("utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            done[row["key"]] = row
+    # the cache, and under a launch each process's own file beside it (any earlier launch's too: a resume reads all)
+    for f in [cache_path, *sorted(cache_path.parent.glob(f"{cache_path.name}.rank*"))]:
+        done.update(_read_cache(f))
     keys = [key(p) for p in pairs]
     todo = list(dict.fromkeys(k for k in keys if k not in done))
     by_key = {k: p for k, p in zip(keys, pairs)}
     # each image is embedded once, however many captions it has (FOIL-style benchmarks score 2-4), as the pairs
     # first need it: the loader's threads decode and preprocess the next images while the model attributes the
     # pairs whose images are ready (the same image batches and pair chunks as embedding every image first, so
-    # the same numbers), and an embedding is dropped after its last pair
+    # the same numbers), and an embedding is dropped after its last pair. Under a launch of several processes
+    # each runs every world-th chunk of pairs (`lib.compendium.sharding`) and the image batches those need, the
+    # same batches as one process, so the same numbers; every process returns every pair's row
+    pair_chunks = sharding.chunks(todo, batch_size)
+    my_chunks = sharding.mine(len(pair_chunks), rank, world)
     images = list(dict.fromkeys(by_key[k][0] for k in todo))
-    batches = encoder_image_batches(model.encoder, images, batch_size, workers) if images else iter(())
-    last_use = {by_key[k][0]: i for i, k in enumerate(todo)}
+    image_chunks = sharding.chunks(images, batch_size)
+    chunk_of = {p: j for j, b in enumerate(image_chunks) for p in b}
+    needed = sorted({chunk_of[by_key[k][0]] for j in my_chunks for k in pair_chunks[j]})
+    flat = [p for j in needed for p in image_chunks[j]]       # re-chunked by batch_size: the same image batches
+    batches = encoder_image_batches(model.encoder, flat, batch_size, workers) if flat else iter(())
+    last_use = {by_key[k][0]: j for j in my_chunks for k in pair_chunks[j]}
     emb: dict[str, Any] = {}
+    out_file = cache_path if world == 1 else cache_path.with_name(f"{cache_path.name}.rank{rank}")
+    bar = tqdm(total=len(my_chunks), desc=desc, disable=not progress or not todo)
+    position = iter(my_chunks)
 
     def embedded(paths: list[str]) -> None:
         while any(p not in emb for p in paths):
             part, pix = next(batches)
             emb.update(zip(part, model.image_embeddings(pix)))
-    with open(cache_path, "a", encoding="utf-8") as f:
-        for s in tqdm(range(0, len(todo), batch_size), desc=desc, disable=not progress or not todo):
-            chunk = todo[s:s + batch_size]
-            embedded([by_key[k][0] for k in chunk])
-            scores, offsets, sims, texts = model.token_scores(None, [by_key[k][1] for k in chunk],
-                                                             image_embeds=torch.stack([emb[by_key[k][0]] for k in chunk]))
-            for k in chunk:
-                if last_use[by_key[k][0]] < s + batch_size:
-                    emb.pop(by_key[k][0], None)
-            lines = []
-            for k, t, sc, of, c in zip(chunk, texts, scores, offsets, sims):
-                r = model._words(t, sc, of, float(c))
-                row = {"key": k, "caption": by_key[k][1], "cos": float(c),
-                       "word_attributions": [list(x) for x in r["all_word_attributions"]],
-                       "word_positions": r["word_positions"]}
-                done[k] = row
-                lines.append(json.dumps(row))
-            f.write("\n".join(lines) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+
+    def attribute(chunk: list[str]) -> list[dict[str, Any]]:
+        j = next(position)
+        embedded([by_key[k][0] for k in chunk])
+        scores, offsets, sims, texts = model.token_scores(None, [by_key[k][1] for k in chunk],
+                                                         image_embeds=torch.stack([emb[by_key[k][0]] for k in chunk]))
+        rows = []
+        for k, t, sc, of, c in zip(chunk, texts, scores, offsets, sims):
+            r = model._words(t, sc, of, float(c))
+            rows.append({"key": k, "caption": by_key[k][1], "cos": float(c),
+                         "word_attributions": [list(x) for x in r["all_word_attributions"]],
+                         "word_positions": r["word_positions"]})
+        for k in chunk:
+            if last_use[by_key[k][0]] <= j:
+                emb.pop(by_key[k][0], None)
+        f.write("\n".join(json.dumps(r) for r in rows) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+        bar.update(1)
+        return rows
+    with open(out_file, "a", encoding="utf-8") as f:
+        rows = sharding.all_chunks(todo, batch_size, attribute, (rank, world))
+    bar.close()
+    done.update((r["key"], r) for r in rows)
     return [done[k] for k in keys]

@@ -704,9 +704,10 @@ def run_agent(chat, template: str, items: Sequence[tuple[Any, dict[str, str]]], 
               temperature: float = 0.0, desc: str | None = None, progress: bool = True) -> list[Any]:
     """Agent answers for (image path, template inputs) pairs, through the response cache.
     The paper's temperature 0.001 is greedy decoding for a local model (0.0 here)."""
+    from lib.compendium import sharding      # under a launch of several processes each generates its share
     convs = [[user(image(str(p)), text(render_prompt(template, inp)))] for p, inp in items]
-    return chat.generate_many(convs, GenParams(temperature=temperature, max_new_tokens=max_new_tokens),
-                              desc=desc, progress=progress)
+    return sharding.generate(chat, convs, GenParams(temperature=temperature, max_new_tokens=max_new_tokens),
+                             desc=desc, progress=progress)
 
 
 def nearest_train_baseline(test: Sequence[AgentExample], train: Sequence[AgentExample], emb: dict[str, np.ndarray]

@@ -264,8 +264,9 @@ def caption_many(chat, images: Sequence, prompts: Sequence[str], max_new_tokens:
     """One ChatResult per image (cached; batched or threaded by the chat model)."""
     if len(images) != len(prompts):
         raise ValueError(f"caption_many: {len(images)} images but {len(prompts)} prompts")
+    from lib.compendium import sharding      # under a launch of several processes each generates its share
     convs = [[user(im, p)] for im, p in zip(images, prompts)]
-    return chat.generate_many(convs, GenParams(temperature=temperature, max_new_tokens=max_new_tokens), desc=desc)
+    return sharding.generate(chat, convs, GenParams(temperature=temperature, max_new_tokens=max_new_tokens), desc=desc)
 
 
 def trace_records(records, columns: dict[str, Sequence[str]]) -> list[dict[str, Any]]:
