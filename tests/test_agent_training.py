@@ -177,3 +177,12 @@ def test_one_ranks_failure_stops_every_rank(tiny_paligemma, tmp_path, mode, erro
     assert all(x["error"].startswith(error) for x in ranks), ranks
     assert "rank 1" in ranks[0]["error"] and "rank 1" in ranks[1]["error"]
     assert not (tmp_path / mode / "agent" / "config.json").exists()
+
+
+def test_fsdp_is_a_gpu_option_and_an_unknown_sharding_is_refused(tiny_paligemma, tmp_path):
+    with pytest.raises(ValueError, match="'fsdp' splits a model over GPUs"):
+        train_agent(_data(tmp_path), tmp_path / "a", AgentRecipe(base=str(tiny_paligemma), sharding="fsdp", **RECIPE),
+                    TPL, progress=False)
+    with pytest.raises(ValueError, match="expected 'ddp' or 'fsdp'"):
+        train_agent(_data(tmp_path), tmp_path / "b", AgentRecipe(base=str(tiny_paligemma), sharding="zero", **RECIPE),
+                    TPL, progress=False)

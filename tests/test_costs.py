@@ -131,3 +131,17 @@ def test_documented_vllm_commands_hold_the_longest_few_shot_prompt():
             m = re.search(r"--max-model-len (\d+)", cmd)
             assert m and int(m.group(1)) >= need["longest_prompt"], f"{cmd!r}: needs --max-model-len >= {need['longest_prompt']}"
             assert f"--gpu-memory-utilization {need['utilization']:.2f}" in cmd, cmd
+
+
+def test_tensor_parallel_servers_need_their_share_of_each_gpu():
+    from lib.compendium.params import load_profile
+    section = load_profile("paper")["04_few_shot"]
+    one = costs.vllm_settings("pixtral-12b", section, (1000, 1000), Assumptions())
+    two = costs.vllm_settings("pixtral-12b", section, (1000, 1000), Assumptions(), tensor_parallel=2)
+    assert two["max_model_len"] == one["max_model_len"] and two["utilization"] < one["utilization"]
+    ck = costs.CHECKPOINTS["paligemma-3b-pt-448"]                 # one KV head: each GPU keeps it whole
+    a = Assumptions()
+    kv_only = costs.vllm_utilization(ck, 32768, 4, a, 2) - costs.vllm_utilization(ck, 32768, 0, a, 2)
+    assert kv_only == pytest.approx(costs.vllm_utilization(ck, 32768, 4, a) - costs.vllm_utilization(ck, 32768, 0, a), abs=0.011)
+    text = (ROOT / "docs" / "models-and-serving.md").read_text(encoding="utf-8")
+    assert text.count("--tensor-parallel-size 2") == 2

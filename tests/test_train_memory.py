@@ -190,3 +190,17 @@ def test_the_few_shot_measurement_times_calls_to_a_served_model(tmp_path):
         srv.server_close()
     fs = rec["parts"]["few_shot"]
     assert fs["items"] == 4 and fs["items_per_s"] > 0 and "served by vLLM" in fs["what"]
+
+
+def test_a_fully_sharded_step_holds_each_processes_share(paligemma_3b):
+    """FSDP over N processes: weights, gradients and Adam state split N ways (plus one layer gathered whole);
+    activations and logits are each process's own."""
+    from lib.models.train_memory import largest_tensor, optimizer_bytes
+    one = step_bytes(paligemma_3b, 8, 1536, gradient_checkpointing=True)
+    four = step_bytes(paligemma_3b, 8, 1536, gradient_checkpointing=True, shards=4)
+    assert four["activations"] == one["activations"] and four["logits"] == one["logits"]
+    assert four["states"] == pytest.approx(one["states"] / 4 + 2 * largest_tensor(paligemma_3b) * 2)
+    assert optimizer_bytes(paligemma_3b, shards=4)["total"] == pytest.approx(optimizer_bytes(paligemma_3b)["total"] / 4)
+    assert four["total"] < one["total"]
+    with pytest.raises(ValueError, match="at least 1"):
+        optimizer_bytes(paligemma_3b, shards=0)

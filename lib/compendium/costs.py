@@ -154,10 +154,15 @@ def weight_bytes(ck: Checkpoint, dtype_bytes: int = 2) -> float:
     return ck.params_b * 1e9 * dtype_bytes
 
 
-def vllm_utilization(ck: Checkpoint, max_model_len: int, sequences: int, a: Assumptions) -> float:
+def vllm_utilization(ck: Checkpoint, max_model_len: int, sequences: int, a: Assumptions,
+                     tensor_parallel: int = 1) -> float:
     """--gpu-memory-utilization that holds the weights, vLLM's overhead and KV for `sequences`
-    prompts of max_model_len (vLLM refuses to start without room for one)."""
-    need = weight_bytes(ck) + a.vllm_overhead_gib * GIB + sequences * max_model_len * kv_bytes_per_token(ck)
+    prompts of max_model_len (vLLM refuses to start without room for one), on each of `tensor_parallel` GPUs
+    (`--tensor-parallel-size`: each holds its share of the weights and of every KV head it serves; the overhead
+    is per GPU). A model with fewer KV heads than GPUs keeps a whole head per GPU."""
+    kv_share = min(tensor_parallel, ck.kv_heads)
+    need = (weight_bytes(ck) / tensor_parallel + a.vllm_overhead_gib * GIB
+            + sequences * max_model_len * kv_bytes_per_token(ck) / kv_share)
     return math.ceil(100 * need / (a.gpu_gib * GIB)) / 100
 
 
@@ -275,7 +280,7 @@ def few_shot_plan(section: dict[str, Any]) -> list[int]:
 
 
 def vllm_settings(name: str, section: dict[str, Any], size: tuple[int, int], a: Assumptions,
-                  sequences: int = 1) -> dict[str, Any]:
+                  sequences: int = 1, tensor_parallel: int = 1) -> dict[str, Any]:
     """The vLLM flags a served few-shot model needs for the profile's largest prompt, with KV
     for `sequences` prompts of that length (one longest prompt holds about two of the mean one)."""
     ck = CHECKPOINTS[name]
@@ -283,7 +288,8 @@ def vllm_settings(name: str, section: dict[str, Any], size: tuple[int, int], a: 
     longest = prompt_tokens(ck, max(section["shots"]), tok, a)
     mml = round_up(longest)
     return {"checkpoint": ck, "image_tokens": tok, "longest_prompt": longest, "max_model_len": mml,
-            "images": max(section["shots"]) + 1, "utilization": vllm_utilization(ck, mml, sequences, a)}
+            "images": max(section["shots"]) + 1, "tensor_parallel": tensor_parallel,
+            "utilization": vllm_utilization(ck, mml, sequences, a, tensor_parallel)}
 
 
 def cost_rows(profile: str = "paper", a: Assumptions | None = None) -> list[Row]:

@@ -111,27 +111,36 @@ def largest_tensor(shape: ModelShape) -> float:
     return float(max(sizes))
 
 
-def optimizer_bytes(shape: ModelShape, optimizer: str = "foreach") -> dict[str, float]:
+def optimizer_bytes(shape: ModelShape, optimizer: str = "foreach", shards: int = 1) -> dict[str, float]:
     """The optimizer step's peak, by term: weights, gradients, Adam's two moments (all in the weights' dtype,
-    as torch keeps them) and the update's temporaries (`OPTIMIZER_TEMPORARIES`)."""
+    as torch keeps them) and the update's temporaries (`OPTIMIZER_TEMPORARIES`). `shards`: the processes a fully
+    sharded model (FSDP) splits all of them over; each holds its share."""
     if optimizer not in OPTIMIZER_TEMPORARIES:
         raise ValueError(f"optimizer {optimizer!r}: expected one of {sorted(OPTIMIZER_TEMPORARIES)}")
+    if shards < 1:
+        raise ValueError(f"shards must be at least 1, got {shards}")
     per = shape.weight_bytes
     temp = OPTIMIZER_TEMPORARIES[optimizer]
     temp_bytes = (largest_tensor(shape) if temp is None else temp * shape.params) * per
     terms = {"weights": shape.params * per, "gradients": shape.params * per, "moments": 2 * shape.params * per,
              "temporaries": temp_bytes}
+    terms = {k: v / shards for k, v in terms.items()}
     return {**terms, "total": sum(terms.values())}
 
 
 def step_bytes(shape: ModelShape, batch: int, seq_len: int, gradient_checkpointing: bool = False,
                act_bytes: int = 2, logit_tokens: int | None = None, grad_accum: int = 1,
-               optimizer: str = "foreach") -> dict[str, float]:
+               optimizer: str = "foreach", shards: int = 1) -> dict[str, float]:
     """Peak bytes of one training step with Adam, by term (see the module docstring): the forward/backward
     peak (`states` + `activations` + `logits`, plus the gradients kept between micro-batches when
     `grad_accum` > 1) and the optimizer step's (`optimizer_step`); `total` is the larger. `logit_tokens`: the
-    positions whose logits are computed (default all `seq_len`; the answer span with `answer_logits_only`)."""
-    states = shape.params * shape.weight_bytes * 3
+    positions whose logits are computed (default all `seq_len`; the answer span with `answer_logits_only`).
+    `shards`: a fully sharded model (FSDP) over that many processes holds its share of the weights, gradients and
+    Adam state, plus one layer's full weights while it runs (counted as the largest tensor twice); activations and
+    logits are each process's own."""
+    states = shape.params * shape.weight_bytes * 3 / shards
+    if shards > 1:
+        states += 2 * largest_tensor(shape) * shape.weight_bytes
     d = shape.decoder
     layer = _layer_bytes_per_token(d, seq_len, shape.eager_attention, act_bytes) * seq_len * batch
     vis_layer = 0.0
@@ -146,9 +155,9 @@ def step_bytes(shape: ModelShape, batch: int, seq_len: int, gradient_checkpointi
     else:
         acts = layer * d.layers + vis_layer * (shape.vision.layers if shape.vision is not None else 0)
     logits = batch * (logit_tokens or seq_len) * shape.vocab * (act_bytes + 4 + 4)
-    kept_grads = shape.params * shape.weight_bytes if grad_accum > 1 else 0.0
+    kept_grads = shape.params * shape.weight_bytes / shards if grad_accum > 1 else 0.0
     forward_backward = states + kept_grads + acts + logits
-    opt = optimizer_bytes(shape, optimizer)["total"]
+    opt = optimizer_bytes(shape, optimizer, shards)["total"]
     return {"states": states, "activations": acts, "logits": logits, "accumulated_gradients": kept_grads,
             "forward_backward": forward_backward, "optimizer_step": opt, "total": max(forward_backward, opt)}
 
@@ -167,7 +176,7 @@ def fits(total_bytes: float, available_bytes: float, margin: float = 0.10) -> bo
 
 def settings_that_fit(shape: ModelShape, batch: int, grad_accum: int, seq_len: int, available_bytes: float,
                       gradient_checkpointing: bool, margin: float = 0.10,
-                      logit_tokens: int | None = None) -> list[dict[str, Any]]:
+                      logit_tokens: int | None = None, shards: int = 1) -> list[dict[str, Any]]:
     """Settings with the same effective batch (batch x grad_accum) that fit, best first: the same batch with
     gradient checkpointing, then smaller batches with more accumulation, with and without checkpointing."""
     effective = batch * grad_accum
@@ -177,7 +186,7 @@ def settings_that_fit(shape: ModelShape, batch: int, grad_accum: int, seq_len: i
         while b >= 1:
             if effective % b == 0:
                 need = step_bytes(shape, b, seq_len, ckpt, logit_tokens=logit_tokens,
-                                  grad_accum=effective // b)["total"]
+                                  grad_accum=effective // b, shards=shards)["total"]
                 if fits(need, available_bytes, margin):
                     out.append({"batch_size": b, "grad_accum": effective // b, "gradient_checkpointing": ckpt,
                                 "gib": need / GIB})
@@ -192,14 +201,15 @@ class RecipeMemoryError(RuntimeError):
 
 def check_fits(shape: ModelShape, batch: int, grad_accum: int, seq_len: int, available_bytes: float,
                gradient_checkpointing: bool, where: str = "the GPU", margin: float = 0.10,
-               logit_tokens: int | None = None) -> dict[str, float]:
+               logit_tokens: int | None = None, shards: int = 1) -> dict[str, float]:
     """Raise RecipeMemoryError, naming settings that fit, when one step's estimated peak (plus `margin`)
     exceeds `available_bytes`; otherwise return the estimate's terms."""
-    est = step_bytes(shape, batch, seq_len, gradient_checkpointing, logit_tokens=logit_tokens, grad_accum=grad_accum)
+    est = step_bytes(shape, batch, seq_len, gradient_checkpointing, logit_tokens=logit_tokens, grad_accum=grad_accum,
+                     shards=shards)
     if fits(est["total"], available_bytes, margin):
         return est
     alts = settings_that_fit(shape, batch, grad_accum, seq_len, available_bytes, gradient_checkpointing, margin,
-                             logit_tokens)
+                             logit_tokens, shards)
     terms = ", ".join(f"{k.replace('_', ' ')} {v / GIB:.1f}" for k, v in est.items() if k != "total" and v)
     hint = ("; settings with the same effective batch that fit: " + "; ".join(
         f"batch_size {a['batch_size']}, grad_accum {a['grad_accum']}, gradient_checkpointing "

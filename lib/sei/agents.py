@@ -117,6 +117,10 @@ class AgentRecipe:
                                      #   all 1,536 positions (and their float32 copies) are most of a batch's
                                      #   memory; off: the model's own loss
     loss_chunk: int = 1024           # answer positions per chunk of the answer-only loss
+    sharding: str = "ddp"            # under `accelerate launch` on several GPUs: "ddp", every GPU a whole copy (the
+                                     #   paper's 3B model fits one); "fsdp", the weights, gradients and Adam state
+                                     #   split over the GPUs (torch FSDP2 through accelerate), for a model one GPU's
+                                     #   memory cannot hold; GPUs only
     float32_master_weights: bool = False  # not the paper's recipe: it updates bfloat16 weights in place, and an
                                      #   Adam step under half a bfloat16 unit of a weight (lr 2e-5 on any weight
                                      #   above about 8e-3) is rounded away; true keeps float32 weights (and Adam
@@ -324,7 +328,7 @@ def agent_key(base_digest: Any, recipe: AgentRecipe, train: Sequence[AgentExampl
     it trains, its examples and prompt, and the code that trains it (TRAINING_CODE)."""
     rec_json = {k: v for k, v in asdict(recipe).items()             # what changes the weights a recipe trains
                 if k not in ("threads", "prompt_dir", "gradient_checkpointing", "answer_logits_only", "attn_implementation",
-                             "loss_chunk")
+                             "loss_chunk", "sharding")
                 and not (k in ("drop_cut_answers", "float32_master_weights") and not v)}
     return hashlib.sha256(json.dumps({"base": base_digest, "recipe": rec_json, "code": code_of(*TRAINING_CODE),
                                       "data": examples_digest(train, template)}, sort_keys=True).encode()).hexdigest()[:16]
@@ -360,10 +364,21 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
     # several GPUs trains what one GPU trains (the same effective batch, the same loss: `_global_count`); DDP is
     # told that some weights get no gradient (a checkpoint's unused heads) and that the answer-only loss reaches
     # the output layer outside the model's forward
+    if recipe.sharding not in ("ddp", "fsdp"):
+        raise ValueError(f"agent_recipe's sharding is {recipe.sharding!r}: expected 'ddp' or 'fsdp'")
+    if recipe.sharding == "fsdp" and device != "cuda":
+        raise ValueError("agent_recipe's sharding 'fsdp' splits a model over GPUs; this process has none (use 'ddp')")
+    fsdp = {}
+    if recipe.sharding == "fsdp":
+        from accelerate import FullyShardedDataParallelPlugin
+        fsdp = {"fsdp_plugin": FullyShardedDataParallelPlugin(
+            fsdp_version=2, reshard_after_forward=True, auto_wrap_policy="transformer_based_wrap",
+            state_dict_type="FULL_STATE_DICT", cpu_ram_efficient_loading=False,
+            activation_checkpointing=False)}     # checkpointing stays the model's own (gradient_checkpointing)
     acc = new_accelerator(mixed_precision=recipe.mixed_precision, gradient_accumulation_steps=recipe.grad_accum,
                           cpu=device == "cpu", dataloader_config=DataLoaderConfiguration(
                               non_blocking=device == "cuda", split_batches=True),
-                          kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+                          kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)], **fsdp)
     world = acc.num_processes
     if recipe.batch_size % world:
         raise ValueError(f"agent {agent}: batch_size {recipe.batch_size} is split over {world} processes: make it a "
@@ -396,6 +411,7 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
         try:
             estimate = check_recipe_memory(
                 model, replace(recipe, batch_size=recipe.batch_size // world), longest,
+                shards=world if recipe.sharding == "fsdp" else 1,
                 free_bytes=gpu_free_bytes(acc.device),
                 where="this GPU" if world == 1 else f"{acc.device} (rank {acc.process_index} of {world})",
                 logit_tokens=longest - earliest + 1 if recipe.answer_logits_only else None)   # from the earliest answer
@@ -472,12 +488,17 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
               "attn_implementation": getattr(acc.unwrap_model(model).config, "_attn_implementation", None), "curve": curve,
               "memory_estimate_gib": round(estimate["total"] / 2 ** 30, 2) if estimate else None,
               "update_share": probe.shares(), "train_s": time.time() - t0}
+    # a sharded model's full weights are gathered from every rank (a collective: all ranks take part)
+    full = acc.get_state_dict(model) if recipe.sharding == "fsdp" else None
     if acc.is_main_process:
         trained = acc.unwrap_model(model)
         if recipe.float32_master_weights:                 # trained in float32, served in the recipe's dtype
             trained = trained.to(torch_dtype(recipe.dtype))
-        save_model(trained, proc, out_dir, record)
+            full = {k: v.to(torch_dtype(recipe.dtype)) if v.is_floating_point() else v
+                    for k, v in full.items()} if full is not None else None
+        save_model(trained, proc, out_dir, record, state_dict=full)
         del trained
+    del full
     acc.wait_for_everyone()
     release_training(acc, model)
     del model, opt, loader, sched, head, probe
@@ -660,14 +681,14 @@ def answers_in_reach(encoded: list[dict[str, Any]], agent: str, recipe: AgentRec
 
 
 def check_recipe_memory(model, recipe: AgentRecipe, seq_len: int, free_bytes: float | None = None,
-                        logit_tokens: int | None = None, where: str = "this GPU") -> dict[str, float]:
+                        logit_tokens: int | None = None, where: str = "this GPU", shards: int = 1) -> dict[str, float]:
     """Refuse (RecipeMemoryError) a recipe whose training step cannot fit the GPU's free memory with a 10%
     margin, naming a batch size / accumulation / checkpointing that fits (lib.models.train_memory's estimate from
     the model's configuration; `free_bytes` defaults to what the current CUDA device has free)."""
     if free_bytes is None:
         free_bytes = gpu_free_bytes()
     return check_fits(shape_of(model), recipe.batch_size, recipe.grad_accum, seq_len, free_bytes,
-                      recipe.gradient_checkpointing, where=where, logit_tokens=logit_tokens)
+                      recipe.gradient_checkpointing, where=where, logit_tokens=logit_tokens, shards=shards)
 
 
 def gpu_free_bytes(device: Any = None) -> float:
