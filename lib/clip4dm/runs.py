@@ -8,6 +8,7 @@ import gc
 import hashlib
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,7 +181,6 @@ def loader_ratio(model: "CLIP4DM", image_paths: Sequence[str], captions: Sequenc
     attribute, assemble words, write the cache's lines; a fresh cache each time) against the floor on the same
     pairs with the pixels already prepared (embed, attribute, assemble), timed in alternation, best of
     `repeats`. On a GPU the loader's threads should bring the ratio near 1; on a CPU both share the same cores."""
-    import tempfile
     import torch
     if len(image_paths) != len(captions):
         raise ValueError(f"loader_ratio: {len(image_paths)} images but {len(captions)} captions")

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -201,7 +202,6 @@ MEASURED_DIR = Path(__file__).resolve().parents[2] / "results" / "gpu"
 
 def _gpu_family(name: str) -> str:
     """"H100", "A100", ...: what a record's GPU and the table's GPU are matched on."""
-    import re
     m = re.search(r"\b([A-Z]\d{2,3}[A-Z]?)\b", name)
     return m.group(1) if m else name
 

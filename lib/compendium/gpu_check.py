@@ -25,7 +25,9 @@ copy it under `results/gpu/` to cite it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import re
 import sys
 import tempfile
@@ -78,20 +80,20 @@ class Run:
 
     def agent_rows(self) -> dict[str, Any]:
         if self.agent is None:
-            from lib.compendium.measure import measure_agent
+            from lib.compendium.measure import measure_agent  # lazy: a missing package is a SKIP
             self.agent = measure_agent(batch_sizes=(2,) if self.toy else (2, 4, 8),
                                        checkpointing=(False, True), toy=self.toy, work=self.work / "agent")
         return self.agent
 
     def tiny_paligemma(self) -> Path:
-        from lib.models import smoke
+        from lib.models import smoke  # lazy: a missing package is a SKIP
         d = self.work / "tiny_pg"
         if not (d / "config.json").exists():
             smoke.paligemma(d)
         return d
 
     def examples(self, n: int = 8):
-        from lib.compendium.measure import long_examples
+        from lib.compendium.measure import long_examples  # lazy: a missing package is a SKIP
         return long_examples(self.work / "memes", n, words=20)
 
 
@@ -147,10 +149,9 @@ def check_agent_update_share(run: Run) -> tuple[bool, str, dict]:
 def check_host_syncs(run: Run) -> tuple[bool, str, dict]:
     if not _cuda():
         raise Skip("no GPU: torch's sync debug mode counts CUDA synchronisations")
-    import contextlib
     import torch
-    from PIL import Image
-    from lib.sei import agents as A
+    from PIL import Image  # lazy: a missing package is a SKIP
+    from lib.sei import agents as A  # lazy: a missing package is a SKIP
     model, proc, _ = A._load_base(str(run.tiny_paligemma()), "float32", "sdpa")
     model = model.cuda().train()
     enc = [A.encode_example(proc, Image.new("RGB", (64, 64), (30 * k, 90, 160)), f"explain why {k}",
@@ -171,9 +172,9 @@ def check_refusal_before_allocation(run: Run) -> tuple[bool, str, dict]:
     if not _cuda():
         raise Skip("no GPU: the refusal reads the GPU's free memory")
     import torch
-    from lib.models import smoke
-    from lib.models.train_memory import RecipeMemoryError
-    from lib.sei.agents import AgentRecipe, train_agent
+    from lib.models import smoke  # lazy: a missing package is a SKIP
+    from lib.models.train_memory import RecipeMemoryError  # lazy: a missing package is a SKIP
+    from lib.sei.agents import AgentRecipe, train_agent  # lazy: a missing package is a SKIP
     base = run.work / ("tiny_pg" if run.toy else "pg3b_cpu")
     if not (base / "config.json").exists():
         smoke.paligemma(base, full_shape=not run.toy)
@@ -191,7 +192,7 @@ def check_refusal_before_allocation(run: Run) -> tuple[bool, str, dict]:
 
 
 def check_cut_answer_error(run: Run) -> tuple[bool, str, dict]:
-    from lib.sei.agents import AgentDataError, AgentRecipe, train_agent
+    from lib.sei.agents import AgentDataError, AgentRecipe, train_agent  # lazy: a missing package is a SKIP
     recipe = AgentRecipe(base=str(run.tiny_paligemma()), epochs=1, batch_size=2, max_train=4, max_len=1030)
     try:
         train_agent(run.examples(), run.work / "cut", recipe, "explain why {label} {ocr}", progress=False, force=True)
@@ -201,8 +202,7 @@ def check_cut_answer_error(run: Run) -> tuple[bool, str, dict]:
 
 
 def check_two_precisions(run: Run) -> tuple[bool, str, dict]:
-    import math
-    from lib.sei.agents import AgentRecipe, train_agent
+    from lib.sei.agents import AgentRecipe, train_agent  # lazy: a missing package is a SKIP
     losses = {}
     for mp in (("bf16", "fp16") if _cuda() else ("bf16", "no")):
         rec = train_agent(run.examples(), run.work / f"prec_{mp}", AgentRecipe(
@@ -214,7 +214,7 @@ def check_two_precisions(run: Run) -> tuple[bool, str, dict]:
 
 
 def check_clip4dm_ratio(run: Run) -> tuple[bool, str, dict]:
-    from lib.compendium.measure import measure_clip4dm
+    from lib.compendium.measure import measure_clip4dm  # lazy: a missing package is a SKIP
     rec = measure_clip4dm(shapes=("B/32", "H/14"), batch_sizes=(256,), n=512, toy=run.toy, work=run.work / "clip4dm")
     if not _cuda():
         raise Skip("no GPU (the toy run checked the code)")
@@ -224,7 +224,7 @@ def check_clip4dm_ratio(run: Run) -> tuple[bool, str, dict]:
 
 
 def check_trace_rate(run: Run) -> tuple[bool, str, dict]:
-    from lib.compendium.measure import measure_trace
+    from lib.compendium.measure import measure_trace  # lazy: a missing package is a SKIP
     rec = measure_trace(n=1000, toy=run.toy, work=run.work / "trace")
     if not _cuda():
         raise Skip("no GPU (the toy run checked the code)")

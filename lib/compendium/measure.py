@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -45,7 +46,10 @@ from lib.trace.model import TrainConfig
 from lib.trace.training import Trainer
 from lib.trace.features import FeatureCache, MemeBatchData
 from lib.trace.runs import lowest_layer, split_rows
-from lib.models.train_memory import GIB, RecipeMemoryError
+from lib.models.train_memory import GIB, RecipeMemoryError, shape_of
+from lib.models.chat import Chat, GenParams, image, text, user
+from lib.models.chat.hf import HFChatBackend
+from lib.models.nli import nli_entailment
 
 
 #: dense (no sparsity) bf16 Tensor Core peaks in TFLOP/s from NVIDIA's datasheets, matched in this order against
@@ -118,7 +122,6 @@ def measure_agent(batch_sizes: Sequence[int] = (2, 4, 8), checkpointing: Sequenc
     try:
         base = smoke_models.paligemma(root / "base", full_shape=not toy, device=device)
         from transformers import AutoConfig, AutoModelForImageTextToText
-        from lib.models.train_memory import shape_of
         with torch.device("meta"):                      # the shape without loading the weights
             shape = shape_of(AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(base)))
         params = shape.params
@@ -276,7 +279,6 @@ GENERATION_PARTS = ("captioning", "silver", "nli", "few_shot")
 
 
 def _commit() -> str | None:
-    import subprocess
     try:
         r = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                            timeout=30)
@@ -288,7 +290,6 @@ def _commit() -> str | None:
 def _generate_rate(chat, paths: Sequence[str], prompt: str, max_new_tokens: int) -> float:
     """Conversations per second of one image and a prompt each, generated `chat.batch_size` at a time."""
     import torch
-    from lib.models.chat import GenParams, image, text, user
     convs = [[user(image(str(p)), text(prompt))] for p in paths]
     t0 = time.perf_counter()
     chat.generate_many(convs, GenParams(temperature=0.0, max_new_tokens=max_new_tokens), progress=False)
@@ -308,8 +309,6 @@ def measure_generation(parts: Sequence[str] = GENERATION_PARTS, toy: bool = Fals
     second and peak memory each. `toy`: the tiny stand-ins on the CPU, a few items (the tests' plumbing check)."""
     import torch
     from transformers import AutoConfig, AutoProcessor
-    from lib.models.chat import Chat
-    from lib.models.chat.hf import HFChatBackend
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu" and not toy:
         raise RuntimeError("measure_generation: no GPU is visible; toy=True runs the tiny shapes on the CPU")
@@ -361,7 +360,6 @@ def measure_generation(parts: Sequence[str] = GENERATION_PARTS, toy: bool = Fals
         if "nli" in parts:
             reset()
             from transformers import AutoTokenizer, BartForSequenceClassification
-            from lib.models.nli import nli_entailment
             d = smoke_models.bart_mnli(root / "bart")
             cfg = AutoConfig.from_pretrained(d)
             if not toy:
@@ -384,7 +382,7 @@ def measure_generation(parts: Sequence[str] = GENERATION_PARTS, toy: bool = Fals
                 out["few_shot"] = {"skipped": "no vLLM server given: start one on this GPU with the flags of "
                                               "docs/models-and-serving.md and pass --vllm-url (and --vllm-model)"}
             else:
-                from lib.models.chat.openai_compatible import OpenAICompatibleBackend
+                from lib.models.chat.openai_compatible import OpenAICompatibleBackend  # lazy: needs jsonschema
                 chat = Chat(OpenAICompatibleBackend(vllm_model or "model", vllm_url, api_key_optional=True), None,
                             max_workers=16)
                 rate = _generate_rate(chat, paths, "Is this meme hateful? Answer yes or no, then say why.", 100)

@@ -56,17 +56,21 @@ from lib.models.chat.hf import HFChatBackend
 from lib.compendium.artifacts import save_model
 from lib.sei.retrieval import rank
 from lib.compendium.presets import default_device, folder_identity, get_preset, new_accelerator, torch_dtype
-from lib.models.train_memory import RecipeMemoryError, check_fits, shape_of
+from lib.models.train_memory import RecipeMemoryError, check_fits, free_bytes, shape_of
+from lib.sei.training_step import (ANSWER_KEYS, LAZY_PIXEL_BYTES, LazyExamples, TrainingDataError, UpdateProbe,  # noqa: F401
+                                   _answer_index, _every_rank_or_none, _global_count, _softcap, answer_loss,
+                                   empty_device_cache, release_training)
+from lib.compendium import sharding
 
 AGENTS = ("captioner", "explainer", "commonsense", "intervention")
 #: the modules whose definitions train an agent (its recipe, encoding and loop; the embedded base VLM's model
 #: class): a change to them retrains the agents, a change elsewhere reads them back
-TRAINING_CODE = ("lib.sei.agents", "lib.models.memeworld_vlm")
+TRAINING_CODE = ("lib.sei.agents", "lib.sei.training_step", "lib.models.memeworld_vlm")
 AGENT_SOURCES = {"captioner": "memecap", "explainer": "hatred", "commonsense": "memesense", "intervention": "memesense"}
 LABEL_WORDS = {0: "non-hateful", 1: "hateful"}
 
 
-class AgentDataError(ValueError):
+class AgentDataError(TrainingDataError):
     """An agent's training data is missing or malformed (names the dataset, record and field)."""
 
 
@@ -286,17 +290,6 @@ def encode_example(proc, img, prompt: str, target: str, max_len: int) -> dict[st
             "_answer_kept": sum(t != -100 for t in labels)}
 
 
-#: what `_collate` adds for `answer_loss`, all computed on the CPU so that the loss needs no host synchronisation:
-#: the (row, position) of every position that predicts an answer token, its target, and their number
-ANSWER_KEYS = ("_answer_rows", "_answer_cols", "_answer_targets", "_answer_count")
-
-
-def _answer_index(lab: "torch.Tensor") -> dict[str, Any]:
-    rows, cols = (lab[:, 1:] != -100).nonzero(as_tuple=True)      # position p predicts the token at p + 1
-    return {"_answer_rows": rows, "_answer_cols": cols, "_answer_targets": lab[rows, cols + 1],
-            "_answer_count": int(rows.numel())}
-
-
 def _collate(batch: list[dict[str, Any]], pad_id: int):
     n = max(len(b["input_ids"]) for b in batch)
     ids = torch.full((len(batch), n), pad_id, dtype=torch.long)
@@ -419,7 +412,9 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
             refusal = e
     _every_rank_or_none(acc, refusal)
     g = torch.Generator().manual_seed(recipe.seed)
-    loader = torch.utils.data.DataLoader(LazyExamples(encoded, proc, recipe.max_len) if lazy else encoded,
+    loader = torch.utils.data.DataLoader(LazyExamples(encoded, lambda im, pr, tg: encode_example(proc, im, pr, tg,
+                                                                                               recipe.max_len))
+                                         if lazy else encoded,
                                          batch_size=recipe.batch_size,
                                          shuffle=True, generator=g,
                                          collate_fn=lambda b: _collate(b, tok.pad_token_id or 0),
@@ -511,153 +506,6 @@ def _on_gpu(acc) -> bool:
     return acc.device.type == "cuda"
 
 
-class LazyExamples(torch.utils.data.Dataset):
-    """Encoded training examples whose pixels are made when a batch asks for them: `encode_example` again on the
-    example's image, prompt and target (`_src`), its tokens checked against the first encoding. The same tensors as
-    encoding everything first; memory for one batch's pixels instead of every example's, per process."""
-
-    def __init__(self, encoded: list[dict[str, Any]], proc, max_len: int):
-        self.encoded, self.proc, self.max_len = encoded, proc, max_len
-
-    def __len__(self) -> int:
-        return len(self.encoded)
-
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        x = self.encoded[i]
-        path, prompt, target = x["_src"]
-        with Image.open(path) as im:
-            enc = encode_example(self.proc, im.convert("RGB"), prompt, target, self.max_len)
-        if enc["input_ids"] != x["input_ids"]:
-            raise AgentDataError(f"training example {x['_id']} ({path}) encodes differently than when it was read: "
-                                 "its image or the processor changed during training")
-        return {**x, **{k: v for k, v in enc.items() if isinstance(v, torch.Tensor)}}
-
-
-def _every_rank_or_none(acc, error: Exception | None) -> None:
-    """Raise on every process of a launch when any process has an error (its own error where it has one, else
-    one naming the ranks that do); one process alone does nothing but raise its own. Keeps ranks in step: a
-    rank that stopped alone would leave the others waiting in a collective until its timeout."""
-    if acc.num_processes == 1:
-        if error is not None:
-            raise error
-        return
-    from accelerate.utils import gather_object
-    msgs = gather_object([None if error is None else f"{type(error).__name__}: {error}"])
-    failed = [(r, m) for r, m in enumerate(msgs) if m]
-    if failed:            # every rank raises the same account of every rank's error (the earliest rank first)
-        kind = type(error) if error is not None else (
-            FloatingPointError if all(m.startswith("FloatingPointError") for _, m in failed) else RecipeMemoryError)
-        raise kind(f"rank {acc.process_index} of {acc.num_processes} stops with the launch: "
-                   + "; ".join(f"rank {r}: {m}" for r, m in failed))
-
-
-def _global_count(acc, answer: dict[str, Any]) -> "torch.Tensor":
-    """The whole batch's answer tokens, summed over the processes it was split across (a device tensor: no host
-    synchronisation)."""
-    n = torch.tensor(float(answer["_answer_count"]), device=acc.device)
-    return acc.reduce(n, reduction="sum")
-
-
-def release_training(acc, model) -> None:
-    """Drop what keeps a trained model alive after its training: accelerate's lists of prepared objects, and
-    the forward it bound to the model itself for mixed precision (a bound method of the model stored on the
-    model: a reference cycle only the garbage collector would break, holding the weights, and through the
-    optimizer the gradients and Adam's state, until it ran). Then collect, so that the memory is free when
-    `train_agent` returns: a second agent trained in the same process gets the whole device."""
-    import gc
-    for m in {id(x): x for x in (model, acc.unwrap_model(model, keep_fp32_wrapper=False))}.values():
-        m.__dict__.pop("forward", None)
-        m.__dict__.pop("_original_forward", None)
-    acc.free_memory()
-    gc.collect()
-
-
-def empty_device_cache() -> None:
-    """Return the caching allocator's unused blocks to the device (a no-op without CUDA)."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.empty_cache()
-
-
-class UpdateProbe:
-    """The share of weights one optimizer step changes, measured on a fixed random sample of each weight tensor
-    (`sample` elements, or all of a smaller one) copied before the step and compared after it. In bfloat16 a step
-    under half a unit in the last place of a weight is rounded away: at the paper's lr of 2e-5 that is any weight
-    above about 8e-3 in magnitude (2^-7), so most of a trained model's weights do not move."""
-
-    def __init__(self, model, sample: int = 4096, seed: int = 0):
-        g = torch.Generator().manual_seed(seed)
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.index = [(torch.arange(p.numel()) if p.numel() <= sample else
-                       torch.randint(0, p.numel(), (sample,), generator=g)).to(p.device) for p in self.params]
-        self.before_values: list["torch.Tensor"] = []
-        self.measured: list[dict[str, float]] = []
-
-    def before(self) -> None:
-        self.before_values = [p.detach().reshape(-1)[i].clone() for p, i in zip(self.params, self.index)]
-
-    def after(self) -> None:
-        changed = torch.stack([(p.detach().reshape(-1)[i] != b).sum() for p, i, b in
-                               zip(self.params, self.index, self.before_values)]).sum()
-        n = sum(int(i.numel()) for i in self.index)
-        self.measured.append({"changed": changed, "sampled": n})  # a device tensor: read once, at the end
-        self.before_values = []
-
-    def shares(self) -> dict[str, Any]:
-        """{"first_step": share, "last_step": share, "sampled": n, "dtype": the weights' dtype}."""
-        if not self.measured:
-            return {}
-        vals = [float(m["changed"]) / m["sampled"] for m in self.measured]
-        return {"first_step": round(vals[0], 6), "last_step": round(vals[-1], 6), "sampled": self.measured[0]["sampled"],
-                "dtype": str(self.params[0].dtype).removeprefix("torch.") if self.params else None}
-
-
-def answer_loss(model, batch: dict[str, Any], answer: dict[str, Any], head, autocast, chunk: int = 1024,
-                denominator=None) -> "torch.Tensor":
-    """The causal-LM loss on the answer tokens (mean cross-entropy over labels != -100, in float32) without the
-    vocabulary-wide logits: the model runs with a hook on its output layer (`head`) that keeps the final hidden
-    states and lets the layer compute one position; the answer positions (`answer`: `_collate`'s indices,
-    computed on the CPU, so nothing here waits on the device) are gathered and the output layer, the float32
-    upcast and the cross-entropy run on `chunk` of them at a time, each chunk recomputed in the backward pass
-    rather than kept (torch.utils.checkpoint). `autocast`: the accelerator's autocast context, so the chunks
-    compute as the model's own output layer would. The same value and gradients as the model's own loss."""
-    kept: list[Any] = []
-
-    def keep_hidden(_module, args):
-        kept.append(args[0])
-        return (args[0][:, -1:],)             # the model's own logits: one position, unused
-
-    hook = head.register_forward_pre_hook(keep_hidden)
-    try:
-        model(**{k: v for k, v in batch.items() if k != "labels"})
-    finally:
-        hook.remove()
-    hidden = kept[0][answer["_answer_rows"], answer["_answer_cols"]]
-    cap = _softcap(model)
-    targets = answer["_answer_targets"]
-
-    def chunk_loss(h, t):
-        with autocast():
-            logits = head(h)
-        logits = logits.float()
-        if cap:
-            logits = torch.tanh(logits / cap) * cap
-        return torch.nn.functional.cross_entropy(logits, t, reduction="sum")
-
-    from torch.utils.checkpoint import checkpoint
-    total = sum(checkpoint(chunk_loss, hidden[i:i + chunk], targets[i:i + chunk], use_reentrant=False)
-                for i in range(0, answer["_answer_count"], chunk))
-    if not answer["_answer_count"]:          # this process's share of the batch has no answer token
-        total = hidden.sum() * 0.0
-    return total / (max(1, answer["_answer_count"]) if denominator is None else denominator)
-
-
-def _softcap(model) -> float | None:
-    """The final logit soft-capping of Gemma-2 decoders (PaliGemma 2), applied after the output layer."""
-    cfg = getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)
-    text = getattr(cfg, "text_config", None) or cfg
-    return getattr(text, "final_logit_softcapping", None)
-
-
 def answers_in_reach(encoded: list[dict[str, Any]], agent: str, recipe: AgentRecipe
                      ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     """The encoded examples that keep at least one answer token after `max_len`, and how many lost it all
@@ -693,14 +541,8 @@ def check_recipe_memory(model, recipe: AgentRecipe, seq_len: int, free_bytes: fl
 
 def gpu_free_bytes(device: Any = None) -> float:
     """Free memory of a CUDA device (default: the current one), the caching allocator's unused blocks included."""
-    from lib.models.train_memory import free_bytes
     return free_bytes(device)
 
-
-#: above this many bytes of pixels (every training example's, in float32), and in every process of a launch, the
-#: examples keep their tokens and make their pixels when a batch asks (LazyExamples): on HatReDAug at 448 px that is
-#: about 20 GB per process, where the embedded agents' few hundred examples hold well under this
-LAZY_PIXEL_BYTES = 2 * 1024 ** 3
 
 #: steps between host synchronisations of the training loss (each reads the pending losses at once)
 LOSS_SYNC_EVERY = 16
@@ -725,8 +567,7 @@ def run_agent(chat, template: str, items: Sequence[tuple[Any, dict[str, str]]], 
               temperature: float = 0.0, desc: str | None = None, progress: bool = True) -> list[Any]:
     """Agent answers for (image path, template inputs) pairs, through the response cache.
     The paper's temperature 0.001 is greedy decoding for a local model (0.0 here)."""
-    from lib.compendium import sharding      # under a launch of several processes each generates its share
-    convs = [[user(image(str(p)), text(render_prompt(template, inp)))] for p, inp in items]
+    convs = [[user(image(str(p)), text(render_prompt(template, inp)))] for p, inp in items]   # sharded in a launch
     return sharding.generate(chat, convs, GenParams(temperature=temperature, max_new_tokens=max_new_tokens),
                              desc=desc, progress=progress)
 

@@ -143,7 +143,7 @@ def parse_structured(text: str, params: GenParams) -> tuple[Any, str | None]:
             if len(hits) == 1:
                 return hits[0], None
         return None, str(e)
-    import jsonschema      # here, not at import: a GPU machine's image without it can still train and serve agents
+    import jsonschema  # lazy: a GPU machine's image without it can still train and serve agents
     try:
         jsonschema.validate(value, schema)
     except jsonschema.ValidationError as e:
