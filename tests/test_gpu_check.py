@@ -45,3 +45,19 @@ def test_a_failing_check_fails_the_command_and_the_rest_still_run(tmp_path, monk
     assert rc == 1 and lines[0] == "FAIL cut_answer_error: RuntimeError: broken" and lines[1] == "PASS two_precisions: fine"
     assert json.loads(path.read_text())["checks"][0]["traceback"]
     assert gpu_check.main(["--toy", "--only", "nothing"]) == 2
+
+
+def test_a_gpu_check_record_is_what_the_cost_table_reads(tmp_path, monkeypatch):
+    """gpu_check writes measure's records at its record's top level beside its checks, so a record copied under
+    results/gpu/ shows in the cost table."""
+    from lib.compendium import costs, gpu_check
+    monkeypatch.setattr(gpu_check, "check_clip4dm_ratio", lambda run: (
+        run.parts.__setitem__("clip4dm", {"device": "NVIDIA H100 80GB HBM3", "torch": "2.14.1", "runs": [
+            {"shape": "H/14", "from_files_pairs_per_s": 50.0}]}) or (True, "measured", {})))
+    rc, path = gpu_check.run_checks(toy=True, only=("clip4dm_ratio",), work=tmp_path / "w",
+                                    out=tmp_path / "gpu" / "h100.json", echo=lambda s: None)
+    rec = json.loads(path.read_text())
+    assert rc == 0 and rec["clip4dm"]["runs"][0]["shape"] == "H/14" and rec["clip4dm"]["commit"]
+    monkeypatch.setattr(costs, "MEASURED_DIR", tmp_path / "gpu")
+    row = next(r for r in costs.cost_rows("paper") if r.stage == "03 CLIP4DM")
+    assert row.kind == "measured" and "h100.json" in row.settings

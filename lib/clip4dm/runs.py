@@ -214,15 +214,16 @@ def loader_ratio(model: "CLIP4DM", image_paths: Sequence[str], captions: Sequenc
             "floor_pairs_per_s": n / t_floor, "ratio": t_floor / t_files}
 
 
-def _read_cache(path: Path) -> dict[str, dict[str, Any]]:
+def _read_cache(path: Path, truncate: bool = True) -> dict[str, dict[str, Any]]:
     """The rows of an attribution cache file by key; a last line cut short by a crash is dropped (its pairs are
-    computed again)."""
+    computed again), and cut off the file when `truncate` (the file this process appends to)."""
     if not path.exists():
         return {}
     data = path.read_bytes()
     if data and not data.endswith(b"\n"):
-        with open(path, "r+b") as f:
-            f.truncate(data.rfind(b"\n") + 1)
+        if truncate:
+            with open(path, "r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
         data = data[:data.rfind(b"\n") + 1]
     out = {}
     for line in data.decode("utf-8").splitlines():
@@ -252,10 +253,15 @@ def attribute_pairs(model: CLIP4DM, pairs: Sequence[tuple[str, str]], cache_path
     def key(p):
         return hashlib.sha1(f"{tag}\x00{os.path.realpath(p[0])}\x00{p[1]}".encode()).hexdigest()
     rank, world = sharding.launch()
+    out_file = cache_path if world == 1 else cache_path.with_name(f"{cache_path.name}.rank{rank}")
     done: dict[str, dict[str, Any]] = {}
-    # the cache, and under a launch each process's own file beside it (any earlier launch's too: a resume reads all)
+    # the cache, and under a launch each process's own file beside it (any earlier launch's too: a resume reads
+    # all); under a launch every process reads them between two barriers, before any writes, so all see the same
+    # pairs done and share out the same chunks; a line cut short by a crash is cut off only in one's own file
+    sharding.barrier()
     for f in [cache_path, *sorted(cache_path.parent.glob(f"{cache_path.name}.rank*"))]:
-        done.update(_read_cache(f))
+        done.update(_read_cache(f, truncate=f == out_file))
+    sharding.barrier()
     keys = [key(p) for p in pairs]
     todo = list(dict.fromkeys(k for k in keys if k not in done))
     by_key = {k: p for k, p in zip(keys, pairs)}
@@ -275,7 +281,6 @@ def attribute_pairs(model: CLIP4DM, pairs: Sequence[tuple[str, str]], cache_path
     batches = encoder_image_batches(model.encoder, flat, batch_size, workers) if flat else iter(())
     last_use = {by_key[k][0]: j for j in my_chunks for k in pair_chunks[j]}
     emb: dict[str, Any] = {}
-    out_file = cache_path if world == 1 else cache_path.with_name(f"{cache_path.name}.rank{rank}")
     bar = tqdm(total=len(my_chunks), desc=desc, disable=not progress or not todo)
     position = iter(my_chunks)
 

@@ -203,7 +203,9 @@ MEASURED_DIR = Path(__file__).resolve().parents[2] / "results" / "gpu"
 def _gpu_family(name: str) -> str:
     """"H100", "A100", ...: what a record's GPU and the table's GPU are matched on."""
     m = re.search(r"\b([A-Z]\d{2,3}[A-Z]?)\b", name)
-    return m.group(1) if m else name
+    fam = m.group(1) if m else name
+    variant = next((v for v in ("PCIe", "NVL") if v.lower() in name.lower()), "")   # H100 PCIe is not an SXM H100
+    return f"{fam} {variant}".strip()
 
 
 def measured_agent_training(gpu: str, batch: int, checkpointing: bool, folder: Path | None = None
@@ -360,7 +362,9 @@ def cost_rows(profile: str = "paper", a: Assumptions | None = None) -> list[Row]
     est_h = train_seconds(pg, train_tok, a_est) / 3600
     if meas:
         hours = S["agent_examples"] * int(rec["epochs"]) * meas["s_per_example"] / 3600
-        kind = "measured"
+        # a record of other settings (eager attention where the recipe asks for SDPA) is a measurement of them
+        eager = "eager attention" in meas["what"]
+        kind = "measured" if eager == shape.eager_attention else "measured, other settings"
         measured_note = (f"measured: {meas['s_per_example']:.2f} s per example at batch {meas['batch_size']}"
                          f"{' with' if meas['gradient_checkpointing'] else ' without'} checkpointing ({meas['source']}; "
                          f"{meas['what']}); the FLOP estimate at "

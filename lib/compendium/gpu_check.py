@@ -29,6 +29,7 @@ import contextlib
 import json
 import math
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +47,14 @@ PEAK_TOLERANCE = 0.15
 LEFT_GIB = 0.25
 CHECKS = ("agent_memory", "agent_mfu", "agent_memory_left", "agent_update_share", "host_syncs",
           "refusal_before_allocation", "cut_answer_error", "two_precisions", "clip4dm_ratio", "trace_rate")
+
+
+def _commit() -> str | None:
+    try:
+        r = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() or None
 
 
 class Skip(Exception):
@@ -77,12 +86,14 @@ class Run:
     def __init__(self, toy: bool, work: Path):
         self.toy, self.work = toy, work
         self.agent: dict[str, Any] | None = None
+        self.parts: dict[str, Any] = {}        # measure's records, at the record's top level for lib.compendium.costs
 
     def agent_rows(self) -> dict[str, Any]:
         if self.agent is None:
             from lib.compendium.measure import measure_agent  # lazy: a missing package is a SKIP
             self.agent = measure_agent(batch_sizes=(2,) if self.toy else (2, 4, 8),
                                        checkpointing=(False, True), toy=self.toy, work=self.work / "agent")
+            self.parts["agent_training"] = self.agent
         return self.agent
 
     def tiny_paligemma(self) -> Path:
@@ -102,6 +113,8 @@ def check_agent_memory(run: Run) -> tuple[bool, str, dict]:
     if not _cuda():
         raise Skip("no GPU: the peak is a GPU measurement (the toy run checked the code)")
     bad, parts = [], []
+    if not any("refused" not in r for r in rec["runs"]):
+        return False, "every setting was refused: no peak was measured", {"runs": rec["runs"]}
     for r in rec["runs"]:
         tag = f"batch {r['batch_size']}{' ckpt' if r['gradient_checkpointing'] else ''}"
         if "refused" in r:
@@ -133,7 +146,9 @@ def check_agent_memory_left(run: Run) -> tuple[bool, str, dict]:
     if not _cuda():
         raise Skip("no GPU")
     left = [r["left_gib"] for r in rec["runs"] if r.get("left_gib") is not None]
-    return bool(left) and max(left) <= LEFT_GIB, f"at most {max(left):.2f} GiB held after train_agent returned " \
+    if not left:
+        return False, "no run measured what the device held after train_agent", {}
+    return max(left) <= LEFT_GIB, f"at most {max(left):.2f} GiB held after train_agent returned " \
         f"(allowed {LEFT_GIB} GiB)", {"left_gib": left}
 
 
@@ -216,6 +231,7 @@ def check_two_precisions(run: Run) -> tuple[bool, str, dict]:
 def check_clip4dm_ratio(run: Run) -> tuple[bool, str, dict]:
     from lib.compendium.measure import measure_clip4dm  # lazy: a missing package is a SKIP
     rec = measure_clip4dm(shapes=("B/32", "H/14"), batch_sizes=(256,), n=512, toy=run.toy, work=run.work / "clip4dm")
+    run.parts["clip4dm"] = rec
     if not _cuda():
         raise Skip("no GPU (the toy run checked the code)")
     ok = all(r["ratio"] > 0 for r in rec["runs"])
@@ -226,6 +242,7 @@ def check_clip4dm_ratio(run: Run) -> tuple[bool, str, dict]:
 def check_trace_rate(run: Run) -> tuple[bool, str, dict]:
     from lib.compendium.measure import measure_trace  # lazy: a missing package is a SKIP
     rec = measure_trace(n=1000, toy=run.toy, work=run.work / "trace")
+    run.parts["trace"] = rec
     if not _cuda():
         raise Skip("no GPU (the toy run checked the code)")
     return rec["cache_memes_per_s"] > 0, (f"feature cache {rec['cache_memes_per_s']:.0f} memes/s, "
@@ -267,7 +284,9 @@ def run_checks(toy: bool = False, only: Sequence[str] = CHECKS, work: Path | Non
             tmp.cleanup()
     record = {"what": "lib.compendium.gpu_check" + (" --toy" if toy else ""), "device": device,
               "torch": torch.__version__, "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d"),
-              "seconds": round(time.time() - t_all, 1), "checks": results}
+              "seconds": round(time.time() - t_all, 1), "checks": results,
+              **{k: {**v, "commit": v.get("commit") or _commit(), "date": time.strftime("%Y-%m-%d")}
+                 for k, v in run.parts.items()}}
     slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
     path = out or ROOT / "artifacts" / "measured" / f"gpu_check-{slug}{'-toy' if toy else ''}.json"
     path.parent.mkdir(parents=True, exist_ok=True)

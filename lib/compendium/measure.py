@@ -7,7 +7,7 @@ For each batch size and gradient-checkpointing setting it trains a random PaliGe
 profile's recipe otherwise, for two short epochs on memes whose prompts fill about `max_len` tokens, and
 records the peak GPU memory, the seconds per example of the second epoch (the first pays for warm-up),
 `lib.models.train_memory`'s estimate beside the peak, and the model-FLOPs utilisation the conventional way:
-6 x parameters x tokens per example plus the decoder's attention (12 x layers x hidden x tokens^2; forward and
+6 x non-embedding parameters x tokens per example plus the decoder's attention (12 x layers x hidden x tokens^2; forward and
 backward, a checkpointing recompute not counted) against the GPU's dense bf16 peak from its datasheet
 (`DATASHEET_BF16_TFLOPS`; none for a GPU the table does not know). Beside it, labelled, the same FLOPs against
 the bf16 matrix rate measured here by a large matrix product, which reads higher (a GPU reaches about two
@@ -68,10 +68,12 @@ def datasheet_tflops(device_name: str) -> float | None:
 
 
 def training_flops(shape, tokens: float) -> float:
-    """FLOPs of one training example (forward and backward): 6 x parameters x tokens plus the decoder's attention
-    scores and weighted sums, 12 x layers x hidden x tokens^2 (the usual model-FLOPs count; no recompute)."""
+    """FLOPs of one training example (forward and backward): 6 x non-embedding parameters x tokens plus the
+    decoder's attention scores and weighted sums, 12 x layers x hidden x tokens^2 (the usual model-FLOPs count,
+    no recompute). The token embedding, tied to the output layer, is left out: the embedding is a lookup, and the
+    answer-only loss runs the output layer on the answer's few positions, not on every token."""
     d = shape.decoder
-    return 6 * shape.params * tokens + 12 * d.layers * d.hidden * tokens ** 2
+    return 6 * (shape.params - shape.vocab * d.hidden) * tokens + 12 * d.layers * d.hidden * tokens ** 2
 
 
 def matmul_tflops(device: str, size: int = 8192, repeats: int = 20) -> float:

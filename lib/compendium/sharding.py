@@ -37,13 +37,30 @@ def mine(n_chunks: int, rank: int, world: int) -> list[int]:
 def _gather(obj: Any) -> list[Any]:
     """Every rank's `obj`, in rank order, on every rank: torch.distributed's object all-gather over the launch's
     process group (joined from the launcher's environment if nothing has yet: NCCL with GPUs, else gloo)."""
-    import torch
-    import torch.distributed as dist
-    if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    dist = _group()
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+def _group():
+    """torch.distributed with the launch's process group joined (NCCL on each process's own GPU, else gloo)."""
+    import torch
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        if torch.cuda.is_available():
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local)
+            dist.init_process_group(backend="nccl", device_id=torch.device("cuda", local))
+        else:
+            dist.init_process_group(backend="gloo")
+    return dist
+
+
+def barrier() -> None:
+    """Every process of a launch waits here for the others (nothing outside a launch)."""
+    if launch()[1] > 1:
+        _group().barrier()
 
 
 def all_chunks(items: Sequence[T], size: int, run: Callable[[list[T]], list[R]],

@@ -130,14 +130,16 @@ def optimizer_bytes(shape: ModelShape, optimizer: str = "foreach", shards: int =
 
 def step_bytes(shape: ModelShape, batch: int, seq_len: int, gradient_checkpointing: bool = False,
                act_bytes: int = 2, logit_tokens: int | None = None, grad_accum: int = 1,
-               optimizer: str = "foreach", shards: int = 1) -> dict[str, float]:
+               optimizer: str = "foreach", shards: int = 1, ddp: bool = False) -> dict[str, float]:
     """Peak bytes of one training step with Adam, by term (see the module docstring): the forward/backward
     peak (`states` + `activations` + `logits`, plus the gradients kept between micro-batches when
     `grad_accum` > 1) and the optimizer step's (`optimizer_step`); `total` is the larger. `logit_tokens`: the
     positions whose logits are computed (default all `seq_len`; the answer span with `answer_logits_only`).
     `shards`: a fully sharded model (FSDP) over that many processes holds its share of the weights, gradients and
     Adam state, plus one layer's full weights while it runs (counted as the largest tensor twice); activations and
-    logits are each process's own."""
+    logits are each process's own. `ddp`: DistributedDataParallel's gradient buckets, a second copy of every
+    gradient (its default; bucket views would make an unused weight's missing gradient a zero one, which Adam's
+    weight decay then moves), held from the backward pass through the optimizer step."""
     states = shape.params * shape.weight_bytes * 3 / shards
     if shards > 1:
         states += 2 * largest_tensor(shape) * shape.weight_bytes
@@ -157,9 +159,11 @@ def step_bytes(shape: ModelShape, batch: int, seq_len: int, gradient_checkpointi
     logits = batch * (logit_tokens or seq_len) * shape.vocab * (act_bytes + 4 + 4)
     kept_grads = shape.params * shape.weight_bytes / shards if grad_accum > 1 else 0.0
     forward_backward = states + kept_grads + acts + logits
-    opt = optimizer_bytes(shape, optimizer, shards)["total"]
+    buckets = shape.params * shape.weight_bytes if ddp else 0.0
+    opt = optimizer_bytes(shape, optimizer, shards)["total"] + buckets
     return {"states": states, "activations": acts, "logits": logits, "accumulated_gradients": kept_grads,
-            "forward_backward": forward_backward, "optimizer_step": opt, "total": max(forward_backward, opt)}
+            "ddp_buckets": buckets, "forward_backward": forward_backward + buckets, "optimizer_step": opt,
+            "total": max(forward_backward + buckets, opt)}
 
 
 def free_bytes(device: Any = None) -> float:
@@ -176,7 +180,7 @@ def fits(total_bytes: float, available_bytes: float, margin: float = 0.10) -> bo
 
 def settings_that_fit(shape: ModelShape, batch: int, grad_accum: int, seq_len: int, available_bytes: float,
                       gradient_checkpointing: bool, margin: float = 0.10,
-                      logit_tokens: int | None = None, shards: int = 1) -> list[dict[str, Any]]:
+                      logit_tokens: int | None = None, shards: int = 1, ddp: bool = False) -> list[dict[str, Any]]:
     """Settings with the same effective batch (batch x grad_accum) that fit, best first: the same batch with
     gradient checkpointing, then smaller batches with more accumulation, with and without checkpointing."""
     effective = batch * grad_accum
@@ -186,7 +190,7 @@ def settings_that_fit(shape: ModelShape, batch: int, grad_accum: int, seq_len: i
         while b >= 1:
             if effective % b == 0:
                 need = step_bytes(shape, b, seq_len, ckpt, logit_tokens=logit_tokens,
-                                  grad_accum=effective // b, shards=shards)["total"]
+                                  grad_accum=effective // b, shards=shards, ddp=ddp)["total"]
                 if fits(need, available_bytes, margin):
                     out.append({"batch_size": b, "grad_accum": effective // b, "gradient_checkpointing": ckpt,
                                 "gib": need / GIB})
@@ -201,15 +205,15 @@ class RecipeMemoryError(RuntimeError):
 
 def check_fits(shape: ModelShape, batch: int, grad_accum: int, seq_len: int, available_bytes: float,
                gradient_checkpointing: bool, where: str = "the GPU", margin: float = 0.10,
-               logit_tokens: int | None = None, shards: int = 1) -> dict[str, float]:
+               logit_tokens: int | None = None, shards: int = 1, ddp: bool = False) -> dict[str, float]:
     """Raise RecipeMemoryError, naming settings that fit, when one step's estimated peak (plus `margin`)
     exceeds `available_bytes`; otherwise return the estimate's terms."""
     est = step_bytes(shape, batch, seq_len, gradient_checkpointing, logit_tokens=logit_tokens, grad_accum=grad_accum,
-                     shards=shards)
+                     shards=shards, ddp=ddp)
     if fits(est["total"], available_bytes, margin):
         return est
     alts = settings_that_fit(shape, batch, grad_accum, seq_len, available_bytes, gradient_checkpointing, margin,
-                             logit_tokens, shards)
+                             logit_tokens, shards, ddp)
     terms = ", ".join(f"{k.replace('_', ' ')} {v / GIB:.1f}" for k, v in est.items() if k != "total" and v)
     hint = ("; settings with the same effective batch that fit: " + "; ".join(
         f"batch_size {a['batch_size']}, grad_accum {a['grad_accum']}, gradient_checkpointing "

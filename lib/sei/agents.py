@@ -57,9 +57,9 @@ from lib.compendium.artifacts import save_model
 from lib.sei.retrieval import rank
 from lib.compendium.presets import default_device, folder_identity, get_preset, new_accelerator, torch_dtype
 from lib.models.train_memory import RecipeMemoryError, check_fits, free_bytes, shape_of
-from lib.sei.training_step import (ANSWER_KEYS, LAZY_PIXEL_BYTES, LazyExamples, TrainingDataError, UpdateProbe,  # noqa: F401
-                                   _answer_index, _every_rank_or_none, _global_count, _softcap, answer_loss,
-                                   empty_device_cache, release_training)
+from lib.sei.training_step import (ANSWER_KEYS, LAZY_PIXEL_BYTES, LazyExamples, PaddedExamples,  # noqa: F401
+                                   TrainingDataError, UpdateProbe, _answer_index, _every_rank_or_none, _global_count,
+                                   _softcap, answer_loss, empty_device_cache, full_batches, release_training)
 from lib.compendium import sharding
 
 AGENTS = ("captioner", "explainer", "commonsense", "intervention")
@@ -404,21 +404,26 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
         try:
             estimate = check_recipe_memory(
                 model, replace(recipe, batch_size=recipe.batch_size // world), longest,
-                shards=world if recipe.sharding == "fsdp" else 1,
+                shards=world if recipe.sharding == "fsdp" else 1, ddp=world > 1 and recipe.sharding == "ddp",
                 free_bytes=gpu_free_bytes(acc.device),
-                where="this GPU" if world == 1 else f"{acc.device} (rank {acc.process_index} of {world})",
+                where="this GPU" if world == 1 else (
+                    f"{acc.device} (rank {acc.process_index} of {world}; the batch sizes here are each GPU's, the "
+                    f"recipe's batch_size is {world} times one)"),
                 logit_tokens=longest - earliest + 1 if recipe.answer_logits_only else None)   # from the earliest answer
         except RecipeMemoryError as e:
             refusal = e
     _every_rank_or_none(acc, refusal)
     g = torch.Generator().manual_seed(recipe.seed)
-    loader = torch.utils.data.DataLoader(LazyExamples(encoded, lambda im, pr, tg: encode_example(proc, im, pr, tg,
-                                                                                               recipe.max_len))
-                                         if lazy else encoded,
-                                         batch_size=recipe.batch_size,
-                                         shuffle=True, generator=g,
-                                         collate_fn=lambda b: _collate(b, tok.pad_token_id or 0),
-                                         pin_memory=acc.device.type == "cuda")   # pinned: the copy does not block
+    data = LazyExamples(encoded, lambda im, pr, tg: encode_example(proc, im, pr, tg, recipe.max_len)) if lazy else encoded
+    collate = lambda b: _collate(b, tok.pad_token_id or 0)           # noqa: E731
+    if world == 1:
+        loader = torch.utils.data.DataLoader(data, batch_size=recipe.batch_size, shuffle=True, generator=g,
+                                             collate_fn=collate, pin_memory=acc.device.type == "cuda")
+    else:       # one process's batches, the last filled up with answerless copies, so that no process trains on
+                # a repeated example (accelerate would refill a short last batch from the first)
+        loader = torch.utils.data.DataLoader(
+            PaddedExamples(data), batch_sampler=full_batches(len(data), recipe.batch_size, g), collate_fn=collate,
+            pin_memory=acc.device.type == "cuda")
     opt = torch.optim.Adam(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
     steps = recipe.epochs * max(1, len(loader) // recipe.grad_accum)
     warm = int(recipe.warmup_share * steps)
@@ -426,6 +431,19 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
     head = model.get_output_embeddings()
     model, opt, loader, sched = acc.prepare(model, opt, loader, sched)
     probe = UpdateProbe(acc.unwrap_model(model), seed=recipe.seed)
+    try:
+        return _train_loop(acc, model, opt, loader, sched, head, probe, recipe, agent, world, encoded, cut, key,
+                           base_digest, checkpointing, estimate, proc, out_dir, progress)
+    finally:        # done or failed, nothing of the model stays on the device
+        release_training(acc, model)
+        del model, opt, loader, sched, head, probe
+        empty_device_cache()
+
+
+def _train_loop(acc, model, opt, loader, sched, head, probe, recipe: AgentRecipe, agent: str, world: int,
+                encoded: list[dict[str, Any]], cut: dict[str, int], key: str, base_digest: Any, checkpointing: bool,
+                estimate: dict[str, float] | None, proc, out_dir: Path, progress: bool) -> dict[str, Any]:
+    """train_agent's epochs, record and save (its caller releases the model, whatever happens here)."""
     syncs = recipe.epochs * math.ceil(len(loader) / recipe.grad_accum)     # optimizer steps that update the weights
     curve, t0, done = [], time.time(), 0
     bar = tqdm(total=recipe.epochs * len(loader), desc=f"fine-tune {agent}", disable=not progress)
@@ -495,9 +513,6 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
         del trained
     del full
     acc.wait_for_everyone()
-    release_training(acc, model)
-    del model, opt, loader, sched, head, probe
-    empty_device_cache()
     return {**record, "cached": False}
 
 
@@ -529,14 +544,15 @@ def answers_in_reach(encoded: list[dict[str, Any]], agent: str, recipe: AgentRec
 
 
 def check_recipe_memory(model, recipe: AgentRecipe, seq_len: int, free_bytes: float | None = None,
-                        logit_tokens: int | None = None, where: str = "this GPU", shards: int = 1) -> dict[str, float]:
+                        logit_tokens: int | None = None, where: str = "this GPU", shards: int = 1,
+                        ddp: bool = False) -> dict[str, float]:
     """Refuse (RecipeMemoryError) a recipe whose training step cannot fit the GPU's free memory with a 10%
     margin, naming a batch size / accumulation / checkpointing that fits (lib.models.train_memory's estimate from
     the model's configuration; `free_bytes` defaults to what the current CUDA device has free)."""
     if free_bytes is None:
         free_bytes = gpu_free_bytes()
     return check_fits(shape_of(model), recipe.batch_size, recipe.grad_accum, seq_len, free_bytes,
-                      recipe.gradient_checkpointing, where=where, logit_tokens=logit_tokens, shards=shards)
+                      recipe.gradient_checkpointing, where=where, logit_tokens=logit_tokens, shards=shards, ddp=ddp)
 
 
 def gpu_free_bytes(device: Any = None) -> float:

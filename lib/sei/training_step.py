@@ -57,6 +57,47 @@ class LazyExamples(torch.utils.data.Dataset):
         return {**x, **{k: v for k, v in enc.items() if isinstance(v, torch.Tensor)}}
 
 
+class PaddedExamples(torch.utils.data.Dataset):
+    """Examples, and at index -(j + 1) an answerless copy of example j (every label -100: no token of it counts)."""
+
+    def __init__(self, base):
+        self.base = base
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if i >= 0:
+            return self.base[i]
+        x = self.base[-i - 1]
+        return {**x, "labels": [-100] * len(x["labels"]), "_id": f"{x['_id']} (filler)"}
+
+
+class FullBatches:
+    """The batches one process's shuffled DataLoader makes of `n` examples, a new order each epoch from the same
+    sampler and generator, the last batch filled up to `batch_size` with answerless copies of its own first
+    example (PaddedExamples' negative indices): a launch splits every batch evenly, and nothing is trained twice.
+    A batch sampler (accelerate's split_batches reads its `batch_size`)."""
+
+    def __init__(self, n: int, batch_size: int, generator: "torch.Generator"):
+        self.n, self.batch_size, self._generator, self.drop_last = n, batch_size, generator, False
+
+    def __len__(self) -> int:
+        return -(-self.n // self.batch_size)
+
+    def __iter__(self):
+        # a DataLoader draws its workers' base seed from the generator before the sampler's order: so do we
+        torch.empty((), dtype=torch.int64).random_(generator=self._generator)
+        order = list(torch.utils.data.RandomSampler(range(self.n), generator=self._generator))
+        for s in range(0, self.n, self.batch_size):
+            b = order[s:s + self.batch_size]
+            yield b + [-(b[0] + 1)] * (self.batch_size - len(b))
+
+
+def full_batches(n: int, batch_size: int, generator: "torch.Generator") -> FullBatches:
+    return FullBatches(n, batch_size, generator)
+
+
 def _every_rank_or_none(acc, error: Exception | None) -> None:
     """Raise on every process of a launch when any process has an error (its own error where it has one, else
     one naming the ranks that do); one process alone does nothing but raise its own. Keeps ranks in step: a
@@ -78,7 +119,7 @@ def _every_rank_or_none(acc, error: Exception | None) -> None:
 def _global_count(acc, answer: dict[str, Any]) -> "torch.Tensor":
     """The whole batch's answer tokens, summed over the processes it was split across (a device tensor: no host
     synchronisation)."""
-    n = torch.tensor(float(answer["_answer_count"]), device=acc.device)
+    n = torch.full((), float(answer["_answer_count"]), device=acc.device)     # filled there: no copy from the host
     return acc.reduce(n, reduction="sum")
 
 
@@ -109,7 +150,8 @@ class UpdateProbe:
 
     def __init__(self, model, sample: int = 4096, seed: int = 0):
         g = torch.Generator().manual_seed(seed)
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        # a sharded (FSDP) weight is sampled in this process's shard
+        self.params = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters() if p.requires_grad]
         self.index = [(torch.arange(p.numel()) if p.numel() <= sample else
                        torch.randint(0, p.numel(), (sample,), generator=g)).to(p.device) for p in self.params]
         self.before_values: list["torch.Tensor"] = []
