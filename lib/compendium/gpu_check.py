@@ -29,7 +29,6 @@ import contextlib
 import json
 import math
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from lib import ROOT
+from lib.compendium.artifacts import git_revision
 
 GIB = 1024 ** 3
 #: the measured peak may exceed the estimate by at most this share
@@ -49,12 +49,6 @@ CHECKS = ("agent_memory", "agent_mfu", "agent_memory_left", "agent_update_share"
           "refusal_before_allocation", "cut_answer_error", "two_precisions", "clip4dm_ratio", "trace_rate")
 
 
-def _commit() -> str | None:
-    try:
-        r = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return r.stdout.strip() or None
 
 
 class Skip(Exception):
@@ -285,7 +279,7 @@ def run_checks(toy: bool = False, only: Sequence[str] = CHECKS, work: Path | Non
     record = {"what": "lib.compendium.gpu_check" + (" --toy" if toy else ""), "device": device,
               "torch": torch.__version__, "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d"),
               "seconds": round(time.time() - t_all, 1), "checks": results,
-              **{k: {**v, "commit": v.get("commit") or _commit(), "date": time.strftime("%Y-%m-%d")}
+              **{k: {**v, "commit": v.get("commit") or git_revision(), "date": time.strftime("%Y-%m-%d")}
                  for k, v in run.parts.items()}}
     slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
     path = out or ROOT / "artifacts" / "measured" / f"gpu_check-{slug}{'-toy' if toy else ''}.json"

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -35,7 +34,7 @@ from PIL import Image
 from lib import ROOT
 from lib.models import smoke as smoke_models
 from lib.sei.agents import AgentRecipe, build_agent_data, train_agent
-from lib.compendium.artifacts import write_json
+from lib.compendium.artifacts import git_revision, write_json
 from lib.clip4dm.method import CLIP4DM
 from lib.clip4dm.runs import loader_ratio
 from lib.models.encoders.loading import default_loader_workers
@@ -280,13 +279,6 @@ BART_LARGE = dict(d_model=1024, encoder_layers=12, decoder_layers=12, encoder_at
 GENERATION_PARTS = ("captioning", "silver", "nli", "few_shot")
 
 
-def _commit() -> str | None:
-    try:
-        r = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                           timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return r.stdout.strip() or None
 
 
 def _generate_rate(chat, paths: Sequence[str], prompt: str, max_new_tokens: int) -> float:
@@ -397,7 +389,7 @@ def measure_generation(parts: Sequence[str] = GENERATION_PARTS, toy: bool = Fals
         name = torch.cuda.get_device_name(0) if device == "cuda" else "CPU (toy shape)"
         return {"what": "generation and scoring stages at the paper's shapes, random weights", "device": name,
                 "torch": torch.__version__, "cuda": torch.version.cuda, "date": time.strftime("%Y-%m-%d"),
-                "commit": _commit(), "parts": out}
+                "commit": git_revision(), "parts": out}
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -417,7 +409,7 @@ def measure(toy: bool = False, out_dir: Path | None = None,
         rec["trace"] = measure_trace(toy=toy)
     if "generation" in only:
         rec["generation"] = measure_generation(toy=toy, vllm_url=vllm_url, vllm_model=vllm_model)
-    commit = _commit()
+    commit = git_revision()
     for part in rec.values():
         part.setdefault("commit", commit)
         part.setdefault("date", time.strftime("%Y-%m-%d"))
