@@ -17,6 +17,8 @@
 #   make report                     the executed notebooks as a static HTML site (artifacts/<profile>/report/)
 #   make lab                        JupyterLab on copies of the notebooks prepared for the ci profile (PROFILE=x: another),
 #                                   in artifacts/<profile>/lab/, with this file's environment; the committed ones stay as they are
+#   make gpu-check                  on a GPU machine with no pip: the paper profile's GPU checks at full shapes, one record and
+#                                   a PASS/FAIL/SKIP line each (the machine's python, PYTHON=...); make test-gpu: the gpu tests
 
 PROFILE ?= embedded
 NB ?=
@@ -35,7 +37,7 @@ export TOKENIZERS_PARALLELISM := false
 export PYTHONHASHSEED := 0
 export MPLBACKEND := Agg
 
-.PHONY: lab disk-check reproduce test test-answers test-unit test-notebooks test-gpu data venv lock environment.yml check-params results clean-artifacts help report browser
+.PHONY: lab disk-check reproduce test test-answers test-unit test-notebooks test-gpu gpu-check data venv lock environment.yml check-params results clean-artifacts help report browser
 
 help:
 	@sed -n '1,20p' Makefile
@@ -109,8 +111,14 @@ test-unit: $(STAMP)
 test-notebooks: $(STAMP)
 	$(PY) -m lib.compendium.runner test --skip-unit
 
-test-gpu: $(STAMP)
-	$(PY) -m pytest -q tests -m gpu
+# a GPU machine's image has torch, transformers and accelerate but may have no pip and no network: these two use
+# its own python (PYTHON=..., default python3) with the checkout on PYTHONPATH, and never build .venv
+GPU_PY := $(or $(PYTHON),python3)
+test-gpu:
+	PYTHONPATH=$(CURDIR) $(GPU_PY) -m pytest -q -p no:cacheprovider tests -m gpu
+
+gpu-check:
+	PYTHONPATH=$(CURDIR) $(GPU_PY) -m lib.compendium.gpu_check $(ARGS)
 
 # Regenerate the resolved-version lock from the current environment.
 lock: $(STAMP)

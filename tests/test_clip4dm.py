@@ -500,6 +500,25 @@ def test_attribute_pairs_with_loader_threads_equals_the_inline_path(model, tmp_p
     assert a == b
 
 
+def test_attribute_pairs_streams_images_and_gives_what_embedding_every_image_first_gives(model, tmp_path):
+    """The images are embedded as the pairs first need them (the loader decoding ahead while the model attributes),
+    in the same image batches and pair chunks as embedding them all first: the same words, scores and cosines."""
+    import torch
+    from lib.clip4dm.runs import attribute_pairs, embed_image_files
+    paths = _files(tmp_path, 7, seed=5)
+    pairs = [(paths[(3 * i) % 7], CAPTIONS[i % 4]) for i in range(15)]        # images shared, out of order
+    got = attribute_pairs(model, pairs, tmp_path / "s.jsonl", batch_size=4, progress=False, workers=2)
+    emb = embed_image_files(model, [p for p, _ in pairs], batch_size=4, workers=0)
+    for s in range(0, len(pairs), 4):
+        chunk = pairs[s:s + 4]
+        scores, offsets, sims, texts = model.token_scores(None, [c for _, c in chunk],
+                                                         image_embeds=torch.stack([emb[p] for p, _ in chunk]))
+        for row, t, sc, of, c in zip(got[s:s + 4], texts, scores, offsets, sims):
+            want = model._words(t, sc, of, float(c))
+            assert row["cos"] == float(c)
+            assert row["word_attributions"] == [list(x) for x in want["all_word_attributions"]]
+
+
 def test_the_loader_defaults_to_no_threads_on_a_cpu_and_reports_its_ratio(model, tmp_path):
     from lib.clip4dm.runs import loader_ratio
     from lib.models.encoders.loading import default_loader_workers, image_batches
@@ -513,3 +532,34 @@ def test_the_loader_defaults_to_no_threads_on_a_cpu_and_reports_its_ratio(model,
     assert r["ratio"] == pytest.approx(r["from_files_pairs_per_s"] / r["floor_pairs_per_s"])
     with pytest.raises(ValueError, match="4 images but 3 captions"):
         loader_ratio(model, paths, CAPTIONS[:3])
+
+
+def test_a_launch_computes_the_attributions_notebook_03_then_reads_back(memeworld_small, tiny_clip_dir, tmp_path,
+                                                                        monkeypatch):
+    """`python -m lib.clip4dm.report --profile P` (what `accelerate launch` runs, each process its share) writes
+    every pair notebook 03's run_encoder attributes, HAT's validation copy included, to the caches it reads: the
+    notebook's run then computes none of them again."""
+    from lib.clip4dm import report as c4r
+    from lib.data.prep import load_all
+    root, _ = memeworld_small
+    sources = {b: {"root": str(root / b), "img_dir": "../img"} for b in ("foil", "hat")}
+
+    def prepared(profile, name, consumer, file=None):
+        ds = load_all({name: {**sources[name], **({"file": file} if file else {})}})[name]
+        ds.records[:] = ds.records[:12]
+        return ds
+    section = {"benchmarks": ["foil", "hat"], "encoders": [str(tiny_clip_dir)], "template": "A photo depicts ",
+               "start_layer_text": -3, "epsilon": -5e-5, "epsilon_from_validation": "hat_val.json", "batch_size": 8,
+               "max_pairs": 0, "device": "cpu"}
+    monkeypatch.setattr(c4r, "load_profile", lambda profile: {"03_clip4dm": section})
+    monkeypatch.setattr(c4r.data_prep, "load_prepared", prepared)
+    monkeypatch.setattr(c4r, "stage_dir", lambda profile, stage: tmp_path / "03")
+    assert c4r.main(["--profile", "x"]) == 0
+    cache = tmp_path / "03" / "attributions.jsonl"
+    lines = cache.read_text().splitlines()
+    data = {b: prepared("x", b, "") for b in ("foil", "hat")}
+    model = CLIP4DM.from_pretrained(str(tiny_clip_dir), device="cpu", epsilon=-5e-5)
+    run = c4r.run_encoder(model, "tiny", data, c4r.encoder_dir(tmp_path / "03", "tiny", first=True), epsilon=-5e-5,
+                          val_recs=prepared("x", "hat", "", file="hat_val.json").records, epsilon_grid=[-1e-4, -1e-2],
+                          batch_size=8)
+    assert run.n_unique == len(lines) > 12 and cache.read_text().splitlines() == lines     # nothing recomputed

@@ -79,3 +79,27 @@ def test_threads_setting_is_checked(monkeypatch):
     monkeypatch.setenv(numerics.THREADS_ENV, "0")
     with pytest.raises(ValueError, match=numerics.THREADS_ENV):
         numerics.threads()
+
+
+def test_the_paper_profile_on_a_gpu_machine_runs_native_unless_asked(monkeypatch):
+    """On a machine with a visible GPU the paper profile's stages (and a profile extending it) run with the
+    libraries' own CPU choices; the CPU-trained profiles stay pinned; a user's COMPENDIUM_CPU_NUMERICS wins."""
+    from lib.compendium import stages
+    monkeypatch.delenv(numerics.MODE_ENV, raising=False)
+    monkeypatch.setattr(numerics, "SET_HERE", {"ATEN_CPU_CAPABILITY"})
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    monkeypatch.setattr(numerics, "gpu_visible", lambda env=None: True)
+    env = stages.run_env("paper")
+    assert env[numerics.MODE_ENV] == "native" and "ATEN_CPU_CAPABILITY" not in env
+    for p in ("embedded", "ci", None):
+        assert stages.run_env(p).get(numerics.MODE_ENV, "pinned") == "pinned", p
+    monkeypatch.setenv(numerics.MODE_ENV, "pinned")
+    assert stages.run_env("paper")[numerics.MODE_ENV] == "pinned"
+    monkeypatch.delenv(numerics.MODE_ENV)
+    monkeypatch.setattr(numerics, "gpu_visible", lambda env=None: False)
+    assert stages.run_env("paper").get(numerics.MODE_ENV, "pinned") == "pinned"
+
+
+def test_no_visible_gpu_when_cuda_visible_devices_hides_them():
+    assert numerics.gpu_visible({"CUDA_VISIBLE_DEVICES": "-1"}) is False
+    assert numerics.gpu_visible({"CUDA_VISIBLE_DEVICES": ""}) is False

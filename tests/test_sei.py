@@ -511,8 +511,8 @@ def test_on_a_gpu_a_recipe_that_cannot_fit_is_refused_before_training(tiny_agent
     """The memory check runs before anything reaches the GPU (its free-memory query is mocked here)."""
     import lib.sei.agents as agents
     from lib.models.train_memory import RecipeMemoryError
-    monkeypatch.setattr(agents, "default_device", lambda: "cuda")
-    monkeypatch.setattr(agents, "gpu_free_bytes", lambda: 1024.0)
+    monkeypatch.setattr(agents, "_on_gpu", lambda acc: True)
+    monkeypatch.setattr(agents, "gpu_free_bytes", lambda device=None: 1024.0)
     data = agents.build_agent_data(*_records(tmp_path)[1:], _records(tmp_path)[0])
     with pytest.raises(RecipeMemoryError, match=r"this GPU has 0.0 GiB free"):
         agents.train_agent(data["explainer"], tmp_path / "big", agents.AgentRecipe(base=str(tiny_agent_base), epochs=1,
@@ -523,10 +523,13 @@ def test_on_a_gpu_a_recipe_that_cannot_fit_is_refused_before_training(tiny_agent
 
 @pytest.mark.parametrize("base", ["tiny_paligemma", "tiny_agent_base"])
 def test_the_answer_only_loss_equals_the_models_loss_from_fewer_logits(base, request):
-    """answer_logits_only: the loss and its gradients from the answer span's logits equal the model's own."""
+    """answer_logits_only: the loss and every gradient from the answer positions' logits, two at a time, equal the
+    model's own (PaliGemma and the LLaVA architecture of memeworld-vlm), and the model's output layer computes
+    one position per example instead of every one."""
+    import contextlib
     import torch
     from PIL import Image
-    from lib.sei.agents import _collate, _load_base, answer_loss, encode_example
+    from lib.sei.agents import ANSWER_KEYS, _collate, _load_base, answer_loss, encode_example
     model, proc, _ = _load_base(str(request.getfixturevalue(base)), "float32")
     prompts = ["explain why", "explain why the meme is hateful and who it names", "why"]
     answers = ["it calls them vermin", "a", "the meme is hateful because it calls them vermin"]
@@ -534,27 +537,29 @@ def test_the_answer_only_loss_equals_the_models_loss_from_fewer_logits(base, req
            for k, (p, a) in enumerate(zip(prompts, answers))]
     tok = getattr(proc, "tokenizer", proc)
     batch = _collate(enc, tok.pad_token_id or 0)
+    answer = {k: batch.pop(k) for k in ANSWER_KEYS}
     model.train()
+    params = [p for p in model.parameters() if p.requires_grad]
     torch.manual_seed(0)
     full = model(**batch).loss
-    g_full = torch.autograd.grad(full, [p for p in model.parameters() if p.requires_grad][-3:])
+    g_full = torch.autograd.grad(full, params, allow_unused=True)
     torch.manual_seed(0)
-    seen = {}
-    real_forward = model.forward
-
-    def spy(*a, **kw):
-        out = real_forward(*a, **kw)
-        seen["positions"] = out.logits.shape[1]
-        return out
-    model.forward = spy
-    part = answer_loss(model, batch)
-    g_part = torch.autograd.grad(part, [p for p in model.parameters() if p.requires_grad][-3:])
+    head = model.get_output_embeddings()
+    seen = []
+    hook = head.register_forward_hook(lambda _m, _a, out: seen.append(out.shape[:-1]))
+    part = answer_loss(model, batch, answer, head, contextlib.nullcontext, chunk=2)
+    hook.remove()
+    g_part = torch.autograd.grad(part, params, allow_unused=True)
     assert part.item() == pytest.approx(full.item(), rel=1e-5)
     for a, b in zip(g_full, g_part):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
-    labels = batch["labels"]
-    first = min(int((row != -100).float().argmax()) for row in labels)
-    assert seen["positions"] == labels.shape[1] - first + 1 < labels.shape[1]      # fewer logits than positions
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    n_answer = int((batch["labels"] != -100).sum())
+    assert answer["_answer_count"] == n_answer > 2
+    # the model's own call: one position per example; then the answer positions in chunks of two
+    assert tuple(seen[0]) == (3, 1) and [tuple(x) for x in seen[1:]] == [(min(2, n_answer - i),)
+                                                                        for i in range(0, n_answer, 2)]
 
 
 def test_mami_records_join_the_same_memes(memeworld_small):

@@ -90,9 +90,11 @@ def test_the_measurement_runs_at_toy_shape_and_reports_every_setting(tmp_path):
     for r in rec["runs"]:
         # the MFU here divides by a matmul rate measured in the same process: on a loaded machine either can be slowed,
         # so only its sign holds everywhere
-        assert r["s_per_example"] > 0 and 1024 < r["tokens_per_example"] <= 1536 and 0 < r["mfu"] < float("inf")
+        assert r["s_per_example"] > 0 and 1024 < r["tokens_per_example"] <= 1536
+        assert r["mfu"] is None and 0 < r["mfu_vs_measured_matmul"] < float("inf")   # a CPU has no datasheet peak
+        assert r["update_share"]["sampled"] > 0
     table = measure.markdown({"agent_training": rec})
-    assert table.count("\n| 2 |") == 2 and "MFU" in table
+    assert table.count("\n| 2 |") == 2 and "MFU (datasheet peak)" in table and "measured matmul rate" in table
     with pytest.raises(RuntimeError, match="needs a visible CUDA GPU"):
         measure.measure_agent(toy=False)
     c = json.loads(path.read_text())["clip4dm"]                  # CLIP4DM from files against its floor, same record
@@ -103,8 +105,12 @@ def test_the_measurement_runs_at_toy_shape_and_reports_every_setting(tmp_path):
     t = json.loads(path.read_text())["trace"]                     # TRACE's feature cache and one epoch
     assert t["memes"] == 24 and t["train_memes"] > 0 and t["cache_memes_per_s"] > 0 and t["epoch_s_per_1000_train"] > 0
     assert "TRACE" in both and "memes/s" in both
+    g = json.loads(path.read_text())["generation"]               # captioning, silver texts, NLI, few-shot via vLLM
+    assert {k for k, v in g["parts"].items() if v.get("items_per_s", 0) > 0} == {"captioning", "silver", "nli"}
+    assert "--vllm-url" in g["parts"]["few_shot"]["skipped"] and g["commit"] and g["parts"]["silver"]["items"] == 4
+    assert "| silver |" in both and "| few_shot |" in both
     again = measure.measure(toy=True, out_dir=tmp_path, only=("clip4dm",))   # one part again: the rest is kept
-    assert again == path and set(json.loads(path.read_text())) == {"agent_training", "clip4dm", "trace"}
+    assert again == path and set(json.loads(path.read_text())) == {"agent_training", "clip4dm", "trace", "generation"}
     with pytest.raises(RuntimeError, match="no GPU is visible"):
         measure.measure_trace(toy=False)
     with pytest.raises(RuntimeError, match="no GPU is visible"):
@@ -119,3 +125,87 @@ def test_the_full_shape_clip_stand_ins_have_the_checkpoints_shapes(tmp_path):
     cfg = CLIPConfig.from_pretrained(clip_full_shape(tmp_path / "b32", "B/32"))
     assert (cfg.vision_config.hidden_size, cfg.vision_config.num_hidden_layers, cfg.vision_config.patch_size) == (768, 12, 32)
     assert (cfg.text_config.hidden_size, cfg.projection_dim) == (512, 512) and set(CLIP_SHAPES) == {"B/32", "L/14", "H/14"}
+
+
+def test_the_optimizer_step_is_a_floor_under_every_batch_size(paligemma_3b):
+    """Weights, gradients, Adam's two moments and the multi-tensor Adam's one weights-sized temporary: 10 bytes
+    per parameter in bf16, about 27 GiB for PaliGemma-3B. With fused attention, the answer's logits alone and
+    checkpointing the forward/backward peak is under it at batch 2 to 8, so the estimate is the step's."""
+    from lib.models.train_memory import optimizer_bytes
+    sdpa = replace(paligemma_3b, eager_attention=False)
+    floor = optimizer_bytes(sdpa)["total"]
+    assert floor == pytest.approx(10 * sdpa.params) and 26.5 < floor / GIB < 27.5
+    for batch in (2, 4, 8):
+        est = step_bytes(sdpa, batch, 1536, gradient_checkpointing=True, logit_tokens=64)
+        assert est["forward_backward"] < est["optimizer_step"] == est["total"] == floor
+    fused, loop = optimizer_bytes(sdpa, "fused")["total"], optimizer_bytes(sdpa, "for-loop")["total"]
+    assert fused == pytest.approx(8 * sdpa.params) and fused < loop < floor       # one tensor's copy, not all
+    assert loop - fused == pytest.approx(2 * sdpa.vocab * sdpa.decoder.hidden)      # the token embedding's
+    with pytest.raises(ValueError, match="expected one of"):
+        optimizer_bytes(sdpa, "lion")
+
+
+def test_accumulated_gradients_live_through_the_next_forward(paligemma_3b):
+    one = step_bytes(paligemma_3b, 2, 1536, grad_accum=1)
+    two = step_bytes(paligemma_3b, 2, 1536, grad_accum=4)
+    assert two["forward_backward"] - one["forward_backward"] == pytest.approx(2 * paligemma_3b.params)
+    assert one["accumulated_gradients"] == 0
+
+
+def test_a_refusal_names_the_optimizer_step_when_it_is_the_peak(paligemma_3b):
+    sdpa = replace(paligemma_3b, eager_attention=False)
+    with pytest.raises(RecipeMemoryError) as e:                  # a 24 GB card: the step cannot fit at any batch
+        check_fits(sdpa, 8, 1, 1536, 22.5 * GIB, gradient_checkpointing=True, logit_tokens=64)
+    assert "optimizer step 27." in str(e.value) and "no batch size fits" in str(e.value)
+
+
+def test_model_flops_utilisation_is_counted_against_the_datasheet_peak(paligemma_3b):
+    """The conventional MFU: 6 x parameters x tokens plus attention, against the GPU's dense bf16 peak by name."""
+    from lib.compendium.measure import datasheet_tflops, markdown, training_flops
+    assert datasheet_tflops("NVIDIA H100 80GB HBM3") == 989.4 and datasheet_tflops("NVIDIA H100 PCIe") == 756.0
+    assert datasheet_tflops("NVIDIA A100-SXM4-80GB") == 312.0 and datasheet_tflops("NVIDIA A10") == 125.0
+    assert datasheet_tflops("NVIDIA L40S") == 362.1 and datasheet_tflops("NVIDIA L4") == 121.0
+    assert datasheet_tflops("NVIDIA A10G") is None and datasheet_tflops("Some GPU") is None
+    t = 1450
+    d = paligemma_3b.decoder
+    embedding = paligemma_3b.vocab * d.hidden                  # the tied embedding / output layer: left out
+    assert training_flops(paligemma_3b, t) == pytest.approx(6 * (paligemma_3b.params - embedding) * t
+                                                            + 12 * d.layers * d.hidden * t * t)
+    # the record committed before this column: its "mfu" was against the measured matmul rate, so it lands there
+    old = {"what": "x", "device": "H100", "torch": "2", "cuda": "13", "matmul_tflops": 700.0,
+           "runs": [{"batch_size": 2, "gradient_checkpointing": False, "peak_gib": 37.2, "estimate_gib": 36.0,
+                     "s_per_example": 0.54, "mfu": 0.06}]}
+    row = markdown({"agent_training": old}).splitlines()[-1]
+    assert row.endswith("| — | 6.0% |")
+
+
+def test_the_few_shot_measurement_times_calls_to_a_served_model(tmp_path):
+    """The few-shot part's client against a loopback OpenAI-compatible server (what a vLLM server on the GPU is)."""
+    from lib.compendium import measure
+    from lib.models.chat import loopback
+    srv = loopback.start()
+    try:
+        rec = measure.measure_generation(parts=("few_shot",), toy=True, work=tmp_path,
+                                         vllm_url=f"http://127.0.0.1:{srv.server_address[1]}/v1", vllm_model="served")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    fs = rec["parts"]["few_shot"]
+    assert fs["items"] == 4 and fs["items_per_s"] > 0 and "served by vLLM" in fs["what"]
+
+
+def test_a_fully_sharded_step_holds_each_processes_share(paligemma_3b):
+    """FSDP over N processes: weights, gradients and Adam state split N ways (plus one layer gathered whole);
+    activations and logits are each process's own."""
+    from lib.models.train_memory import largest_tensor, optimizer_bytes
+    one = step_bytes(paligemma_3b, 8, 1536, gradient_checkpointing=True)
+    four = step_bytes(paligemma_3b, 8, 1536, gradient_checkpointing=True, shards=4)
+    assert four["activations"] == one["activations"] and four["logits"] == one["logits"]
+    assert four["states"] == pytest.approx(one["states"] / 4 + 2 * largest_tensor(paligemma_3b) * 2)
+    assert optimizer_bytes(paligemma_3b, shards=4)["total"] == pytest.approx(optimizer_bytes(paligemma_3b)["total"] / 4)
+    assert four["total"] < one["total"]
+    with pytest.raises(ValueError, match="at least 1"):
+        optimizer_bytes(paligemma_3b, shards=0)
+    sdpa = replace(paligemma_3b, eager_attention=False)        # DDP's buckets: one more copy of the gradients
+    d = step_bytes(sdpa, 4, 1536, gradient_checkpointing=True, logit_tokens=64, ddp=True)
+    assert d["optimizer_step"] - optimizer_bytes(sdpa)["total"] == pytest.approx(2 * sdpa.params) == d["ddp_buckets"]

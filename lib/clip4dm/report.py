@@ -11,9 +11,11 @@ by side with the paper's numbers where the paper reports that backbone.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -24,7 +26,9 @@ import pandas as pd
 from lib.clip4dm import method as clip4dm
 from lib.clip4dm import runs
 from lib.data.records import AlignmentRecord, caption_words, normalize_word
-from lib.compendium.artifacts import write_text
+from lib.compendium.artifacts import stage_dir, write_text
+from lib.compendium.params import load_profile
+from lib.data import prep as data_prep
 from lib.compendium.presets import resolve_model_path
 
 FOIL_KEYS = ("la", "la_official_string", "n_repeated_foil_word", "la_chance", "la_chance_content", "ap_clipscore",
@@ -415,3 +419,52 @@ def hard_negative_ablation(models: dict[str, str], data: dict[str, Any], stage_o
     table = pd.DataFrame(rows)
     write_text(Path(stage_out) / "hard_negatives.csv", table.to_csv(index=False))
     return table, metrics
+
+
+# ----------------------------------------------------------------------------- the attributions, launched
+def attribute_profile(profile: str, encoders: Sequence[str] | None = None, consumer: str = "notebooks/03_clip4dm.ipynb"
+                      ) -> dict[str, int]:
+    """Every attribution notebook 03 computes for a profile (each encoder's benchmark pairs, HAT's validation copy
+    included), written to the caches the notebook reads back (`encoder_dir`'s attributions.jsonl): under
+    `accelerate launch` (or torchrun) each process computes its share (`runs.attribute_pairs`, sharded), and the
+    notebook then recomputes nothing. Returns pairs per encoder. The command line:
+
+        accelerate launch --multi_gpu --num_processes 4 -m lib.clip4dm.report --profile paper
+    """
+    sec = load_profile(profile)["03_clip4dm"]
+    data = {name: data_prep.load_prepared(profile, name, consumer) for name in sec["benchmarks"]}
+    for ds in data.values():
+        if sec.get("max_pairs"):
+            ds.records[:] = ds.records[:sec["max_pairs"]]
+    val = sec.get("epsilon_from_validation")
+    val_recs = data_prep.load_prepared(profile, "hat", consumer, file=val).records if val and "hat" in data else []
+    pairs = benchmark_pairs(data, val_recs)
+    unique = list(dict.fromkeys(p for ps in pairs.values() for p in ps))
+    out, done = stage_dir(profile, "03_clip4dm"), {}
+    chosen = list(encoders or sec["encoders"])
+    for k, enc in enumerate(sec["encoders"]):
+        if enc not in chosen:
+            continue
+        model = clip4dm.CLIP4DM.from_pretrained(enc, device=sec.get("device"), template=sec["template"],
+                                                start_layer_text=sec["start_layer_text"], sorted_by="most_negative",
+                                                epsilon=sec["epsilon"])
+        runs.attribute_pairs(model, unique, encoder_dir(out, enc, first=k == 0) / "attributions.jsonl",
+                             batch_size=int(sec.get("batch_size", 32)), desc=f"attribute ({enc})")
+        done[enc] = len(unique)
+        del model
+    return done
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lib.clip4dm.report",
+                                 description="notebook 03's attributions for a profile, shared over a launch's processes")
+    ap.add_argument("--profile", default="paper")
+    ap.add_argument("--encoders", default=None, help="comma-separated: some of the profile's encoders")
+    a = ap.parse_args(argv)
+    done = attribute_profile(a.profile, a.encoders.split(",") if a.encoders else None)
+    print("\n".join(f"{enc}: {n} pairs attributed or read back" for enc, n in done.items()), file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

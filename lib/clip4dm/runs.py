@@ -8,6 +8,7 @@ import gc
 import hashlib
 import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,7 @@ from tqdm.auto import tqdm
 from lib.models.encoders.loading import default_loader_workers, image_batches as encoder_image_batches, load_pixels
 from lib.compendium.artifacts import code_of
 from lib.clip4dm.method import CLIP4DM, length_batches
+from lib.compendium import sharding
 
 
 # ----------------------------------------------------------------------------- speed
@@ -174,11 +176,11 @@ def embed_image_files(model: "CLIP4DM", paths: Sequence[str], batch_size: int = 
 
 def loader_ratio(model: "CLIP4DM", image_paths: Sequence[str], captions: Sequence[str], batch_size: int = 32,
                  workers: int | None = None, repeats: int = 3) -> dict[str, Any]:
-    """How close attribution from image files comes to the model's own speed: pairs per second from the
-    files (decode, preprocess, embed, attribute, assemble words: what `attribute_pairs` does, one image per
-    pair) against the floor on the same pairs with the pixels already prepared (embed, attribute, assemble),
-    timed in alternation, best of `repeats`. On a GPU the loader's threads should bring the ratio near 1;
-    on a CPU both share the same cores."""
+    """How close attribution from image files comes to the model's own speed: pairs per second through
+    `attribute_pairs` itself (the production path: decode and preprocess on the loader's threads, embed,
+    attribute, assemble words, write the cache's lines; a fresh cache each time) against the floor on the same
+    pairs with the pixels already prepared (embed, attribute, assemble), timed in alternation, best of
+    `repeats`. On a GPU the loader's threads should bring the ratio near 1; on a CPU both share the same cores."""
     import torch
     if len(image_paths) != len(captions):
         raise ValueError(f"loader_ratio: {len(image_paths)} images but {len(captions)} captions")
@@ -194,8 +196,14 @@ def loader_ratio(model: "CLIP4DM", image_paths: Sequence[str], captions: Sequenc
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 
+    runs = iter(range(10 ** 6))
+
     def from_files():
-        attribute(model.image_embeddings(pix) for _, pix in encoder_image_batches(model.encoder, image_paths, batch_size, w))
+        with tempfile.TemporaryDirectory(prefix="clip4dm-ratio-") as tmp:
+            attribute_pairs(model, list(zip(image_paths, captions)), Path(tmp) / f"run{next(runs)}.jsonl",
+                            batch_size=batch_size, progress=False, workers=w)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
 
     def floor():
         attribute(model.image_embeddings(pix) for pix in ready)
@@ -204,6 +212,27 @@ def loader_ratio(model: "CLIP4DM", image_paths: Sequence[str], captions: Sequenc
     n = len(captions)
     return {"pairs": n, "batch_size": batch_size, "workers": w, "from_files_pairs_per_s": n / t_files,
             "floor_pairs_per_s": n / t_floor, "ratio": t_floor / t_files}
+
+
+def _read_cache(path: Path, truncate: bool = True) -> dict[str, dict[str, Any]]:
+    """The rows of an attribution cache file by key; a last line cut short by a crash is dropped (its pairs are
+    computed again), and cut off the file when `truncate` (the file this process appends to)."""
+    if not path.exists():
+        return {}
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        if truncate:
+            with open(path, "r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
+        data = data[:data.rfind(b"\n") + 1]
+    out = {}
+    for line in data.decode("utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        out[row["key"]] = row
+    return out
 
 
 def attribute_pairs(model: CLIP4DM, pairs: Sequence[tuple[str, str]], cache_path, batch_size: int = 32,
@@ -223,38 +252,64 @@ def attribute_pairs(model: CLIP4DM, pairs: Sequence[tuple[str, str]], cache_path
 
     def key(p):
         return hashlib.sha1(f"{tag}\x00{os.path.realpath(p[0])}\x00{p[1]}".encode()).hexdigest()
+    rank, world = sharding.launch()
+    out_file = cache_path if world == 1 else cache_path.with_name(f"{cache_path.name}.rank{rank}")
     done: dict[str, dict[str, Any]] = {}
-    if cache_path.exists():
-        data = cache_path.read_bytes()
-        if data and not data.endswith(b"\n"):      # a line cut short by a crash: drop it, recompute its pairs
-            with open(cache_path, "r+b") as f:
-                f.truncate(data.rfind(b"\n") + 1)
-            data = data[:data.rfind(b"\n") + 1]
-        for line in data.decode("utf-8").splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            done[row["key"]] = row
+    # the cache, and under a launch each process's own file beside it (any earlier launch's too: a resume reads
+    # all); under a launch every process reads them between two barriers, before any writes, so all see the same
+    # pairs done and share out the same chunks; a line cut short by a crash is cut off only in one's own file
+    sharding.barrier()
+    for f in [cache_path, *sorted(cache_path.parent.glob(f"{cache_path.name}.rank*"))]:
+        done.update(_read_cache(f, truncate=f == out_file))
+    sharding.barrier()
     keys = [key(p) for p in pairs]
     todo = list(dict.fromkeys(k for k in keys if k not in done))
     by_key = {k: p for k, p in zip(keys, pairs)}
-    # each image is embedded once, however many captions it has (FOIL-style benchmarks score 2-4)
-    emb = embed_image_files(model, [by_key[k][0] for k in todo], batch_size, workers, progress, f"{desc}: images")
-    with open(cache_path, "a", encoding="utf-8") as f:
-        for s in tqdm(range(0, len(todo), batch_size), desc=desc, disable=not progress or not todo):
-            chunk = todo[s:s + batch_size]
-            scores, offsets, sims, texts = model.token_scores(None, [by_key[k][1] for k in chunk],
-                                                             image_embeds=torch.stack([emb[by_key[k][0]] for k in chunk]))
-            lines = []
-            for k, t, sc, of, c in zip(chunk, texts, scores, offsets, sims):
-                r = model._words(t, sc, of, float(c))
-                row = {"key": k, "caption": by_key[k][1], "cos": float(c),
-                       "word_attributions": [list(x) for x in r["all_word_attributions"]],
-                       "word_positions": r["word_positions"]}
-                done[k] = row
-                lines.append(json.dumps(row))
-            f.write("\n".join(lines) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+    # each image is embedded once, however many captions it has (FOIL-style benchmarks score 2-4), as the pairs
+    # first need it: the loader's threads decode and preprocess the next images while the model attributes the
+    # pairs whose images are ready (the same image batches and pair chunks as embedding every image first, so
+    # the same numbers), and an embedding is dropped after its last pair. Under a launch of several processes
+    # each runs every world-th chunk of pairs (`lib.compendium.sharding`) and the image batches those need, the
+    # same batches as one process, so the same numbers; every process returns every pair's row
+    pair_chunks = sharding.chunks(todo, batch_size)
+    my_chunks = sharding.mine(len(pair_chunks), rank, world)
+    images = list(dict.fromkeys(by_key[k][0] for k in todo))
+    image_chunks = sharding.chunks(images, batch_size)
+    chunk_of = {p: j for j, b in enumerate(image_chunks) for p in b}
+    needed = sorted({chunk_of[by_key[k][0]] for j in my_chunks for k in pair_chunks[j]})
+    flat = [p for j in needed for p in image_chunks[j]]       # re-chunked by batch_size: the same image batches
+    batches = encoder_image_batches(model.encoder, flat, batch_size, workers) if flat else iter(())
+    last_use = {by_key[k][0]: j for j in my_chunks for k in pair_chunks[j]}
+    emb: dict[str, Any] = {}
+    bar = tqdm(total=len(my_chunks), desc=desc, disable=not progress or not todo)
+    position = iter(my_chunks)
+
+    def embedded(paths: list[str]) -> None:
+        while any(p not in emb for p in paths):
+            part, pix = next(batches)
+            emb.update(zip(part, model.image_embeddings(pix)))
+
+    def attribute(chunk: list[str]) -> list[dict[str, Any]]:
+        j = next(position)
+        embedded([by_key[k][0] for k in chunk])
+        scores, offsets, sims, texts = model.token_scores(None, [by_key[k][1] for k in chunk],
+                                                         image_embeds=torch.stack([emb[by_key[k][0]] for k in chunk]))
+        rows = []
+        for k, t, sc, of, c in zip(chunk, texts, scores, offsets, sims):
+            r = model._words(t, sc, of, float(c))
+            rows.append({"key": k, "caption": by_key[k][1], "cos": float(c),
+                         "word_attributions": [list(x) for x in r["all_word_attributions"]],
+                         "word_positions": r["word_positions"]})
+        for k in chunk:
+            if last_use[by_key[k][0]] <= j:
+                emb.pop(by_key[k][0], None)
+        f.write("\n".join(json.dumps(r) for r in rows) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+        bar.update(1)
+        return rows
+    with open(out_file, "a", encoding="utf-8") as f:
+        rows = sharding.all_chunks(todo, batch_size, attribute, (rank, world))
+    bar.close()
+    done.update((r["key"], r) for r in rows)
     return [done[k] for k in keys]

@@ -482,11 +482,13 @@ def save_folder_atomically(out_dir: Path, write: Any) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def save_model(model, proc, out_dir: Path, record: dict[str, Any] | None = None) -> None:
+def save_model(model, proc, out_dir: Path, record: dict[str, Any] | None = None,
+               state_dict: dict[str, Any] | None = None) -> None:
     """The model, its processor and (when given) its training record as training.json, swapped in
-    as one folder (memeworld-vlm here, the agents of notebook 04 through lib.sei.agents)."""
+    as one folder (memeworld-vlm here, the agents of notebook 04 through lib.sei.agents). `state_dict`: the full
+    weights gathered from a sharded (FSDP) model, saved in place of the module's own."""
     def write(tmp: Path) -> None:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, **({"state_dict": state_dict} if state_dict is not None else {}))
         proc.save_pretrained(tmp)
         if record is not None:
             write_json(tmp / "training.json", record)

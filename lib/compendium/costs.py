@@ -13,14 +13,19 @@ Three kinds of number, and the table says which is which:
   an n-shot prompt, the vLLM `--max-model-len` that holds it, KV-cache bytes per token, weight
   bytes, and the host memory of notebook 02's feature cache (`feature_cache_bytes`, equal to
   `lib.trace.features.FeatureCache.nbytes` by construction and by test);
-- **estimated**: the GPU memory of a training step (`lib.models.train_memory`: weights and Adam, each
-  layer's activations with a gated MLP and eager attention's quadratic term, float32 logits over
-  the vocabulary; within 10% of the peaks measured for the agent recipe on an H100) and GPU time from FLOPs
+- **estimated**: the GPU memory of a training step (`lib.models.train_memory`: the larger of the forward and
+  backward peak, with each layer's activations, a gated MLP, eager attention's quadratic term and float32
+  logits over the vocabulary, and the optimizer step's, with the gradients, Adam's moments and its
+  temporary; within 10% of the peaks measured for the agent recipe on an H100) and GPU time from FLOPs
   (`2 P T` per prompt token, `6 P T` per training token) at an assumed share of the GPU's peak, or
   from weight reads per decoding step; every assumption is a field of `Assumptions`;
-- **cited**: CLIP4DM's captions per second on a GPU, from its paper.
+- **cited**: CLIP4DM's captions per second on a GPU, from its paper;
+- **measured**: a row whose work a committed GPU record measured on the table's GPU (`results/gpu/*.json`,
+  written by `--measure` or `lib.compendium.gpu_check`): its time comes from the record, which the row names
+  (GPU, torch, date, commit, the settings measured), with the estimate beside it; a measured model-FLOPs
+  utilisation replaces `Assumptions.mfu_train` in the estimates that remain (labelled).
 
-No number here was measured on a GPU: this compendium's machines have none. A researcher who
+This compendium's own machines have no GPU; the records are what a borrowed GPU measured. A researcher who
 runs a stage replaces an estimate with the stage's own `wall_s` / `train_s` in its metrics.
 """
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -149,10 +155,15 @@ def weight_bytes(ck: Checkpoint, dtype_bytes: int = 2) -> float:
     return ck.params_b * 1e9 * dtype_bytes
 
 
-def vllm_utilization(ck: Checkpoint, max_model_len: int, sequences: int, a: Assumptions) -> float:
+def vllm_utilization(ck: Checkpoint, max_model_len: int, sequences: int, a: Assumptions,
+                     tensor_parallel: int = 1) -> float:
     """--gpu-memory-utilization that holds the weights, vLLM's overhead and KV for `sequences`
-    prompts of max_model_len (vLLM refuses to start without room for one)."""
-    need = weight_bytes(ck) + a.vllm_overhead_gib * GIB + sequences * max_model_len * kv_bytes_per_token(ck)
+    prompts of max_model_len (vLLM refuses to start without room for one), on each of `tensor_parallel` GPUs
+    (`--tensor-parallel-size`: each holds its share of the weights and of every KV head it serves; the overhead
+    is per GPU). A model with fewer KV heads than GPUs keeps a whole head per GPU."""
+    kv_share = min(tensor_parallel, ck.kv_heads)
+    need = (weight_bytes(ck) / tensor_parallel + a.vllm_overhead_gib * GIB
+            + sequences * max_model_len * kv_bytes_per_token(ck) / kv_share)
     return math.ceil(100 * need / (a.gpu_gib * GIB)) / 100
 
 
@@ -183,6 +194,74 @@ def hf_decode_seconds(items: float, new_tokens: int, a: Assumptions) -> float:
     return items / a.hf_batch * new_tokens * a.hf_step_s
 
 
+# ----------------------------------------------------------------------------- measured: committed GPU records
+
+#: where measured GPU records are committed
+MEASURED_DIR = Path(__file__).resolve().parents[2] / "results" / "gpu"
+
+
+def _gpu_family(name: str) -> str:
+    """"H100", "A100", ...: what a record's GPU and the table's GPU are matched on."""
+    m = re.search(r"\b([A-Z]\d{2,3}[A-Z]?)\b", name)
+    fam = m.group(1) if m else name
+    variant = next((v for v in ("PCIe", "NVL") if v.lower() in name.lower()), "")   # H100 PCIe is not an SXM H100
+    return f"{fam} {variant}".strip()
+
+
+def measured_agent_training(gpu: str, batch: int, checkpointing: bool, folder: Path | None = None
+                            ) -> dict[str, Any] | None:
+    """The committed measurement of the agent recipe on `gpu`'s family closest to (batch, checkpointing): seconds
+    per example, MFU when recorded, and where it comes from; None when no record measured it."""
+    best = None
+    for f in sorted((folder or MEASURED_DIR).glob("*.json")):
+        try:
+            rec = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        agent = rec.get("agent_training", rec if "runs" in rec and "what" in rec and "agent" in str(rec["what"]) else None)
+        if not isinstance(agent, dict):
+            continue
+        device = str(agent.get("device") or rec.get("machine") or "")
+        if _gpu_family(device) != _gpu_family(gpu):
+            continue
+        for r in agent.get("runs", []):
+            if not r.get("s_per_example"):
+                continue
+            dist = (abs(int(r["batch_size"]) - batch), bool(r.get("gradient_checkpointing")) != checkpointing)
+            if best is None or dist < best[0]:
+                # the datasheet MFU; a record from before it has only the ratio to a measured matmul rate
+                mfu = r.get("mfu") if "mfu_vs_measured_matmul" in r else None
+                source = (f"{f.relative_to(MEASURED_DIR.parents[1]) if f.is_relative_to(MEASURED_DIR.parents[1]) else f}: "
+                          f"{device}, torch {agent.get('torch') or rec.get('torch')}, {agent.get('date') or rec.get('date', '?')}"
+                          + (f", commit {agent.get('commit') or rec.get('commit')}" if agent.get("commit") or rec.get("commit")
+                             else ""))
+                best = (dist, {"s_per_example": float(r["s_per_example"]), "mfu": mfu, "batch_size": int(r["batch_size"]),
+                               "gradient_checkpointing": bool(r.get("gradient_checkpointing")), "source": source,
+                               "what": agent.get("what") or rec.get("what", "")})
+    return best[1] if best else None
+
+
+def measured_part(gpu: str, part: str, folder: Path | None = None) -> tuple[dict[str, Any], str] | None:
+    """The latest committed measurement (`--measure`'s record part: "generation", "clip4dm", "trace") on `gpu`'s
+    family, and where it comes from (file, GPU, torch, date, commit); None when no record holds one."""
+    found = []
+    for f in sorted((folder or MEASURED_DIR).glob("*.json")):
+        try:
+            rec = json.loads(f.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        p = rec.get(part)
+        if isinstance(p, dict) and _gpu_family(str(p.get("device", ""))) == _gpu_family(gpu):
+            root = MEASURED_DIR.parents[1]
+            where = f.relative_to(root) if f.is_relative_to(root) else f
+            found.append((str(p.get("date", "")), p, f"{where}: {p['device']}, torch {p.get('torch')}, {p.get('date', '?')}"
+                          + (f", commit {p['commit']}" if p.get("commit") else "")))
+    if not found:
+        return None
+    _, p, source = max(found, key=lambda x: x[0])
+    return p, source
+
+
 # ----------------------------------------------------------------------------- the table
 
 @dataclass
@@ -203,7 +282,7 @@ def few_shot_plan(section: dict[str, Any]) -> list[int]:
 
 
 def vllm_settings(name: str, section: dict[str, Any], size: tuple[int, int], a: Assumptions,
-                  sequences: int = 1) -> dict[str, Any]:
+                  sequences: int = 1, tensor_parallel: int = 1) -> dict[str, Any]:
     """The vLLM flags a served few-shot model needs for the profile's largest prompt, with KV
     for `sequences` prompts of that length (one longest prompt holds about two of the mean one)."""
     ck = CHECKPOINTS[name]
@@ -211,7 +290,8 @@ def vllm_settings(name: str, section: dict[str, Any], size: tuple[int, int], a: 
     longest = prompt_tokens(ck, max(section["shots"]), tok, a)
     mml = round_up(longest)
     return {"checkpoint": ck, "image_tokens": tok, "longest_prompt": longest, "max_model_len": mml,
-            "images": max(section["shots"]) + 1, "utilization": vllm_utilization(ck, mml, sequences, a)}
+            "images": max(section["shots"]) + 1, "tensor_parallel": tensor_parallel,
+            "utilization": vllm_utilization(ck, mml, sequences, a, tensor_parallel)}
 
 
 def cost_rows(profile: str = "paper", a: Assumptions | None = None) -> list[Row]:
@@ -226,9 +306,17 @@ def cost_rows(profile: str = "paper", a: Assumptions | None = None) -> list[Row]
     cap_prompt = ivl_tok + 300
     cap_s = prefill_seconds(ivl, memes * cap_prompt, a) + hf_decode_seconds(memes, p["01_captioning"]["max_new_tokens"], a)
     kv = a.hf_batch * (cap_prompt + 100) * kv_bytes_per_token(ivl)
+    gen = measured_part(a.gpu, "generation")
+    cap_m = gen[0]["parts"].get("captioning") if gen else None
+    if cap_m and cap_m.get("items_per_s"):
+        cap_h, cap_kind = memes / cap_m["items_per_s"] / 3600 + 0.1, "measured"
+        cap_note = (f"measured: {cap_m['items_per_s']:.2f} memes/s ({cap_m['what']}; {gen[1]}), plus 0.1 h estimated "
+                    f"for GroundingDINO and the tagger; the estimate: {cap_s / 3600 + 0.1:.1f} GPU-hours")
+    else:
+        cap_h, cap_kind, cap_note = cap_s / 3600 + 0.1, "estimated", ""
     rows.append(Row("01 captioning", f"{memes:,} memes: InternVL3.5-8B (transformers, batch {a.hf_batch}), "
                     "GroundingDINO-base, CLIP L/14 tagger; Gemini through its API",
-                    cap_s / 3600 + 0.1, (weight_bytes(ivl) + kv) / GIB + 3.0, 20.0, "estimated"))
+                    cap_h, (weight_bytes(ivl) + kv) / GIB + 3.0, 20.0, cap_kind, cap_note))
 
     sec2 = p["02_finetuning"]
     n_runs = (len(sec2["loss_configs"]) + len(sec2["baselines"]) + len(sec2["seeds"]) * len(sec2["seed_variants"])
@@ -244,10 +332,19 @@ def cost_rows(profile: str = "paper", a: Assumptions | None = None) -> list[Row]
                         f"{b} {v / GIB:.1f} GiB" for b, v in caches.items())
                     + "; one backbone's cache at a time; `cache_dtype: bfloat16` halves it"))
 
-    fps = a.clip4dm_captions_per_s
+    fps = dict(a.clip4dm_captions_per_s)
+    c4 = measured_part(a.gpu, "clip4dm")
+    c4_kind, c4_note = "cited", "the CLIP4DM paper's one-pair-at-a-time speed"
+    if c4:
+        for shape, key in (("B/32", "clip-vit-b32"), ("H/14", "clip-vit-h14")):
+            best = max((r["from_files_pairs_per_s"] for r in c4[0].get("runs", []) if r.get("shape") == shape), default=None)
+            if best:
+                fps[key] = best
+        if fps != dict(a.clip4dm_captions_per_s):
+            c4_kind, c4_note = "measured", f"measured from image files on the production path ({c4[1]})"
     rows.append(Row("03 CLIP4DM", "per 10,000 captions: gradient attribution through the text encoder, "
                     f"B/32 {10_000 / fps['clip-vit-b32'] / 3600:.2f} h, H/14 {10_000 / fps['clip-vit-h14'] / 3600:.2f} h; "
-                    "BART-MNLI for SeeTRUE", 10_000 / fps["clip-vit-h14"] / 3600, 8.0, 8.0, "cited"))
+                    "BART-MNLI for SeeTRUE", 10_000 / fps["clip-vit-h14"] / 3600, 8.0, 8.0, c4_kind, c4_note))
 
     sec4 = p["04_few_shot"]
     pg = CHECKPOINTS["paligemma-3b-pt-448"]
@@ -260,22 +357,46 @@ def cost_rows(profile: str = "paper", a: Assumptions | None = None) -> list[Row]
     tr = step_bytes(shape, b, ml, ckpt, logit_tokens=logit_tok)
     smaller = settings_that_fit(shape, b, acc, ml, 48 * GIB, ckpt, logit_tokens=logit_tok)
     train_tok = S["agent_examples"] * int(rec["epochs"]) * (1024 + a.agent_answer_tokens)
+    meas = measured_agent_training(a.gpu, b, ckpt)
+    a_est = replace(a, mfu_train=meas["mfu"]) if meas and meas.get("mfu") else a
+    est_h = train_seconds(pg, train_tok, a_est) / 3600
+    if meas:
+        hours = S["agent_examples"] * int(rec["epochs"]) * meas["s_per_example"] / 3600
+        # a record of other settings (eager attention where the recipe asks for SDPA) is a measurement of them
+        eager = "eager attention" in meas["what"]
+        kind = "measured" if eager == shape.eager_attention else "measured, other settings"
+        measured_note = (f"measured: {meas['s_per_example']:.2f} s per example at batch {meas['batch_size']}"
+                         f"{' with' if meas['gradient_checkpointing'] else ' without'} checkpointing ({meas['source']}; "
+                         f"{meas['what']}); the FLOP estimate at "
+                         + (f"the measured MFU of {100 * meas['mfu']:.0f}%" if meas.get("mfu") else
+                            f"an assumed {100 * a.mfu_train:.0f}% MFU") + f": {est_h:.1f} GPU-hours; ")
+    else:
+        hours, kind, measured_note = est_h, "estimated", ""
     rows.append(Row("04 agents: training", f"4 PaliGemma-3B-448 full fine-tunes, {S['agent_examples']:,} examples "
                     f"x {rec['epochs']} epochs, batch {b} x {ml} tokens"
                     f"{', gradient checkpointing' if ckpt else ''}{', logits of the answers only' if logit_tok else ''}"
                     f"{', eager attention' if shape.eager_attention else ', fused (SDPA) attention'}",
-                    train_seconds(pg, train_tok, a) / 3600, tr["total"] / GIB, 24.0, "estimated",
-                    f"weights + Adam {tr['states'] / GIB:.1f} GiB, activations {tr['activations'] / GIB:.1f}, "
-                    f"logits {tr['logits'] / GIB:.1f} (lib.models.train_memory; train_agent refuses a recipe that does not fit): "
+                    hours, tr["total"] / GIB, 24.0, kind, measured_note +
+                    "memory estimated: " f"the larger of the forward/backward peak {tr['forward_backward'] / GIB:.1f} GiB (weights + Adam "
+                    f"{tr['states'] / GIB:.1f}, activations {tr['activations'] / GIB:.1f}, logits {tr['logits'] / GIB:.1f}) "
+                    f"and the optimizer step's {tr['optimizer_step'] / GIB:.1f} (weights, gradients, Adam's moments and "
+                    f"the multi-tensor Adam's temporary; lib.models.train_memory; train_agent refuses a recipe that does not fit): "
                     f"train before any vLLM server starts"
                     + (f"; a 48 GB GPU: batch_size {smaller[0]['batch_size']}, grad_accum {smaller[0]['grad_accum']}"
                        f"{', gradient checkpointing' if smaller[0]['gradient_checkpointing'] else ''} "
                        f"({smaller[0]['gib']:.0f} GiB)" if smaller else "")))
     silver = (S["fhm_train"] + S["mami_train"]) * 3.5 + S["fhm_extended"] + S["mami_extended"]
+    silver_h = hf_decode_seconds(silver, int(sec4["agent_max_new_tokens"]), a) / 3600
+    sil_m = gen[0]["parts"].get("silver") if gen else None
+    sil_kind, sil_note = "estimated", ""
+    if sil_m and sil_m.get("items_per_s"):
+        sil_kind, sil_note = "measured", (f"measured: {sil_m['items_per_s']:.2f} generations/s ({sil_m['what']}; "
+                                          f"{gen[1]}); the estimate: {silver_h:.1f} GPU-hours")
+        silver_h = silver / sil_m["items_per_s"] / 3600
     rows.append(Row("04 agents: silver texts", f"up to {silver:,.0f} generations (exemplar pools' captions, "
                     "explanations, interventions; the queries' captions), transformers batch "
-                    f"{a.hf_batch}", hf_decode_seconds(silver, int(sec4["agent_max_new_tokens"]), a) / 3600,
-                    (weight_bytes(pg) + a.hf_batch * 1300 * kv_bytes_per_token(pg)) / GIB + 2.0, 8.0, "estimated"))
+                    f"{a.hf_batch}", silver_h,
+                    (weight_bytes(pg) + a.hf_batch * 1300 * kv_bytes_per_token(pg)) / GIB + 2.0, 8.0, sil_kind, sil_note))
 
     plan = few_shot_plan(sec4)
     queries = S["fhm_extended"] + S["mami_extended"]
@@ -345,19 +466,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--gpu-gib", type=float, default=None)
     ap.add_argument("--measure", action="store_true", help="measure the agent recipe, CLIP4DM and TRACE on the visible "
                     "GPU (lib.compendium.measure: random weights of the full shapes; writes artifacts/measured/<gpu>.json)")
-    ap.add_argument("--only", default=None, help="with --measure: some of agent_training, clip4dm, trace "
+    ap.add_argument("--only", default=None, help="with --measure: some of agent_training, clip4dm, trace, generation "
                     "(comma-separated); the others already in the record are kept")
     ap.add_argument("--toy", action="store_true", help="with --measure: the same code at a tiny shape (CPU is fine)")
+    ap.add_argument("--vllm-url", default=None, help="with --measure: a vLLM server on this GPU for the few-shot part")
+    ap.add_argument("--vllm-model", default=None, help="with --measure: the served model's name at --vllm-url")
     args = ap.parse_args(argv)
     if args.measure:
         from lib.compendium import measure                  # lazy: it builds models, which the estimates never need
-        parts = ("agent_training", "clip4dm", "trace")
+        parts = ("agent_training", "clip4dm", "trace", "generation")
         only = tuple(x.strip() for x in args.only.split(",")) if args.only else parts
         if set(only) - set(parts):
             print(f"error: --only takes {', '.join(parts)}; got {', '.join(sorted(set(only) - set(parts)))}",
                   file=sys.stderr)
             return 2
-        path = measure.measure(toy=args.toy, only=only, profile=args.profile)
+        path = measure.measure(toy=args.toy, only=only, profile=args.profile, vllm_url=args.vllm_url,
+                               vllm_model=args.vllm_model)
         print(measure.markdown(json.loads(path.read_text())) + f"\n\nwritten: {path}")
         return 0
     a = Assumptions()

@@ -23,7 +23,10 @@ Pinned (the default) fixes every such choice to one that any x86-64 CPU with AVX
 
 ``COMPENDIUM_CPU_NUMERICS=native`` leaves every choice to the libraries (faster on a large machine; the
 results then match the committed ones only on the same kind of CPU). GPUs are not affected: on CUDA the
-paper profile's numbers come from cuBLAS and cuDNN as usual.
+paper profile's numbers come from cuBLAS and cuDNN as usual. So the paper profile (and a profile extending
+it) on a machine with a visible NVIDIA GPU runs native unless `COMPENDIUM_CPU_NUMERICS` says otherwise
+(`mode_for`): two threads, AVX2 and no oneDNN would only slow its CPU side (decoding, tokenising, the
+data loaders) for bits no committed result depends on.
 
 The environment part must be in place before torch, MKL or OpenBLAS load: `import lib` applies it (it
 imports no heavy package), `make` exports it, and `lib.compendium.stages.run_env` hands it to every
@@ -109,13 +112,38 @@ class _AfterTorch(importlib.abc.MetaPathFinder):
         return spec
 
 
+#: the PINNED_ENV keys `apply` set in this process (a user's own setting is not among them)
+SET_HERE: set[str] = set()
+
+
+def gpu_visible(env=None) -> bool:
+    """Whether this machine shows an NVIDIA GPU to this process, without importing torch (the driver's device
+    list, unless CUDA_VISIBLE_DEVICES hides every device)."""
+    env = os.environ if env is None else env
+    if env.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    gpus = "/proc/driver/nvidia/gpus"
+    return os.path.isdir(gpus) and bool(os.listdir(gpus))
+
+
+def mode_for(profiles: list[str], env=None) -> str:
+    """The mode a stage of a profile (`profiles`: it and the profiles it extends) runs in: the user's
+    COMPENDIUM_CPU_NUMERICS when set; native for the paper profile on a machine with a visible GPU; else pinned."""
+    env = os.environ if env is None else env
+    if env.get(MODE_ENV, "").strip():
+        return mode(env)
+    return "native" if "paper" in profiles and gpu_visible(env) else "pinned"
+
+
 def apply() -> None:
     """Pin this process (called by `import lib`): the environment now, torch when it loads (or at once,
     if it already has)."""
     if mode() != "pinned":
         return
     for k, v in PINNED_ENV.items():
-        os.environ.setdefault(k, v)
+        if k not in os.environ:
+            os.environ[k] = v
+            SET_HERE.add(k)
     if "torch" in sys.modules:
         pin_torch(sys.modules["torch"])
     elif not any(isinstance(f, _AfterTorch) for f in sys.meta_path):

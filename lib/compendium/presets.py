@@ -227,6 +227,9 @@ def default_device() -> str:
     silent fall back to the CPU; pass device "cpu" (the profile's `device:`) to run there on purpose."""
     import torch  # lazy on purpose: reading presets needs no torch
     if torch.cuda.is_available():
+        local = os.environ.get("LOCAL_RANK")
+        if local is not None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            torch.cuda.set_device(int(local))   # a launch's process: "cuda" is its own GPU, not every rank's cuda:0
         return "cuda"
     if gpu_present():
         built = torch.version.cuda or "none (a CPU-only build)"

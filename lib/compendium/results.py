@@ -460,7 +460,9 @@ def costs_block(profile: str = "paper") -> str:
     a = Assumptions()
     rows = cost_rows(profile, a)
     return (f"Profile `{profile}`, memes of {a.image_size[0]} x {a.image_size[1]} px, one {a.gpu}:\n\n"
-            + markdown(rows, a) + f"\n\nTotal: about {sum(r.gpu_hours for r in rows):.0f} GPU-hours (estimated).")
+            + markdown(rows, a) + f"\n\nTotal: about {sum(r.gpu_hours for r in rows):.0f} GPU-hours ("
+            + ("the measured rows from committed GPU records, the rest estimated" if any(r.kind.startswith("measured") for r in rows)
+               else "estimated") + ").")
 
 
 def serving_block(profile: str = "embedded") -> str:

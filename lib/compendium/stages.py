@@ -44,8 +44,14 @@ from lib.compendium.timekeeping import (ESTIMATE_SOURCES, _minutes, _slowest_cel
 SMOKE_PROFILE = "paper-smoke"
 
 
-def run_env() -> dict[str, str]:
+def run_env(profile: str | None = None) -> dict[str, str]:
+    """The environment of a stage's processes: the pinned CPU numerics (`numerics`; native for the paper profile
+    on a GPU machine, `numerics.mode_for`), offline hubs, fixed hash seed, no GUI backend."""
     env = numerics.pinned_env()                           # every kernel starts with the pinned CPU numerics
+    if profile is not None and numerics.mode_for([profile, *ancestors(profile)]) == "native":
+        env[numerics.MODE_ENV] = "native"
+        for k in numerics.SET_HERE:                       # what `import lib` pinned here, not the user's own
+            env.pop(k, None)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -139,7 +145,7 @@ def run_module(stage: Stage, profile: str, limits: Limits | None = None) -> None
     print(">>", " ".join(cmd[1:]), flush=True)
     timeout = limits.stage_s if limits is not None else None
     try:
-        subprocess.run(cmd, cwd=ROOT, env=run_env(), check=True, timeout=timeout)
+        subprocess.run(cmd, cwd=ROOT, env=run_env(profile), check=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise StageTimeout(f"{stage.label} (profile {profile}) ran past its timeout of {timeout:.0f} s "
                            f"({limits.stage_why}); every process it started was ended") from None
@@ -167,7 +173,7 @@ def profile_services(profile: str):
         cmd = [sys.executable, "-m", *(resolve_model_path(str(a)) for a in spec["prepare"])]
         print(">>", " ".join(cmd[1:]), flush=True)
         try:
-            subprocess.run(cmd, cwd=ROOT, env=run_env(), check=True, timeout=PREPARE_TIMEOUT_S)
+            subprocess.run(cmd, cwd=ROOT, env=run_env(profile), check=True, timeout=PREPARE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise StageError(f"the prepare step of profile {profile} ({' '.join(cmd[2:])}) ran past its timeout of "
                              f"{PREPARE_TIMEOUT_S} s") from None
@@ -213,7 +219,12 @@ def reproduce(profile: str, only: str | None, force: bool = False, cold: bool = 
         sections = validate_profile(profile, only=None)
     except ProfileError as e:
         return cli_error(e)
-    os.environ.update({k: v for k, v in run_env().items() if k not in os.environ})
+    stage_env = run_env(profile)
+    os.environ.update({k: v for k, v in stage_env.items() if k not in os.environ})
+    if stage_env.get(numerics.MODE_ENV) == "native":      # the paper profile on a GPU machine: nothing pinned
+        os.environ[numerics.MODE_ENV] = "native"
+        for k in numerics.SET_HERE:
+            os.environ.pop(k, None)
     publish = profile in PUBLISHED_PROFILES if publish is None else publish
     committed = next((c for c in map(results.cache_export_path, [profile, *ancestors(profile)]) if c.exists()),
                      results.cache_export_path(profile))    # a child profile replays what its parent committed
@@ -319,7 +330,7 @@ def provide_inputs(profile: str, chosen: list[Stage], sections: dict[str, dict[s
         cmd = [sys.executable, "-m", "lib.trace.runs", "--profile", profile, "--retrain-committed", ",".join(pl.trace_runs)]
         print(">>", " ".join(cmd[1:]), flush=True)
         try:
-            subprocess.run(cmd, cwd=ROOT, env=run_env(), check=True, timeout=max(3600.0, 4 * cost))
+            subprocess.run(cmd, cwd=ROOT, env=run_env(profile), check=True, timeout=max(3600.0, 4 * cost))
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
             return cli_error(f"retraining the TRACE runs {', '.join(pl.trace_runs)} failed ({e})")
     return 0

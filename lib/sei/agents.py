@@ -39,7 +39,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -56,17 +56,21 @@ from lib.models.chat.hf import HFChatBackend
 from lib.compendium.artifacts import save_model
 from lib.sei.retrieval import rank
 from lib.compendium.presets import default_device, folder_identity, get_preset, new_accelerator, torch_dtype
-from lib.models.train_memory import check_fits, shape_of
+from lib.models.train_memory import RecipeMemoryError, check_fits, free_bytes, shape_of
+from lib.sei.training_step import (ANSWER_KEYS, LAZY_PIXEL_BYTES, LazyExamples, PaddedExamples,  # noqa: F401
+                                   TrainingDataError, UpdateProbe, _answer_index, _every_rank_or_none, _global_count,
+                                   _softcap, answer_loss, empty_device_cache, full_batches, release_training)
+from lib.compendium import sharding
 
 AGENTS = ("captioner", "explainer", "commonsense", "intervention")
 #: the modules whose definitions train an agent (its recipe, encoding and loop; the embedded base VLM's model
 #: class): a change to them retrains the agents, a change elsewhere reads them back
-TRAINING_CODE = ("lib.sei.agents", "lib.models.memeworld_vlm")
+TRAINING_CODE = ("lib.sei.agents", "lib.sei.training_step", "lib.models.memeworld_vlm")
 AGENT_SOURCES = {"captioner": "memecap", "explainer": "hatred", "commonsense": "memesense", "intervention": "memesense"}
 LABEL_WORDS = {0: "non-hateful", 1: "hateful"}
 
 
-class AgentDataError(ValueError):
+class AgentDataError(TrainingDataError):
     """An agent's training data is missing or malformed (names the dataset, record and field)."""
 
 
@@ -111,9 +115,22 @@ class AgentRecipe:
     attn_implementation: str = "sdpa"  # fused attention (torch's SDPA: flash / memory-efficient kernels on a
                                      #   GPU) instead of eager's s x s scores per head; "eager" or
                                      #   "flash_attention_2" where a model needs them; "auto": the library's default
-    answer_logits_only: bool = False  # the same loss from the logits of the answer span alone: PaliGemma's
-                                     #   257k-vocabulary logits over all 1,536 positions (and their float32
-                                     #   copy) are most of a batch's memory; off: the model's own loss
+    answer_logits_only: bool = False  # the same loss from the logits of the answer tokens alone, in chunks of
+                                     #   `loss_chunk` positions, each chunk's float32 logits recomputed in the
+                                     #   backward pass instead of kept: PaliGemma's 257k-vocabulary logits over
+                                     #   all 1,536 positions (and their float32 copies) are most of a batch's
+                                     #   memory; off: the model's own loss
+    loss_chunk: int = 1024           # answer positions per chunk of the answer-only loss
+    sharding: str = "ddp"            # under `accelerate launch` on several GPUs: "ddp", every GPU a whole copy (the
+                                     #   paper's 3B model fits one); "fsdp", the weights, gradients and Adam state
+                                     #   split over the GPUs (torch FSDP2 through accelerate), for a model one GPU's
+                                     #   memory cannot hold; GPUs only
+    float32_master_weights: bool = False  # not the paper's recipe: it updates bfloat16 weights in place, and an
+                                     #   Adam step under half a bfloat16 unit of a weight (lr 2e-5 on any weight
+                                     #   above about 8e-3) is rounded away; true keeps float32 weights (and Adam
+                                     #   state) that train under `mixed_precision`, saved in `dtype`. The
+                                     #   training record's `update_share` says what share of the weights a step
+                                     #   changed either way. Memory: 16 bytes per parameter instead of 8
     seed: int = 0
     threads: int = 2
     prompt_dir: str = "params/prompts/sei/agents"
@@ -294,6 +311,7 @@ def _collate(batch: list[dict[str, Any]], pad_id: int):
             out[key] = torch.stack([b[key] for b in batch])
     if "_id" in batch[0]:
         out["_ids"] = [b["_id"] for b in batch]      # which examples: named when a step's loss is not finite
+    out.update(_answer_index(lab))
     return out
 
 
@@ -302,8 +320,9 @@ def agent_key(base_digest: Any, recipe: AgentRecipe, train: Sequence[AgentExampl
     """What a trained agent is read back under: its base's weights, the parts of the recipe that change the weights
     it trains, its examples and prompt, and the code that trains it (TRAINING_CODE)."""
     rec_json = {k: v for k, v in asdict(recipe).items()             # what changes the weights a recipe trains
-                if k not in ("threads", "prompt_dir", "gradient_checkpointing", "answer_logits_only", "attn_implementation")
-                and not (k == "drop_cut_answers" and not v)}
+                if k not in ("threads", "prompt_dir", "gradient_checkpointing", "answer_logits_only", "attn_implementation",
+                             "loss_chunk", "sharding")
+                and not (k in ("drop_cut_answers", "float32_master_weights") and not v)}
     return hashlib.sha256(json.dumps({"base": base_digest, "recipe": rec_json, "code": code_of(*TRAINING_CODE),
                                       "data": examples_digest(train, template)}, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -320,7 +339,8 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
     if recipe.max_train and len(train) > recipe.max_train:
         rng = random.Random(recipe.seed)
         train = sorted(rng.sample(train, recipe.max_train), key=lambda e: e.id)
-    model, proc, src = _load_base(recipe.base, recipe.dtype, recipe.attn_implementation)
+    model, proc, src = _load_base(recipe.base, "float32" if recipe.float32_master_weights else recipe.dtype,
+                                  recipe.attn_implementation)
     base_digest = folder_identity(src)
     key = agent_key(base_digest, recipe, train, template)
     rec_path = out_dir / "training.json"
@@ -331,12 +351,42 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
     torch.manual_seed(recipe.seed)
     torch.set_num_threads(recipe.threads)
     tok = getattr(proc, "tokenizer", proc)
-    encoded = []
+    device, estimate = default_device(), None
+    from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs
+    # split_batches: under `accelerate launch` the recipe's batch is split over the processes, so a launch on
+    # several GPUs trains what one GPU trains (the same effective batch, the same loss: `_global_count`); DDP is
+    # told that some weights get no gradient (a checkpoint's unused heads) and that the answer-only loss reaches
+    # the output layer outside the model's forward
+    if recipe.sharding not in ("ddp", "fsdp"):
+        raise ValueError(f"agent_recipe's sharding is {recipe.sharding!r}: expected 'ddp' or 'fsdp'")
+    if recipe.sharding == "fsdp" and device != "cuda":
+        raise ValueError("agent_recipe's sharding 'fsdp' splits a model over GPUs; this process has none (use 'ddp')")
+    fsdp = {}
+    if recipe.sharding == "fsdp":
+        from accelerate import FullyShardedDataParallelPlugin
+        fsdp = {"fsdp_plugin": FullyShardedDataParallelPlugin(
+            fsdp_version=2, reshard_after_forward=True, auto_wrap_policy="transformer_based_wrap",
+            state_dict_type="FULL_STATE_DICT", cpu_ram_efficient_loading=False,
+            activation_checkpointing=False)}     # checkpointing stays the model's own (gradient_checkpointing)
+    acc = new_accelerator(mixed_precision=recipe.mixed_precision, gradient_accumulation_steps=recipe.grad_accum,
+                          cpu=device == "cpu", dataloader_config=DataLoaderConfiguration(
+                              non_blocking=device == "cuda", split_batches=True),
+                          kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)], **fsdp)
+    world = acc.num_processes
+    if recipe.batch_size % world:
+        raise ValueError(f"agent {agent}: batch_size {recipe.batch_size} is split over {world} processes: make it a "
+                         f"multiple of {world}")
+    encoded, lazy = [], None
+    target = (lambda t: " " + t) if _leading_space(proc) else (lambda t: t)
     for e in tqdm(train, desc=f"encode {agent}", disable=not progress, leave=False):
-        with Image.open(e.img_path) as im:
-            enc = encode_example(proc, im.convert("RGB"), render_prompt(template, e.inputs), " " + e.target
-                                 if _leading_space(proc) else e.target, recipe.max_len)
-        encoded.append({**enc, "_id": e.id})
+        src = (str(e.img_path), render_prompt(template, e.inputs), target(e.target))
+        with Image.open(src[0]) as im:
+            enc = encode_example(proc, im.convert("RGB"), src[1], src[2], recipe.max_len)
+        if lazy is None:    # held in memory unless a launch or the pixels' size says otherwise (LazyExamples)
+            pixels = sum(v.numel() * v.element_size() for v in enc.values() if isinstance(v, torch.Tensor))
+            lazy = world > 1 or pixels * len(train) > LAZY_PIXEL_BYTES
+        encoded.append({**({k: v for k, v in enc.items() if not isinstance(v, torch.Tensor)} if lazy else enc),
+                        "_id": e.id, "_src": src})
     encoded, cut = answers_in_reach(encoded, agent, recipe)
     if recipe.gradient_checkpointing:
         if hasattr(model, "activation_checkpointing_enable"):          # transformers >= 5.x's name
@@ -347,23 +397,55 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
     checkpointing = bool(getattr(model, "is_activation_checkpointing", None)      # transformers >= 5.x's name
                          if hasattr(model, "is_activation_checkpointing")
                          else getattr(model, "is_gradient_checkpointing", False))
-    device, estimate = default_device(), None
-    if device == "cuda":                                 # before anything is on the GPU: refuse what cannot fit
+    refusal = None
+    if _on_gpu(acc):                  # each rank on its own device, before anything is on it: refuse what cannot fit
         longest = max(len(x["input_ids"]) for x in encoded)
         earliest = min(next(k for k, t in enumerate(x["labels"]) if t != -100) for x in encoded)
-        estimate = check_recipe_memory(model, recipe, longest,   # answer logits: at most from the earliest answer on
-                                       logit_tokens=longest - earliest + 1 if recipe.answer_logits_only else None)
-    acc = new_accelerator(mixed_precision=recipe.mixed_precision, gradient_accumulation_steps=recipe.grad_accum,
-                          cpu=device == "cpu")
+        try:
+            estimate = check_recipe_memory(
+                model, replace(recipe, batch_size=recipe.batch_size // world), longest,
+                shards=world if recipe.sharding == "fsdp" else 1, ddp=world > 1 and recipe.sharding == "ddp",
+                free_bytes=gpu_free_bytes(acc.device),
+                where="this GPU" if world == 1 else (
+                    f"{acc.device} (rank {acc.process_index} of {world}; the batch sizes here are each GPU's, the "
+                    f"recipe's batch_size is {world} times one)"),
+                logit_tokens=longest - earliest + 1 if recipe.answer_logits_only else None)   # from the earliest answer
+        except RecipeMemoryError as e:
+            refusal = e
+    _every_rank_or_none(acc, refusal)
     g = torch.Generator().manual_seed(recipe.seed)
-    loader = torch.utils.data.DataLoader(encoded, batch_size=recipe.batch_size, shuffle=True, generator=g,
-                                         collate_fn=lambda b: _collate(b, tok.pad_token_id or 0))
+    data = LazyExamples(encoded, lambda im, pr, tg: encode_example(proc, im, pr, tg, recipe.max_len)) if lazy else encoded
+    collate = lambda b: _collate(b, tok.pad_token_id or 0)           # noqa: E731
+    if world == 1:
+        loader = torch.utils.data.DataLoader(data, batch_size=recipe.batch_size, shuffle=True, generator=g,
+                                             collate_fn=collate, pin_memory=acc.device.type == "cuda")
+    else:       # one process's batches, the last filled up with answerless copies, so that no process trains on
+                # a repeated example (accelerate would refill a short last batch from the first)
+        loader = torch.utils.data.DataLoader(
+            PaddedExamples(data), batch_sampler=full_batches(len(data), recipe.batch_size, g), collate_fn=collate,
+            pin_memory=acc.device.type == "cuda")
     opt = torch.optim.Adam(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
     steps = recipe.epochs * max(1, len(loader) // recipe.grad_accum)
     warm = int(recipe.warmup_share * steps)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm) if warm else 1.0)
+    head = model.get_output_embeddings()
     model, opt, loader, sched = acc.prepare(model, opt, loader, sched)
-    curve, t0 = [], time.time()
+    probe = UpdateProbe(acc.unwrap_model(model), seed=recipe.seed)
+    try:
+        return _train_loop(acc, model, opt, loader, sched, head, probe, recipe, agent, world, encoded, cut, key,
+                           base_digest, checkpointing, estimate, proc, out_dir, progress)
+    finally:        # done or failed, nothing of the model stays on the device
+        release_training(acc, model)
+        del model, opt, loader, sched, head, probe
+        empty_device_cache()
+
+
+def _train_loop(acc, model, opt, loader, sched, head, probe, recipe: AgentRecipe, agent: str, world: int,
+                encoded: list[dict[str, Any]], cut: dict[str, int], key: str, base_digest: Any, checkpointing: bool,
+                estimate: dict[str, float] | None, proc, out_dir: Path, progress: bool) -> dict[str, Any]:
+    """train_agent's epochs, record and save (its caller releases the model, whatever happens here)."""
+    syncs = recipe.epochs * math.ceil(len(loader) / recipe.grad_accum)     # optimizer steps that update the weights
+    curve, t0, done = [], time.time(), 0
     bar = tqdm(total=recipe.epochs * len(loader), desc=f"fine-tune {agent}", disable=not progress)
     for epoch in range(recipe.epochs):
         model.train()
@@ -371,25 +453,44 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
         pending: list[tuple[int, list[str], Any]] = []   # losses stay on the device: one host sync per 16 steps
         for step, batch in enumerate(loader, 1):
             ids = batch.pop("_ids")
+            answer = {k: batch.pop(k) for k in ANSWER_KEYS}
             with acc.accumulate(model):
-                loss = answer_loss(model, batch) if recipe.answer_logits_only else model(**batch).loss
+                if world > 1:   # each rank's sum over the whole batch's answer tokens: DDP's mean is one process's loss
+                    loss = answer_loss(model, batch, answer, head, acc.autocast, recipe.loss_chunk,
+                                       denominator=_global_count(acc, answer) / world)
+                elif recipe.answer_logits_only:
+                    loss = answer_loss(model, batch, answer, head, acc.autocast, recipe.loss_chunk)
+                else:
+                    loss = model(**batch).loss
                 acc.backward(loss)
+                measured = acc.sync_gradients and (done == 0 or done == syncs - 1)   # the first and last update
                 if acc.sync_gradients:
                     acc.clip_grad_norm_(model.parameters(), 1.0)
+                    done += 1
+                if measured:
+                    probe.before()
                 opt.step()
+                if measured:
+                    probe.after()
                 sched.step()
                 opt.zero_grad(set_to_none=True)
             pending.append((step, ids, loss.detach()))
             bar.update(1)
             if len(pending) == LOSS_SYNC_EVERY or step == len(loader):
-                values = torch.stack([x[2] for x in pending]).float().cpu().tolist()
-                for (at, memes, _), value in zip(pending, values):
-                    if not math.isfinite(value):       # nothing is saved: the error ends the run here
-                        raise FloatingPointError(
-                            f"agent {agent}: the training loss is {value} at epoch {epoch + 1}, step {at} of "
-                            f"{len(loader)} (memes {', '.join(memes)}); nothing was saved (recipe: lr {recipe.lr}, "
-                            f"mixed_precision {recipe.mixed_precision}, dtype {recipe.dtype})")
-                losses += values
+                stacked = torch.stack([x[2] for x in pending]).float()
+                values = stacked.cpu().tolist()
+                bad = next(((at, memes, value) for (at, memes, _), value in zip(pending, values)
+                            if not math.isfinite(value)), None)
+                error = None if bad is None else (
+                    f"agent {agent}: the training loss is {bad[2]} at epoch {epoch + 1}, step {bad[0]} of "
+                    f"{len(loader)} (memes {', '.join(bad[1])}{f', rank {acc.process_index}' if world > 1 else ''}); "
+                    f"nothing was saved (recipe: lr {recipe.lr}, mixed_precision {recipe.mixed_precision}, dtype "
+                    f"{recipe.dtype})")
+                # every rank learns of a non-finite loss on any rank at the same step, and all stop (one stopping
+                # alone would leave the others waiting in their next all-reduce); nothing is saved
+                _every_rank_or_none(acc, FloatingPointError(error) if error else None)
+                # each rank's loss is its share of the batch's; their mean over the ranks is the batch's loss
+                losses += acc.reduce(stacked, reduction="mean").cpu().tolist() if world > 1 else values
                 pending = []
         curve.append({"epoch": epoch + 1, "loss": float(np.mean(losses)), "seconds": time.time() - t0})
     bar.close()
@@ -397,30 +498,27 @@ def train_agent(examples: Sequence[AgentExample], out_dir: str | Path, recipe: A
               "n_train": len(encoded), "tokens_per_example": float(np.mean([len(x["input_ids"]) for x in encoded])),
               "n_answer_cut": cut["whole"], "n_answer_shortened": cut["part"],
               "gradient_checkpointing": checkpointing,
-              "attn_implementation": getattr(model.config, "_attn_implementation", None), "curve": curve,
-              "memory_estimate_gib": round(estimate["total"] / 2 ** 30, 2) if estimate else None, "train_s": time.time() - t0}
+              "attn_implementation": getattr(acc.unwrap_model(model).config, "_attn_implementation", None), "curve": curve,
+              "memory_estimate_gib": round(estimate["total"] / 2 ** 30, 2) if estimate else None,
+              "update_share": probe.shares(), "train_s": time.time() - t0}
+    # a sharded model's full weights are gathered from every rank (a collective: all ranks take part)
+    full = acc.get_state_dict(model) if recipe.sharding == "fsdp" else None
     if acc.is_main_process:
-        save_model(acc.unwrap_model(model), proc, out_dir, record)
+        trained = acc.unwrap_model(model)
+        if recipe.float32_master_weights:                 # trained in float32, served in the recipe's dtype
+            trained = trained.to(torch_dtype(recipe.dtype))
+            full = {k: v.to(torch_dtype(recipe.dtype)) if v.is_floating_point() else v
+                    for k, v in full.items()} if full is not None else None
+        save_model(trained, proc, out_dir, record, state_dict=full)
+        del trained
+    del full
     acc.wait_for_everyone()
     return {**record, "cached": False}
 
 
-def answer_loss(model, batch: dict[str, Any]) -> "torch.Tensor":
-    """The causal-LM loss on the answer tokens (mean cross-entropy over labels != -100, in float32), computing
-    logits only for the positions that predict them: batches are right-padded, so the last
-    `n - earliest answer position + 1` positions hold every answer of the batch (`logits_to_keep`). The same
-    value and gradients as the model's own loss, without the vocabulary-wide logits of the prompt."""
-    labels = batch["labels"]
-    n = labels.shape[1]
-    has = labels != -100
-    rows = has.any(dim=1)
-    first = int(has[rows].float().argmax(dim=1).min()) if bool(rows.any()) else n - 1
-    keep = n - first + 1
-    out = model(**{k: v for k, v in batch.items() if k != "labels"}, logits_to_keep=keep)
-    logits = out.logits[:, :-1].float()
-    target = labels[:, n - keep + 1:]
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                                             ignore_index=-100)
+def _on_gpu(acc) -> bool:
+    """Whether this process trains on a CUDA device (the memory check runs there)."""
+    return acc.device.type == "cuda"
 
 
 def answers_in_reach(encoded: list[dict[str, Any]], agent: str, recipe: AgentRecipe
@@ -446,18 +544,20 @@ def answers_in_reach(encoded: list[dict[str, Any]], agent: str, recipe: AgentRec
 
 
 def check_recipe_memory(model, recipe: AgentRecipe, seq_len: int, free_bytes: float | None = None,
-                        logit_tokens: int | None = None) -> dict[str, float]:
+                        logit_tokens: int | None = None, where: str = "this GPU", shards: int = 1,
+                        ddp: bool = False) -> dict[str, float]:
     """Refuse (RecipeMemoryError) a recipe whose training step cannot fit the GPU's free memory with a 10%
     margin, naming a batch size / accumulation / checkpointing that fits (lib.models.train_memory's estimate from
     the model's configuration; `free_bytes` defaults to what the current CUDA device has free)."""
     if free_bytes is None:
         free_bytes = gpu_free_bytes()
     return check_fits(shape_of(model), recipe.batch_size, recipe.grad_accum, seq_len, free_bytes,
-                      recipe.gradient_checkpointing, where="this GPU", logit_tokens=logit_tokens)
+                      recipe.gradient_checkpointing, where=where, logit_tokens=logit_tokens, shards=shards, ddp=ddp)
 
 
-def gpu_free_bytes() -> float:
-    return float(torch.cuda.mem_get_info()[0])
+def gpu_free_bytes(device: Any = None) -> float:
+    """Free memory of a CUDA device (default: the current one), the caching allocator's unused blocks included."""
+    return free_bytes(device)
 
 
 #: steps between host synchronisations of the training loss (each reads the pending losses at once)
@@ -483,9 +583,9 @@ def run_agent(chat, template: str, items: Sequence[tuple[Any, dict[str, str]]], 
               temperature: float = 0.0, desc: str | None = None, progress: bool = True) -> list[Any]:
     """Agent answers for (image path, template inputs) pairs, through the response cache.
     The paper's temperature 0.001 is greedy decoding for a local model (0.0 here)."""
-    convs = [[user(image(str(p)), text(render_prompt(template, inp)))] for p, inp in items]
-    return chat.generate_many(convs, GenParams(temperature=temperature, max_new_tokens=max_new_tokens),
-                              desc=desc, progress=progress)
+    convs = [[user(image(str(p)), text(render_prompt(template, inp)))] for p, inp in items]   # sharded in a launch
+    return sharding.generate(chat, convs, GenParams(temperature=temperature, max_new_tokens=max_new_tokens),
+                             desc=desc, progress=progress)
 
 
 def nearest_train_baseline(test: Sequence[AgentExample], train: Sequence[AgentExample], emb: dict[str, np.ndarray]

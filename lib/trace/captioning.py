@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
+from lib.compendium import sharding
 from lib.compendium.artifacts import project_path
 from lib.models.chat import GenParams, user
 from lib.models.encoders import load_encoder
@@ -264,8 +265,8 @@ def caption_many(chat, images: Sequence, prompts: Sequence[str], max_new_tokens:
     """One ChatResult per image (cached; batched or threaded by the chat model)."""
     if len(images) != len(prompts):
         raise ValueError(f"caption_many: {len(images)} images but {len(prompts)} prompts")
-    convs = [[user(im, p)] for im, p in zip(images, prompts)]
-    return chat.generate_many(convs, GenParams(temperature=temperature, max_new_tokens=max_new_tokens), desc=desc)
+    convs = [[user(im, p)] for im, p in zip(images, prompts)]     # under a launch each process generates its share
+    return sharding.generate(chat, convs, GenParams(temperature=temperature, max_new_tokens=max_new_tokens), desc=desc)
 
 
 def trace_records(records, columns: dict[str, Sequence[str]]) -> list[dict[str, Any]]:

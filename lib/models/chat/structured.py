@@ -6,8 +6,6 @@ import json
 import re
 from typing import Any, Sequence
 
-import jsonschema
-
 from lib.compendium.artifacts import loads_strict
 from lib.models.chat.messages import ChatResult, GenParams, parts_of, text, user
 from lib.compendium.prompts import prompt_template
@@ -145,6 +143,7 @@ def parse_structured(text: str, params: GenParams) -> tuple[Any, str | None]:
             if len(hits) == 1:
                 return hits[0], None
         return None, str(e)
+    import jsonschema  # lazy: a GPU machine's image without it can still train and serve agents
     try:
         jsonschema.validate(value, schema)
     except jsonschema.ValidationError as e:

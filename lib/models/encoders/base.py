@@ -61,8 +61,8 @@ class Encoder:
         dtype = next(self.model.parameters()).dtype
         out = {}
         for k, v in d.items():
-            if isinstance(v, torch.Tensor):
-                v = v.to(self.device)
+            if isinstance(v, torch.Tensor):              # from pinned memory the copy does not block the host
+                v = v.to(self.device, non_blocking=v.is_pinned())
                 if v.is_floating_point():
                     v = v.to(dtype)
             out[k] = v
