@@ -138,8 +138,12 @@ RUN = textwrap.dedent("""
 
 def _start(outer: str) -> subprocess.Popen:
     env = {**os.environ, procs.RUN_IDS_ENV: outer}
+    # SIGINT as a terminal delivers it: a shell's background job (`make test &`) inherits SIGINT ignored, and a
+    # Python started with it ignored never installs its KeyboardInterrupt handler (rightly: such a run is meant
+    # to outlive Ctrl-C), so the run under test restores the default first
     p = subprocess.Popen([sys.executable, "-c", RUN.format(sleepers=SLEEPERS)], cwd=ROOT, env=env,
-                         stdout=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert p.stdout.readline().strip() == "started"
     deadline = time.time() + 20
     while len(procs.processes_of(outer)) < 3 and time.time() < deadline:        # the run, its child, the grandchild
@@ -155,7 +159,7 @@ def test_a_run_stopped_by_a_signal_ends_every_process_it_started(sig, code):
     p = _start(outer)
     try:
         p.send_signal(sig)
-        rc = p.wait(timeout=120)        # seconds when idle; a machine loaded by a running experiment takes longer
+        rc = p.wait(timeout=60)         # seconds when idle; more on a machine loaded by a running experiment
         assert rc != 0 and (code is None or rc == code)
         assert procs.processes_of(outer) == []
     finally:
