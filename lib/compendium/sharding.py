@@ -8,6 +8,7 @@ same way whichever process runs them. One process (no launch) runs everything it
 """
 from __future__ import annotations
 
+import atexit
 import os
 from typing import Any, Callable, Sequence, TypeVar
 
@@ -54,7 +55,17 @@ def _group():
             dist.init_process_group(backend="nccl", device_id=torch.device("cuda", local))
         else:
             dist.init_process_group(backend="gloo")
+        atexit.register(_leave)
     return dist
+
+
+def _leave() -> None:
+    """Leave the process group this module joined, before the interpreter exits: a gloo group left to the
+    interpreter's teardown can abort the process ("terminate called without an active exception") after its
+    work is done and written."""
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def barrier() -> None:
