@@ -109,9 +109,18 @@ def test_a_new_file_gets_the_mode_a_plain_open_would(tmp_path, umask, mask, mode
     for name in ("a.json", "b.bin", "plain.txt"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == mode, name
     out = tmp_path / "model"
-    save_folder_atomically(out, lambda d: (d / "config.json").write_text("{}"))
+    save_folder_atomically(out, lambda d: ((d / "config.json").write_text("{}"), _safetensors(d / "model.safetensors")))
     assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~mask
     assert stat.S_IMODE((out / "config.json").stat().st_mode) == mode
+    # safetensors writes its file 0o600 whatever the umask (a model saved with save_pretrained): the folder's
+    # files get the umask's mode too
+    assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == mode
+
+
+def _safetensors(path):
+    import torch
+    from safetensors.torch import save_file
+    save_file({"w": torch.zeros(2)}, str(path))
 
 
 def test_an_existing_file_keeps_its_own_mode(tmp_path, umask):

@@ -456,8 +456,8 @@ def cli_error(error: BaseException | str) -> int:
 def save_folder_atomically(out_dir: Path, write: Any) -> None:
     """Write a whole folder through `write(tmp_dir)` into a hidden sibling, then swap the folders by
     two renames: a reader sees the old folder, no folder, or the new one, never a mix (a kill
-    between the renames leaves no folder, so the model is trained again). Its files are flushed to the
-    disk before the swap and the swap itself after it. Leftovers of a killed
+    between the renames leaves no folder, so the model is trained again). Its files get the mode a plain
+    `open` would give them (the umask applied) and are flushed to the disk before the swap, the swap itself after it. Leftovers of a killed
     swap (hidden siblings) are removed first."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -468,8 +468,12 @@ def save_folder_atomically(out_dir: Path, write: Any) -> None:
     tmp.mkdir()
     try:
         write(tmp)
+        mask = current_umask()
         for f in sorted(tmp.rglob("*")):           # every file's data on the disk before the folder is swapped in
             if f.is_file() and not f.is_symlink():
+                # the mode a plain open would give it: a writer's own temporary-and-rename (safetensors'
+                # save_file writes 0o600 whatever the umask) leaves a file nobody else can read
+                os.chmod(f, 0o666 & ~mask)
                 fsync_path(f)
         for d in sorted({f.parent for f in tmp.rglob("*")} | {tmp}):
             fsync_path(d, directory=True)
