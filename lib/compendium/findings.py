@@ -13,7 +13,7 @@ from typing import Any
 
 from lib.compendium.artifacts import RESULTS_ROOT
 from lib.evaluation import plan as analysis
-from lib.evaluation.verdicts import decide, legend
+from lib.evaluation.verdicts import decide, legend, verdict
 
 #: what the findings table calls each plan unit
 UNIT_WORDS = {"items": "", "cold runs": " x {runs} cold runs (per-item means)", "seeds": " x {runs} seeds",
@@ -50,7 +50,17 @@ def _tables(d: Path, plan: analysis.Plan) -> dict[tuple[str, str], list[dict[str
     out = {}
     for stage, table in dict.fromkeys((c.stage, c.table) for c in plan.claims):
         f = d / stage / table
-        out[stage, table] = list(csv.DictReader(f.open(encoding="utf-8"))) if f.exists() else []
+        if not f.exists():
+            out[stage, table] = []
+            continue
+        with f.open(encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            rows = list(reader)
+        missing = [k for k in ("id", "plan", "role") if k not in (reader.fieldnames or [])]
+        if missing:           # a table from before the plan, or not a claims table: no claim can be found in it
+            raise ValueError(f"{f}: a planned claims table without the column(s) {', '.join(missing)} (written "
+                             f"before the analysis plan?); rerun stage {stage} to compute it under the plan")
+        out[stage, table] = rows
     return out
 
 
@@ -75,13 +85,27 @@ def findings_rows(profile: str, root: Path | None = None) -> list[dict[str, Any]
         found = next((r for r in tables[c.stage, c.table] if r.get("id") == c.id and r.get("role") == c.role), None)
         rows.append({"claim": c, "row": found})
     for family in plan.families:
-        members = [x for x in rows if x["claim"].family == family and x["claim"].role == "primary" and x["row"]
-                   and x["row"].get("as planned", "yes") == "yes"]
-        decided = decide([{"p": _num(x["row"]["p"]), "difference": _num(x["row"]["A-B"]),
-                           "family_ci": _interval(x["row"].get("family-wise CI A-B", "")), "effect": x["claim"].effect}
-                          for x in members], plan.alpha)
-        for x, d in zip(members, decided):
-            x["p_adjusted"], x["verdict"] = d["p_adjusted"], d["verdict"]
+        # Holm's family is every primary claim the plan puts in it (m = plan.family_sizes(), the m of the family-wise
+        # intervals too): a claim that did not run, ran off-plan, under another plan or has no p takes its place in
+        # the family as p = 1, so what happened to one claim can never make the correction of the others weaker
+        members = [x for x in rows if x["claim"].family == family and x["claim"].role == "primary"]
+        ran = [bool(x["row"]) and x["row"].get("as planned", "yes") == "yes" and x["row"].get("plan") == plan.digest
+               for x in members]
+        has_p = [ok and _num(x["row"]["p"]) == _num(x["row"]["p"]) for x, ok in zip(members, ran)]
+        decided = decide([{"p": _num(x["row"]["p"]) if ok else 1.0,
+                           "difference": _num(x["row"]["A-B"]) if ok else float("nan"),
+                           "family_ci": _interval(x["row"].get("family-wise CI A-B", "")) if ok
+                           else (float("nan"), float("nan")), "effect": x["claim"].effect}
+                          for x, ok in zip(members, has_p)], plan.alpha)
+        for x, r, ok, d in zip(members, ran, has_p, decided):
+            if not r:
+                continue
+            if ok:
+                x["p_adjusted"], x["verdict"] = d["p_adjusted"], d["verdict"]
+            else:                                   # ran as planned without a p: adjusted p NaN, never significant
+                x["p_adjusted"] = float("nan")
+                x["verdict"] = verdict(_num(x["row"]["A-B"]), _interval(x["row"].get("family-wise CI A-B", "")),
+                                       float("nan"), x["claim"].effect, plan.alpha)
     out = []
     for x in rows:
         c, r = x["claim"], x["row"]
@@ -109,7 +133,9 @@ def findings_rows(profile: str, root: Path | None = None) -> list[dict[str, Any]
             r.get("component check") if r.get("component check") not in (None, "", "none") else "",
             r.get("flag") if r.get("flag") not in (None, "", "none") else "") if x) or "—"
         planned = r.get("as planned", "yes")
-        if c.role != "primary":
+        if r.get("plan", "") != plan.digest:           # computed under another plan: this plan's verdict is not its own
+            v = f"stale: computed under plan {r.get('plan') or '(none)'}, not {plan.digest}"
+        elif c.role != "primary":
             v = "no verdict (secondary)"
         elif planned != "yes":
             v = f"not run as planned ({planned})"
