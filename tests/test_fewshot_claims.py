@@ -292,3 +292,25 @@ def test_a_labels_only_setting_shows_each_exemplar_with_its_label_alone():
     assert [x.labels_only for x in s] == [False, True]
     with pytest.raises(ValueError, match="unknown keys"):
         sei.parse_settings({"x": {"n": 4, "labels": True}}, ["enc"], [4])
+
+
+def test_a_retriever_without_exemplars_has_no_knn_baseline_rather_than_the_main_retrievers():
+    """The text retriever's claim is held against its own exemplars' kNN vote. When that retriever's exemplars
+    are missing, the row says its baseline did not run; it never measures the main retriever's vote under the
+    name knn_vote."""
+    gold = [i % 2 for i in range(96)]
+    main = [_pred(i, g, g, "memeworld-clip/4") for i, g in enumerate(gold)]
+    text = [_pred(i, g, g, "memeworld-clip+text/4") for i, g in enumerate(gold)]
+    rnd = [_pred(i, g, g if i < 48 else 1 - g, "random_4") for i, g in enumerate(gold)]
+    vote = [_pred(i, g, 1 - g, "knn_vote") for i, g in enumerate(gold)]          # the main retriever's vote
+    preds = {"memeworld-clip/4": main, "memeworld-clip+text/4": text, "random_4": rnd, "knn_vote": vote}
+    without = rep.claim_frame(preds, "memeworld-clip/4", "memeworld-clip")
+    without = without[without["role"] == "primary"].set_index("id")
+    assert without.loc["sei.text_retriever", "baseline"] == "knn_vote did not run"
+    assert str(without.loc["sei.text_retriever"].get("A-baseline", "")) in ("", "nan")
+    own = [_pred(i, g, g if i < 60 else 1 - g, "knn_vote") for i, g in enumerate(gold)]
+    withk = rep.claim_frame(preds, "memeworld-clip/4", "memeworld-clip",
+                            knn={"memeworld-clip+text": own})
+    withk = withk[withk["role"] == "primary"].set_index("id")
+    assert withk.loc["sei.text_retriever", "baseline"] == "knn_vote"
+    assert withk.loc["sei.text_retriever", "baseline acc"] == pytest.approx(60 / 96, abs=1e-3)

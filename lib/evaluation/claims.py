@@ -399,8 +399,13 @@ def plan_rows(claims, correct: dict[str, dict[str, bool]], truth: dict[str, int]
             row["control"] = f"{ctl} did not run"
         base = names.get(c.baseline, c.baseline) if c.baseline else None
         if base:
-            arm = (majority_arm(truth, ids) if base == "majority" else extra.get(base) or correct.get(base))
-            if arm is not None:
+            # an extra baseline named here (even as None: its arm did not run) is the claim's own; never fall back
+            # to the arm of the same name in `correct` (another retriever's vote would be measured under its name)
+            arm = (majority_arm(truth, ids) if base == "majority" else extra[base] if base in extra
+                   else correct.get(base))
+            if arm is None:
+                row["baseline"] = f"{base} did not run"
+            else:
                 bt = paired_accuracy_test({i: correct[a][i] for i in ids if i in arm},
                                           {i: arm[i] for i in ids if i in arm}, truth, confidence)
                 row.update({"baseline": base, "baseline acc": round(bt["acc_b"], 3),

@@ -439,7 +439,9 @@ def claim_frame(preds: dict[str, Sequence[Prediction]], main_name: str, retrieve
         base = c.a.rsplit("/", 1)[0]
         status = (preconditions or {}).get(base)
         pre = {c.id: "met" if status else "not met"} if status is not None else {}
-        extra = {"knn_vote": knn_correct[base]} if base in knn_correct and base != retriever else None
+        # the claim's baseline is its own retriever's kNN vote; a retriever whose exemplars are missing has none
+        # (None: "knn_vote did not run"), never the main retriever's vote under its name
+        extra = {"knn_vote": knn_correct.get(base)} if base != retriever else None
         names = {"memeworld-clip/4": main_name} if c.a == "memeworld-clip/4" else {}
         rows += plan_rows([c], correct, truth, plan_digest=plan.digest, alpha=plan.alpha, power=plan.power,
                           family_sizes=plan.family_sizes(),
