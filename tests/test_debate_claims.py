@@ -258,12 +258,14 @@ def test_each_controlled_claim_reads_the_oracle_courts_own_run_and_the_gate_has_
     gate = cf.loc[GATE_CLAIM[0]]
     # a gate that sends every post to Track I: 0 of 60 emergent-hate posts against 0 of 60 others
     assert gate["n"] == 2 * n and gate["A-B"] == 0 and gate["p"] == 1.0 and gate["control status"] == "none ran"
+    assert gate["flag"] == "the gate near-constant (Track I on 100%)"       # flagged as a constant arm is
     # a gate that does send emergent hate to Track II (and nothing else): all 60 against none, Fisher p tiny; a post
     # that Track II's first round dismissed was sent there too
     routed = {**runs, "arcade_type001": {**runs["arcade_type001"], "results": [
         result(i, 1, 1 if i % 4 else 0, route="track2" if i % 4 else "dismissal") for i in range(n)]}}
     row = claim_frame(routed).set_index("claim").loc[GATE_CLAIM[0]]
     assert row["acc A"] == 1.0 and row["acc B"] == 0.0 and row["p"] < 1e-20
+    assert row["flag"] == "none"                       # half the posts each way: the gate tells them apart
 
 
 def test_fisher_power_and_its_rejection_region_follow_scipy():

@@ -22,7 +22,7 @@ from lib.arcade.scoring import balanced_sample, cost_summary, evaluate, report_t
 from lib.evaluation.metrics import interval_keys, paired_accuracy_test
 from lib.evaluation import plan as analysis
 from lib.evaluation.claims import (PAPERS_NUMBER, as_planned, claim_metric_keys, cold_run_metric_keys, cold_runs_of,
-                                   first_present, fisher_mdd, plan_rows, share_test, table)
+                                   constant_arm, first_present, fisher_mdd, plan_rows, share_test, table)
 from lib.evaluation.metrics import run_spread
 from lib.evaluation.preconditions import judge_status
 from lib.evaluation.verdicts import family_confidence
@@ -461,6 +461,11 @@ def gate_rows(runs: dict[str, dict[str, Any]], c, plan, suffix: str = "", confid
     if not a or not b:
         return []
     t = share_test(a, b, confidence)
+    # a gate that routes (nearly) every post one way, whatever its type, is flagged as the answers' arms are: a
+    # difference between two near-constant shares says little about what the gate detects
+    routes = a + b                                     # every post of the claim: emergent hate and the others
+    flag = constant_arm("the gate", dict(enumerate(routes)), list(range(len(routes))))
+    flag = flag.replace("label True", "Track II").replace("label False", "Track I")
     m = plan.family_sizes().get(c.family, 1) if c.role == "primary" else 1
     level = family_confidence(plan.alpha, m)
     fam = share_test(a, b, level)["ci_difference"]
@@ -477,7 +482,7 @@ def gate_rows(runs: dict[str, dict[str, Any]], c, plan, suffix: str = "", confid
              "design MDD": round(mdd, 3) if mdd == mdd else float("nan"),
              "MDD rule": f"Fisher exact by enumeration at {t['n_a']} and {t['n_b']} posts, B's share {t['share_b']:.2f}, "
                          f"alpha {plan.alpha / m:.2g}",
-             "majority line": None, "flag": "none", "paper A-B": round(c.effect, 3), PAPERS_NUMBER: c.effect_said,
+             "majority line": None, "flag": flag or "none", "paper A-B": round(c.effect, 3), PAPERS_NUMBER: c.effect_said,
              "control": "none in the pipeline (no run routes by a post's true type)", "control test": "—",
              "control n": None, "control status": "none ran",
              "baseline": "—", "precondition": "not measured", "component check": "none", "plan": plan.digest,
