@@ -86,7 +86,8 @@ def test_claims_table_puts_the_oracle_control_beside_each_claim_and_the_findings
     assert r["control A-B"] > 0.05 and r["test"] == "paired bootstrap over images (2000 resamples)"
     assert "simulated" in r["MDD rule"] and r["design MDD"] > 0
     m = c4.claim_metrics(t)
-    assert m["claims_detected_controls"] == 1 and m["claim_1_n"] == 1800 and m["control_1_p"] < 0.05
+    assert m["claims_detected_controls"] == 1 and m["claim_nocaps_fclip_n"] == 1800 and m["control_nocaps_fclip_p"] < 0.05
+    assert not any(k.startswith(("claim_1", "control_1")) for k in m)           # keyed by the plan's id
     # attributions that carry nothing at the swap position: the control says the pipeline cannot show it
     f["swap_attribution"] = np.random.default_rng(3).normal(0, 0.2, len(f))
     f.to_csv(stage / "results_nocaps_foil.csv", index=False)

@@ -225,10 +225,12 @@ def claim_table(stage_dir: Path | str, claims: Sequence[Claim] = CLIP4DM_CLAIMS,
 
 
 def claim_metrics(table: pd.DataFrame) -> dict[str, Any]:
-    """metrics.json keys of the claims table: per claim (claim_<k>_...) and its control (control_<k>_...), k its
-    place in the plan's order among those that ran: A-B, the interval's ends, p and the design's MDD."""
+    """metrics.json keys of the claims table: per claim (claim_<k>_...) and its control (control_<k>_...), k the
+    claim's plan id without its system (clip4dm.foil_fclip -> foil_fclip), so a key names the same claim whichever
+    benchmarks ran: A-B, the interval's ends, p and the design's MDD."""
     m: dict[str, Any] = {}
-    for k, r in enumerate(table.to_dict("records"), 1):
+    for r in table.to_dict("records"):
+        k = str(r["id"]).split(".", 1)[-1]
         lo, hi = (float(x) for x in r["95% CI A-B"].strip("[]").split(","))
         m.update({f"claim_{k}_diff": r["A-B"], f"claim_{k}_ci_low": lo, f"claim_{k}_ci_high": hi,
                   f"claim_{k}_p": r["p"], f"claim_{k}_mdd": r["design MDD"], f"claim_{k}_n": int(r["n"])})
