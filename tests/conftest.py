@@ -105,3 +105,18 @@ def plan_at(monkeypatch):
         monkeypatch.setattr(analysis, "load", lambda path=None: sized)
         return sized
     return install
+
+
+def run_launch(cmd, timeout: float, env: dict, **kw):
+    """subprocess.run for a multi-process launch (torch.distributed.run and its workers): every process it starts
+    carries a fresh run id (lib.compendium.procs), and all of them are ended afterwards, whether the launch
+    finished, failed or ran past `timeout` (subprocess.run would kill only the launcher, leaving its workers)."""
+    import subprocess
+    import uuid
+    from lib.compendium import procs
+    rid = f"test-launch-{uuid.uuid4().hex[:8]}"
+    env = {**env, procs.RUN_IDS_ENV: ":".join(x for x in (env.get(procs.RUN_IDS_ENV), rid) if x)}
+    try:
+        return subprocess.run(cmd, env=env, timeout=timeout, **kw)
+    finally:
+        procs.end_processes(rid, grace_s=1.0)

@@ -125,7 +125,7 @@ def _launch(mode: str, base, out, timeout: int = 300):
     import json
     import os
     import socket
-    import subprocess
+    from tests.conftest import run_launch
     import sys
     from lib import ROOT
     with socket.socket() as s:
@@ -133,9 +133,9 @@ def _launch(mode: str, base, out, timeout: int = 300):
         port = s.getsockname()[1]
     (out / "tmp").mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TMPDIR": str(out / "tmp")}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
-                        "127.0.0.1", "--master_port", str(port), str(ROOT / "tests" / "dist_agent_worker.py"), mode,
-                        str(base), str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    r = run_launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr",
+                    "127.0.0.1", "--master_port", str(port), str(ROOT / "tests" / "dist_agent_worker.py"), mode,
+                    str(base), str(out)], timeout, env, cwd=ROOT, capture_output=True, text=True)
     ranks = [json.loads((out / f"rank{k}.json").read_text()) for k in range(2) if (out / f"rank{k}.json").exists()]
     r.stderr = "\n".join(ln for ln in r.stderr.splitlines() if "PaliGemmaProcessor" not in ln)   # the processor's advice
     return r, ranks

@@ -22,12 +22,24 @@ def test_chunks_go_round_robin_and_come_back_in_order(monkeypatch):
             return [10 * x for x in part]
         return run
     # what each of two ranks computes, then the gather every rank sees
-    shares = [{j: run_as(r)(sharding.chunks(items, 3)[j]) for j in sharding.mine(4, r, 2)} for r in (0, 1)]
+    shares = [({j: run_as(r)(sharding.chunks(items, 3)[j]) for j in sharding.mine(4, r, 2)}, None) for r in (0, 1)]
     monkeypatch.setattr(sharding, "_gather", lambda done: shares)
     assert sharding.all_chunks(items, 3, run_as(0), (0, 2)) == [10 * x for x in items]
     monkeypatch.setattr(sharding, "_gather", lambda done: shares[:1])          # a rank's chunks never came back
     with pytest.raises(RuntimeError, match=r"chunks \[1, 3\] came back from no process"):
         sharding.all_chunks(items, 3, run_as(0), (0, 2))
+    # a rank whose work raised: every other rank raises too, naming it (none waits in the gather for its chunks)
+    monkeypatch.setattr(sharding, "_gather", lambda done: [shares[0], ({}, "OSError: disk full")])
+    with pytest.raises(RuntimeError, match=r"failed on 1 of the 2 processes: rank 1: OSError: disk full"):
+        sharding.all_chunks(items, 3, run_as(0), (0, 2))
+    sent = []                                       # and the rank that raised joins the gather before re-raising
+
+    def fail(part):
+        raise KeyError("chunk 0")
+    monkeypatch.setattr(sharding, "_gather", lambda done: sent.append(done) or [done, shares[1]])
+    with pytest.raises(KeyError, match="chunk 0"):
+        sharding.all_chunks(items, 3, fail, (0, 2))
+    assert sent == [({}, "KeyError: 'chunk 0'")]
     assert sharding.all_chunks(items, 4, lambda p: [x + 1 for x in p], (0, 1)) == [x + 1 for x in items]
     with pytest.raises(ValueError, match="a chunk of 4 items gave 1 results"):
         sharding.all_chunks(items, 4, lambda p: p[:1], (0, 1))
@@ -39,7 +51,7 @@ def test_chunks_go_round_robin_and_come_back_in_order(monkeypatch):
 def _launch(n: int, tiny_clip_dir, tiny_paligemma, images, out):
     import os
     import socket
-    import subprocess
+    from tests.conftest import run_launch
     import sys
     from lib import ROOT
     with socket.socket() as s:
@@ -47,10 +59,10 @@ def _launch(n: int, tiny_clip_dir, tiny_paligemma, images, out):
         port = s.getsockname()[1]
     (out / "tmp").mkdir(parents=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TMPDIR": str(out / "tmp")}
-    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr",
-                        "127.0.0.1", "--master_port", str(port), str(ROOT / "tests" / "dist_shard_worker.py"),
-                        str(tiny_clip_dir), str(tiny_paligemma), str(images), str(out)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    r = run_launch([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(n), "--master_addr",
+                    "127.0.0.1", "--master_port", str(port), str(ROOT / "tests" / "dist_shard_worker.py"),
+                    str(tiny_clip_dir), str(tiny_paligemma), str(images), str(out)],
+                   300, env, cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
     return [json.loads((out / f"rank{k}.json").read_text()) for k in range(n)]
 
@@ -85,3 +97,22 @@ def test_two_processes_attribute_and_generate_what_one_process_does(tiny_clip_di
                             out / "attr.jsonl", batch_size=2, progress=False, workers=0)
     assert [r["key"] for r in again] == [r["key"] for r in one["rows"]]   # read back from the launch's files
     assert sum(len((out / f).read_text().splitlines()) for f in out.glob("attr.jsonl*")) == lines   # none recomputed
+
+
+def test_a_launch_that_runs_past_its_timeout_leaves_no_worker(tmp_path):
+    """The launches above end every process they started when they time out, workers in sessions of their own
+    included (subprocess.run's timeout kills the launcher alone)."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from lib.compendium import procs
+    from tests.conftest import run_launch
+    pid_file = tmp_path / "worker.pid"
+    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
+            f" start_new_session=True); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(120)")
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_launch([sys.executable, "-c", code], 5, dict(os.environ))
+    worker = int(pid_file.read_text())
+    time.sleep(0.2)
+    assert procs._state(worker) in (None, "Z", "X"), "the launch's worker outlived it"

@@ -82,10 +82,23 @@ def all_chunks(items: Sequence[T], size: int, run: Callable[[list[T]], list[R]],
     parts = chunks(items, size)
     if world == 1:
         return [r for part in parts for r in _checked(run, part)]
-    done = {j: _checked(run, parts[j]) for j in mine(len(parts), rank, world)}
+    # a rank whose work raises still joins the gather (with its error instead of its chunks), so the others learn
+    # of it and raise too, rather than wait in the gather until the process group's timeout
+    failure: BaseException | None = None
+    try:
+        done, error = {j: _checked(run, parts[j]) for j in mine(len(parts), rank, world)}, None
+    except Exception as e:                              # noqa: BLE001  (re-raised below, after the gather)
+        failure, done, error = e, {}, f"{type(e).__name__}: {e}"
     merged: dict[int, list[R]] = {}
-    for got in _gather(done):
+    errors = []
+    for r, (got, err) in enumerate(_gather((done, error))):
         merged.update(got)
+        if err is not None:
+            errors.append(f"rank {r}: {err}")
+    if failure is not None:
+        raise failure
+    if errors:
+        raise RuntimeError(f"sharded work failed on {len(errors)} of the {world} processes: " + "; ".join(errors))
     missing = sorted(set(range(len(parts))) - set(merged))
     if missing:
         raise RuntimeError(f"sharded work: chunks {missing[:10]} came back from no process of the {world}")
