@@ -24,7 +24,7 @@ def test_the_gpu_check_runs_without_the_packages_a_cuda_image_lacks(tmp_path):
                         f"sys.exit(main(['--toy', '--only', '{only}', '--out', r'{out}']))"],
                        cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    lines = [ln for ln in r.stdout.splitlines() if ln.split(" ")[0] in ("PASS", "FAIL", "SKIP")]
+    lines = [ln for ln in r.stdout.splitlines() if ln.split(" ")[0] in ("PASS", "FAIL", "SKIP", "INFO")]
     assert [ln.split(" ")[1].rstrip(":") for ln in lines] == only.split(",")
     rec = json.loads(out.read_text())
     status = {c["check"]: c["status"] for c in rec["checks"]}
@@ -61,3 +61,32 @@ def test_a_gpu_check_record_is_what_the_cost_table_reads(tmp_path, monkeypatch):
     monkeypatch.setattr(costs, "MEASURED_DIR", tmp_path / "gpu")
     row = next(r for r in costs.cost_rows("paper") if r.stage == "03 CLIP4DM")
     assert row.kind == "measured" and "h100.json" in row.settings
+
+
+def test_what_cannot_fail_is_info_a_broken_import_fails_and_no_gpu_is_refused(tmp_path, monkeypatch):
+    """A measurement with no threshold is INFO, never a PASS; a module of this project that does not import is a
+    FAIL (only another package's absence is a SKIP); the full checks on a machine with no GPU are refused (they
+    would all be SKIPs), and the record is written atomically."""
+    from lib.compendium import gpu_check
+    monkeypatch.setattr(gpu_check.Run, "agent_rows", lambda self: {"runs": [{"update_share": {
+        "dtype": "bfloat16", "first_step": 0.1, "last_step": 0.05, "sampled": 1000}}]})
+
+    def broken(run):
+        raise ModuleNotFoundError("No module named 'lib.sei.nothing'", name="lib.sei.nothing")
+
+    def absent(run):
+        raise ModuleNotFoundError("No module named 'flash_attn'", name="flash_attn")
+    monkeypatch.setattr(gpu_check, "check_cut_answer_error", broken)
+    monkeypatch.setattr(gpu_check, "check_two_precisions", absent)
+    lines = []
+    rc, path = gpu_check.run_checks(toy=True, only=("agent_update_share", "cut_answer_error", "two_precisions"),
+                                    work=tmp_path / "w", out=tmp_path / "r.json", echo=lines.append)
+    assert [ln.split(" ")[0] for ln in lines[:3]] == ["INFO", "FAIL", "SKIP"] and rc == 1
+    assert "missing package flash_attn" in lines[2] and "lib.sei.nothing" in lines[1]
+    assert lines[3].startswith("1 of 3 checks failed, 0 passed, 1 skipped, 1 reported without a threshold")
+    assert not list(tmp_path.glob("*.tmp")) and json.loads(path.read_text())["checks"][0]["status"] == "INFO"
+    monkeypatch.setattr(gpu_check, "_cuda", lambda: False)
+    with pytest.raises(ValueError, match="no GPU here"):
+        gpu_check.run_checks(toy=False, only=("two_precisions",), work=tmp_path / "w2", out=tmp_path / "x.json")
+    assert gpu_check.main(["--only", "two_precisions", "--out", str(tmp_path / "x.json")]) == 2
+    assert not (tmp_path / "x.json").exists()

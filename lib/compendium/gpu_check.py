@@ -1,14 +1,15 @@
 """One command for a GPU machine whose image has torch, transformers and accelerate but no pip and no network:
 `PYTHONPATH=. python -m lib.compendium.gpu_check` runs the paper profile's GPU paths at their full shapes with
-random weights (nothing is downloaded) and writes one JSON record plus a PASS / FAIL / SKIP line per check:
+random weights (nothing is downloaded) and writes one JSON record plus a PASS / FAIL / SKIP / INFO line per check
+(INFO: a measurement reported with no threshold to pass):
 
 - `agent_memory`: the paper's agent recipe (`params/paper.yaml`) through `train_agent` at batches 2, 4 and 8, with
   and without gradient checkpointing: the measured peak against `lib.models.train_memory`'s estimate (the peak
   may not exceed it by more than 15%; a refused setting is one the estimate says cannot fit);
 - `agent_mfu`: model-FLOPs utilisation of the same runs against the GPU's datasheet peak (`lib.compendium.measure`);
 - `agent_memory_left`: what the device still holds once `train_agent` has returned (at most 0.25 GiB);
-- `agent_update_share`: the share of weights the first and last updates changed (reported; bfloat16 at the paper's
-  lr loses most of them, the `float32_master_weights` option keeps them);
+- `agent_update_share` (INFO): the share of weights the first and last updates changed (bfloat16 at the paper's lr
+  loses most of them, the `float32_master_weights` option keeps them);
 - `host_syncs`: host synchronisations per training step (torch's sync debug mode) of the answer-only loss, against
   the model's own forward and backward: the loss may add none;
 - `refusal_before_allocation`: a recipe that cannot fit is refused before anything reaches the GPU;
@@ -17,9 +18,11 @@ random weights (nothing is downloaded) and writes one JSON record plus a PASS / 
 - `clip4dm_ratio`: CLIP4DM from image files against its floor on the production path (`lib.clip4dm.runs`);
 - `trace_rate`: TRACE's feature cache and epoch at the L/14 shape.
 
-Each check imports what it needs when it runs: one whose package is missing is a SKIP naming it, not a crash.
-`--toy` runs every check's code at tiny shapes on whatever device there is (the tests run it on the CPU), a GPU-only
-check then being a SKIP. Exit status 1 when a check fails. The record goes to `artifacts/measured/gpu_check-<gpu>.json`;
+Each check imports what it needs when it runs: one whose package is missing is a SKIP naming it, not a crash (a
+module of this project that fails to import is a FAIL). `--toy` runs every check's code at tiny shapes on whatever
+device there is (the tests run it on the CPU), a GPU-only check then being a SKIP; without `--toy` a machine with no
+GPU is an error (exit 2): the full checks would all be SKIPs, a run that checked nothing. Exit status 1 when a check
+fails. The record goes to `artifacts/measured/gpu_check-<gpu>.json`;
 copy it under `results/gpu/` to cite it.
 """
 from __future__ import annotations
@@ -38,7 +41,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from lib import ROOT
-from lib.compendium.artifacts import git_revision
+from lib.compendium.artifacts import git_revision, write_text
 
 GIB = 1024 ** 3
 #: the measured peak may exceed the estimate by at most this share
@@ -151,7 +154,7 @@ def check_agent_update_share(run: Run) -> tuple[bool, str, dict]:
     if not rows:
         return False, "no run recorded its update share", {}
     u = rows[0]["update_share"]
-    return True, (f"{u['dtype']} weights: the first update changed {100 * u['first_step']:.1f}% of "
+    return None, (f"{u['dtype']} weights: the first update changed {100 * u['first_step']:.1f}% of "
                   f"{u['sampled']:,} sampled weights, the last {100 * u['last_step']:.1f}%"), {"update_share": u}
 
 
@@ -251,6 +254,9 @@ def run_checks(toy: bool = False, only: Sequence[str] = CHECKS, work: Path | Non
     unknown = sorted(set(only) - set(CHECKS))
     if unknown:
         raise ValueError(f"unknown checks {unknown}; the checks are {', '.join(CHECKS)}")
+    if not toy and not _cuda():
+        raise ValueError("no GPU here: the full-shape checks would all be SKIPs (a run that checks nothing); "
+                         "run with --toy to check their code at tiny shapes on this device")
     tmp = tempfile.TemporaryDirectory(prefix="gpu-check-") if work is None else None
     root = Path(tmp.name) if tmp else Path(work)
     root.mkdir(parents=True, exist_ok=True)
@@ -262,12 +268,16 @@ def run_checks(toy: bool = False, only: Sequence[str] = CHECKS, work: Path | Non
             t0 = time.time()
             try:
                 ok, detail, data = globals()[f"check_{name}"](run)
-                status = "PASS" if ok else "FAIL"
+                status = "INFO" if ok is None else "PASS" if ok else "FAIL"
             except Skip as e:
                 status, detail, data = "SKIP", str(e), {}
             except ImportError as e:
-                status, detail, data = "SKIP", (f"missing package {e.name or e}: carry its wheel "
-                                                "(docs/gpu-costs.md, a GPU machine without pip)"), {}
+                if (e.name or "").split(".")[0] == "lib" or not e.name:   # this project's own import is broken
+                    status, detail, data = "FAIL", f"{type(e).__name__}: {e}", {
+                        "traceback": traceback.format_exc()[-2000:]}
+                else:
+                    status, detail, data = "SKIP", (f"missing package {e.name}: carry its wheel "
+                                                    "(docs/gpu-costs.md, a GPU machine without pip)"), {}
             except Exception as e:               # a check that crashes is a failure with its reason, and the rest run
                 status, detail, data = "FAIL", f"{type(e).__name__}: {e}", {"traceback": traceback.format_exc()[-2000:]}
             results.append({"check": name, "status": status, "detail": detail, "seconds": round(time.time() - t0, 1),
@@ -284,12 +294,11 @@ def run_checks(toy: bool = False, only: Sequence[str] = CHECKS, work: Path | Non
     slug = re.sub(r"[^A-Za-z0-9]+", "-", device).strip("-").lower()
     path = out or ROOT / "artifacts" / "measured" / f"gpu_check-{slug}{'-toy' if toy else ''}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp_path = path.with_suffix(".tmp")
-    tmp_path.write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
-    tmp_path.replace(path)
+    write_text(path, json.dumps(record, indent=1, default=str))              # atomic, fsynced, the umask's mode
     failed = [r["check"] for r in results if r["status"] == "FAIL"]
-    echo(f"{len(results) - len(failed)} of {len(results)} checks did not fail ({sum(r['status'] == 'SKIP' for r in results)} "
-         f"skipped) in {record['seconds']:.0f} s; record: {path}")
+    count = {s: sum(r["status"] == s for r in results) for s in ("PASS", "SKIP", "INFO")}
+    echo(f"{len(failed)} of {len(results)} checks failed, {count['PASS']} passed, {count['SKIP']} skipped, "
+         f"{count['INFO']} reported without a threshold, in {record['seconds']:.0f} s; record: {path}")
     return (1 if failed else 0), path
 
 
