@@ -218,7 +218,7 @@ def _child(profile_copy, name: str, body: str, parent: str = "paper") -> None:
 MERGES = [
     ("04_few_shot:\n  agent_recipe: {batch_size: 4}\n", "04_few_shot.agent_recipe",
      {"epochs": 2, "lr": 2.0e-5, "weight_decay": 1.0e-6, "batch_size": 4, "max_train": 0, "mixed_precision": "bf16",
-      "dtype": "bfloat16", "max_len": 1536, "gradient_checkpointing": True, "answer_logits_only": True,
+      "dtype": "bfloat16", "max_len": 1536, "gradient_checkpointing": True, "answer_logits_only": True, "loss_chunk": 128,
       "attn_implementation": "sdpa"}),
     ("04_few_shot:\n  agent_recipe: {max_len: 1024, dtype: float16}\n", "04_few_shot.agent_recipe.mixed_precision", "bf16"),
     ("00_data_prep:\n  datasets: {fhm: {root: elsewhere/fhm}}\n", "00_data_prep.datasets.mami.image_dir", "images"),
