@@ -365,3 +365,29 @@ def test_a_run_of_some_stages_keeps_the_other_stages_committed_answers(sandbox, 
     assert stages_mod.reproduce("embedded", None, force=True, publish=True) == 0
     keys = {json.loads(x)["key"] for x in gzip.open(committed, "rt")}
     assert K("k-other-stage") not in keys and len(keys) == len(stages())
+
+
+def test_a_result_kept_because_only_its_times_moved_is_what_later_stages_read(sandbox):
+    """A rerun whose metrics differ from the committed ones only in times keeps the committed file (tracked files do
+    not move), and writes it back over the run's copy in artifacts/: later stages (07's throughput figure is drawn
+    from times) read the committed bytes, as a fresh clone's `make reproduce NB=07` does. A result that moved is
+    published and left as the run wrote it; a file with an absolute path in it is never rewritten from results."""
+    tmp, _, _ = sandbox
+    art = tmp / "artifacts" / "embedded" / "serving"
+    com = tmp / "results" / "embedded" / "serving"
+    art.mkdir(parents=True)
+    com.mkdir(parents=True)
+    (com / "metrics.json").write_text(json.dumps({"answers": 8, "tokens_per_s_served_c1": 88.9}))
+    (art / "metrics.json").write_text(json.dumps({"answers": 8, "tokens_per_s_served_c1": 93.1}))
+    (com / "details.json").write_text(json.dumps({"answers": 8}))
+    (art / "details.json").write_text(json.dumps({"answers": 9}))                      # a result moved
+    (com / "settings.json").write_text(json.dumps({"dir": "models/x", "wall_s": 1.0}))
+    (art / "settings.json").write_text(json.dumps({"dir": f"{stages_mod.ROOT}/models/x", "wall_s": 2.0}))
+    committed = (com / "metrics.json").read_bytes()
+    results.publish_stage("embedded", "serving")
+    assert (com / "metrics.json").read_bytes() == committed                   # only a time moved: committed stays
+    assert stages_mod.keep_committed("embedded", "serving") == ["metrics.json"]
+    assert (art / "metrics.json").read_bytes() == committed                   # and later stages read it
+    assert json.loads((art / "details.json").read_text()) == {"answers": 9} == json.loads((com / "details.json").read_text())
+    assert str(stages_mod.ROOT) in (art / "settings.json").read_text()        # an absolute path: not rewritten
+    assert stages_mod.keep_committed("embedded", "serving") == []              # nothing left to keep

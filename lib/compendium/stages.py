@@ -20,7 +20,8 @@ from typing import Any, Callable
 
 from lib import ROOT
 from lib.compendium import numerics, results
-from lib.compendium.artifacts import ARTIFACTS_ROOT, cli_error, PUBLISHED_PROFILES, read_json, relpath, write_json
+from lib.compendium.artifacts import (ARTIFACTS_ROOT, cli_error, PUBLISHED_PROFILES, read_json, relpath, write_bytes,
+                                      write_json)
 from lib.models.chat import loopback
 from lib.models.chat.cache import STAGE_ENV, CacheError, ResponseCache, default_cache_path, read_exported
 from lib.compendium.params import (ProfileError, Stage, ancestors, runner_config, section_digest, select_stages,
@@ -471,6 +472,10 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
         print(f"== {st.name} done in {_minutes(dt)}", flush=True)
         if publish:
             results.publish_stage(profile, st.name)
+            kept = keep_committed(profile, st.name)
+            if kept:
+                print(f"   {st.name}: the committed {', '.join(kept[:5])} kept (only times moved); later stages read "
+                      f"them, so the figures drawn from them are the ones the committed results give", flush=True)
             published.append(st.name)
     if publish:       # some stages: keep the others' answers; only the published stages' times
         results.publish_run(profile, partial=len(chosen) < len(stages()), published=published, measured=measured)
@@ -478,6 +483,25 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
             update_readme(ROOT / "README.md")
     _print_timings(rows, time.time() - t_all)
     return 0
+
+
+def keep_committed(profile: str, stage: str) -> list[str]:
+    """After publish_stage: where a result file's committed copy was kept because the run's copy differs only in
+    times (results.same_result), write the committed bytes over the run's copy in artifacts/, so the stages after it
+    (07's figures: the serving throughput is drawn from times) read what is committed, and a fresh clone's
+    `make reproduce NB=07`, which reads the committed copy, draws the same bytes. Only plain files without absolute
+    paths (whose committed bytes are the run's, scrubbed of nothing): returns their names."""
+    dest = results.results_dir(profile) / stage
+    kept = []
+    for rel, f in results.stage_result_files(profile, stage).items():
+        committed = dest / rel
+        if not committed.is_file():
+            continue                                  # compressed when committed, or not published: left as it is
+        data, mine = committed.read_bytes(), f.read_bytes()
+        if data != mine and results._scrubbed(f) == mine:
+            write_bytes(f, data)
+            kept.append(rel)
+    return kept
 
 
 def _run_one(st: Stage, profile: str, params: dict[str, Any], limits: Limits, executor: str,
