@@ -146,9 +146,9 @@ def named_stages(paragraph: str) -> set[str]:
     out: set[str] = set()
     for m in NAMED.finditer(paragraph):
         if m.group(1):
-            nums = [int(x) for x in re.findall(r"0\d", m.group(1))]
-            if len(nums) == 2 and re.search(r"-|–|to|through", m.group(1)):
-                nums = list(range(nums[0], nums[1] + 1))
+            nums = {int(x) for x in re.findall(r"0\d", m.group(1))}          # each one named, and each range
+            for a, b in re.findall(r"(0\d)\s*(?:-|–|to|through)\s*(0\d)", m.group(1)):
+                nums |= set(range(int(a), int(b) + 1))
             out |= {names[f"{k:02d}"] for k in nums if f"{k:02d}" in names}
         for g in m.groups()[1:]:
             if g and g.lower() in names:
