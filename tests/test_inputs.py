@@ -99,6 +99,7 @@ def sandbox(tree, monkeypatch):
     monkeypatch.setattr(stages_mod, "ARTIFACTS_ROOT", art)
     monkeypatch.setattr(results, "ARTIFACTS_ROOT", art)
     monkeypatch.setattr(results, "RESULTS_ROOT", res)
+    monkeypatch.setattr("lib.models.chat.cache.ROOT", art.parent)      # the real profiles' caches are never touched
     ran = []
     monkeypatch.setattr(stages_mod, "run_notebook", lambda st, p, params=None, **kw: ran.append(st.name))
     monkeypatch.setattr(stages_mod, "run_module", lambda st, p, **kw: ran.append(st.name))

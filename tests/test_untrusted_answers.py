@@ -143,6 +143,9 @@ def sandbox(tmp_path, monkeypatch):
     monkeypatch.setattr(stages_mod, "ARTIFACTS_ROOT", tmp_path / "artifacts")
     monkeypatch.setattr(results, "ARTIFACTS_ROOT", tmp_path / "artifacts")
     monkeypatch.setattr(results, "RESULTS_ROOT", tmp_path / "results")
+    # the response cache too: a COLD run moves the profile's cache aside, and `make test` runs the real ci profile
+    # beside these tests (its live cache must never be touched by them)
+    monkeypatch.setattr("lib.models.chat.cache.ROOT", tmp_path)
     ran = []
     monkeypatch.setattr(stages_mod, "run_notebook", lambda st, p, params=None, **kw: ran.append(st.name))
     monkeypatch.setattr(stages_mod, "check_outputs", lambda *a, **k: None)
