@@ -6,6 +6,7 @@ plots that notebooks 04 and 05 both draw.
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -152,8 +153,11 @@ def bar_groups(ax, n: int, series: list[tuple[str | None, Any]], total: float = 
 
 
 def show_image(ax, img: str | Path, title: str | None = None, fontsize: float = 7.5):
-    """An artifact's image (a path relative to the project) on `ax`, without axes."""
-    ax.imshow(Image.open(project_path(img)).convert("RGB"))
+    """An artifact's image (a path relative to the project) on `ax`, without axes. The path is resolved lexically
+    ("memeworld/foil/../img/1.png" is "memeworld/img/1.png"): a dataset's records may name an image through a
+    sibling folder, and the committed figure images (what `make reproduce NB=07` draws from on a fresh clone)
+    hold the image alone, not the folders a record's path passes through."""
+    ax.imshow(Image.open(os.path.normpath(project_path(img))).convert("RGB"))
     ax.axis("off")
     if title is not None:
         ax.set_title(title, fontsize=fontsize)
