@@ -391,3 +391,11 @@ def test_a_result_kept_because_only_its_times_moved_is_what_later_stages_read(sa
     assert json.loads((art / "details.json").read_text()) == {"answers": 9} == json.loads((com / "details.json").read_text())
     assert str(stages_mod.ROOT) in (art / "settings.json").read_text()        # an absolute path: not rewritten
     assert stages_mod.keep_committed("embedded", "serving") == []              # nothing left to keep
+    # a cache key or code digest that moved is not a time: the committed copy is kept in results/, but the run's
+    # copy stays in artifacts/ (else a model stage would find its old key and retrain on every run)
+    (com / "metrics.json").write_text(json.dumps({"answers": 8, "cache_key": "k1", "wall_s": 1.0}))
+    (art / "metrics.json").write_text(json.dumps({"answers": 8, "cache_key": "k2", "wall_s": 2.0}))
+    results.publish_stage("embedded", "serving")
+    assert json.loads((com / "metrics.json").read_text())["cache_key"] == "k1"
+    assert stages_mod.keep_committed("embedded", "serving") == []
+    assert json.loads((art / "metrics.json").read_text())["cache_key"] == "k2"

@@ -112,7 +112,13 @@ def test_a_launch_that_runs_past_its_timeout_leaves_no_worker(tmp_path):
     code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'],"
             f" start_new_session=True); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(120)")
     with pytest.raises(subprocess.TimeoutExpired):
-        run_launch([sys.executable, "-c", code], 5, dict(os.environ))
+        run_launch([sys.executable, "-c", code], 8, dict(os.environ))
+    for _ in range(100):                      # the launcher may have been killed before its child wrote the file
+        if pid_file.exists() and pid_file.read_text():
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the launch never started its worker: nothing was checked")
     worker = int(pid_file.read_text())
     time.sleep(0.2)
     assert procs._state(worker) in (None, "Z", "X"), "the launch's worker outlived it"

@@ -476,6 +476,7 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
             if kept:
                 print(f"   {st.name}: the committed {', '.join(kept[:5])} kept (only times moved); later stages read "
                       f"them, so the figures drawn from them are the ones the committed results give", flush=True)
+                stamps = current_stamps(every, sections, profile, digests, ARTIFACTS_ROOT)   # its outputs moved
             published.append(st.name)
     if publish:       # some stages: keep the others' answers; only the published stages' times
         results.publish_run(profile, partial=len(chosen) < len(stages()), published=published, measured=measured)
@@ -485,12 +486,42 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
     return 0
 
 
+def _times_only(value):
+    """A decoded result without its times and rates (bookkeeping.TIMING), at any depth: what must be equal for the
+    committed copy to stand for the run's (a cache key or code digest that moved is not a time: it stays the run's)."""
+    from lib.compendium.bookkeeping import TIMING
+    if isinstance(value, dict):
+        return {k: _times_only(v) for k, v in value.items() if not (TIMING.search(str(k)) or "/s" in str(k))}
+    if isinstance(value, list):
+        return [_times_only(v) for v in value]
+    return value
+
+
+def _differs_in_times_only(name: str, committed: bytes, mine: bytes) -> bool:
+    import csv
+    import io
+    import json
+    try:
+        if name.endswith(".json"):
+            return _times_only(json.loads(committed)) == _times_only(json.loads(mine))
+        if name.endswith(".jsonl"):
+            rows = [[json.loads(x) for x in b.decode().splitlines() if x.strip()] for b in (committed, mine)]
+            return _times_only(rows[0]) == _times_only(rows[1])
+        if name.endswith(".csv"):
+            tables = [[dict(r) for r in csv.DictReader(io.StringIO(b.decode(), newline=""))] for b in (committed, mine)]
+            return _times_only(tables[0]) == _times_only(tables[1])
+    except (ValueError, UnicodeDecodeError, csv.Error):
+        return False
+    return False
+
+
 def keep_committed(profile: str, stage: str) -> list[str]:
     """After publish_stage: where a result file's committed copy was kept because the run's copy differs only in
-    times (results.same_result), write the committed bytes over the run's copy in artifacts/, so the stages after it
-    (07's figures: the serving throughput is drawn from times) read what is committed, and a fresh clone's
-    `make reproduce NB=07`, which reads the committed copy, draws the same bytes. Only plain files without absolute
-    paths (whose committed bytes are the run's, scrubbed of nothing): returns their names."""
+    times and rates, write the committed bytes over the run's copy in artifacts/, so the stages after it (07's
+    figures: the serving throughput is drawn from times) read what is committed, and a fresh clone's
+    `make reproduce NB=07`, which reads the committed copy, draws the same bytes. Only plain JSON, JSON-lines and CSV
+    files without absolute paths whose other fields (cache keys and code digests included) are the run's: returns
+    their names."""
     dest = results.results_dir(profile) / stage
     kept = []
     for rel, f in results.stage_result_files(profile, stage).items():
@@ -498,7 +529,8 @@ def keep_committed(profile: str, stage: str) -> list[str]:
         if not committed.is_file():
             continue                                  # compressed when committed, or not published: left as it is
         data, mine = committed.read_bytes(), f.read_bytes()
-        if data != mine and results._scrubbed(f) == mine:
+        if (data != mine and results._scrubbed(f) == mine and results.same_result(committed, mine)
+                and _differs_in_times_only(rel, data, mine)):
             write_bytes(f, data)
             kept.append(rel)
     return kept
