@@ -8,6 +8,9 @@ outputs; other profiles write theirs under `artifacts/<profile>/notebooks/`.
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
+import json
 import os
 import re
 import shutil
@@ -20,6 +23,7 @@ from typing import Any, Callable
 
 from lib import ROOT
 from lib.compendium import numerics, results
+from lib.compendium.bookkeeping import TIMING
 from lib.compendium.artifacts import (ARTIFACTS_ROOT, cli_error, PUBLISHED_PROFILES, read_json, relpath, write_bytes,
                                       write_json)
 from lib.models.chat import loopback
@@ -489,7 +493,6 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
 def _times_only(value):
     """A decoded result without its times and rates (bookkeeping.TIMING), at any depth: what must be equal for the
     committed copy to stand for the run's (a cache key or code digest that moved is not a time: it stays the run's)."""
-    from lib.compendium.bookkeeping import TIMING
     if isinstance(value, dict):
         return {k: _times_only(v) for k, v in value.items() if not (TIMING.search(str(k)) or "/s" in str(k))}
     if isinstance(value, list):
@@ -498,9 +501,6 @@ def _times_only(value):
 
 
 def _differs_in_times_only(name: str, committed: bytes, mine: bytes) -> bool:
-    import csv
-    import io
-    import json
     try:
         if name.endswith(".json"):
             return _times_only(json.loads(committed)) == _times_only(json.loads(mine))
