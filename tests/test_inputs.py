@@ -216,6 +216,15 @@ def test_a_rerun_that_moves_no_result_leaves_the_committed_file(tmp_path):
     assert same_result(k, (json.dumps({"key": "b" * 64, "label": 1}) + "\n").encode())
     k.write_text(json.dumps({"key": "the cue", "label": 1}) + "\n")
     assert not same_result(k, (json.dumps({"key": "another cue", "label": 1}) + "\n").encode())
+    # a rate per second is a timing; what a protocol costs per sample, and a generation setting, are results
+    t = tmp_path / "cost.json"
+    t.write_text(json.dumps({"tokens_per_s": 40.0, "pairs_per_s_floor": 3.0, "calls_per_sample": 4.0,
+                             "tokens_per_sample": 900.0, "max_new_tokens": 64}))
+    assert same_result(t, json.dumps({"tokens_per_s": 41.0, "pairs_per_s_floor": 2.0, "calls_per_sample": 4.0,
+                                      "tokens_per_sample": 900.0, "max_new_tokens": 64}).encode())
+    for key, moved in (("calls_per_sample", 3.5), ("tokens_per_sample", 800.0), ("max_new_tokens", 128)):
+        again = {**json.loads(t.read_text()), key: moved}
+        assert not same_result(t, json.dumps(again).encode()), key
     c = tmp_path / "p.csv.gz"
     c.write_bytes(gzip.compress(b"id,pred,wall_s\n1,0,3.2\n"))
     assert same_result(c, gzip.compress(b"id,pred,wall_s\n1,0,9.9\n")) and not same_result(c, gzip.compress(b"id,pred,wall_s\n1,1,3.2\n"))

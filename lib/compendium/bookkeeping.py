@@ -13,9 +13,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-#: metrics that measure the machine, not the method (timings, rates, call and token counts): never compared
-TIMING = re.compile(r"(_s$|_s_|_per_s|^ttft|speedup|tokens_per|requests_per|scaling|latency|wall|^calls$|_calls$|"
-                    r"^rerun_calls$|_tokens$|floor_ratio|render_s|cache_hits)")
+#: metrics that measure the machine, not the method (timings, rates per second, call and token counts): never
+#: compared. Anchored: a per-second rate is `_per_s` at a word's end (`tokens_per_s`, `pairs_per_s_floor`), so
+#: ARCADE's `calls_per_sample` and `tokens_per_sample` (what the protocol costs, a finding) are results, and so are
+#: the generation settings `max_new_tokens`, `agent_max_new_tokens` and `schema_max_new_tokens`
+TIMING = re.compile(r"(_s$|_s_|_per_s(?:$|_)|^ttft|speedup|scaling|latency|wall|^calls$|_calls$|"
+                    r"(?<!max_new)_tokens$|floor_ratio|render_s|cache_hits)")
 
 
 #: fields that say how a run went (its times, its cache bookkeeping), not what it found
