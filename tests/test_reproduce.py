@@ -399,3 +399,36 @@ def test_a_result_kept_because_only_its_times_moved_is_what_later_stages_read(sa
     assert json.loads((com / "metrics.json").read_text())["cache_key"] == "k1"
     assert stages_mod.keep_committed("embedded", "serving") == []
     assert json.loads((art / "metrics.json").read_text())["cache_key"] == "k2"
+
+
+def test_a_full_rerun_whose_times_alone_moved_writes_the_committed_bytes_back_and_leaves_nothing_stale(sandbox,
+                                                                                                       monkeypatch):
+    """The write-back through the runner itself: a published run, then a forced rerun of every stage whose metrics
+    differ only in their times. results/ keeps the committed files, artifacts/ then holds the committed bytes (what
+    later stages and a fresh clone read), and a third run finds every stage up to date."""
+    import contextlib
+    tmp, ran, _ = sandbox
+    monkeypatch.setattr(stages_mod, "profile_services", lambda profile: contextlib.nullcontext())
+    monkeypatch.setattr(stages_mod, "update_readme", lambda path: None)
+    monkeypatch.setattr(results, "ROOT", tmp)
+    runs = []
+
+    def stage(st, profile, params=None, **kw):          # the same result each run, another time
+        ran.append(st.name)
+        d = tmp / "artifacts" / profile / st.name
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "metrics.json").write_text(json.dumps({"acc": 0.5, "wall_s": 3.0 + len(runs)}))
+    monkeypatch.setattr(stages_mod, "run_notebook", stage)
+    monkeypatch.setattr(stages_mod, "run_module", lambda st, p, **kw: stage(st, p))
+    names = [s.name for s in stages()]
+    assert _run(publish=True) == 0 and ran == names
+    committed = {n: f.read_bytes() for n in names if (f := tmp / "results" / "embedded" / n / "metrics.json").exists()}
+    assert len(committed) >= len(names) - 1              # 07 publishes figures, not metrics
+    runs.append(1)
+    ran.clear()
+    assert _run(force=True, publish=True) == 0 and ran == names
+    for n in committed:
+        assert (tmp / "results" / "embedded" / n / "metrics.json").read_bytes() == committed[n], n
+        assert (tmp / "artifacts" / "embedded" / n / "metrics.json").read_bytes() == committed[n], n
+    ran.clear()
+    assert _run(publish=True) == 0 and ran == []
