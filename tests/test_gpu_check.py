@@ -47,6 +47,17 @@ def test_a_failing_check_fails_the_command_and_the_rest_still_run(tmp_path, monk
     assert gpu_check.main(["--toy", "--only", "nothing"]) == 2
 
 
+def test_a_machine_without_torch_gets_an_error_naming_it_and_no_record(tmp_path):
+    out = tmp_path / "check.json"
+    block = BLOCK.replace("'json_repair'}", "'json_repair', 'torch'}")
+    r = subprocess.run([sys.executable, "-c", block + "from lib.compendium.gpu_check import main\n"
+                        f"sys.exit(main(['--toy', '--only', 'two_precisions', '--out', r'{out}']))"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "torch does not import here" in r.stderr and "Traceback" not in r.stderr
+    assert not out.exists()
+
+
 def test_a_gpu_check_record_is_what_the_cost_table_reads(tmp_path, monkeypatch):
     """gpu_check writes measure's records at its record's top level beside its checks, so a record copied under
     results/gpu/ shows in the cost table."""

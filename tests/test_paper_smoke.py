@@ -178,6 +178,7 @@ def test_a_smoke_run_never_rewrites_the_readme_results(monkeypatch, tmp_path):
     monkeypatch.setattr(stages_mod, "update_readme", lambda path: calls.append(path))
     monkeypatch.setattr(stages_mod.results, "publish_stage", lambda profile, stage: published.append((profile, stage)))
     monkeypatch.setattr(stages_mod.results, "publish_run", lambda profile, partial=False, **kw: published.append((profile, "run")))
+    monkeypatch.setattr(stages_mod, "keep_committed", lambda profile, stage: [])   # reads results/, writes artifacts/
     sections = {s.name: {} for s in stages()}
     st = [s for s in stages() if s.name == "07_figures"]
     assert stages_mod._run_stages(st, "paper-smoke", sections) == 0 and calls == [] and published == []

@@ -250,7 +250,11 @@ def check_trace_rate(run: Run) -> tuple[bool, str, dict]:
 def run_checks(toy: bool = False, only: Sequence[str] = CHECKS, work: Path | None = None,
                out: Path | None = None, echo: Callable[[str], None] = print) -> tuple[int, Path]:
     """Run the checks; print one line each; write the record. Returns (exit status, record path)."""
-    import torch
+    try:
+        import torch
+    except (ImportError, OSError) as e:   # the one package every check needs (or its CUDA libraries): an error
+        raise ValueError(f"torch does not import here ({e}): the checks need torch, transformers and accelerate "
+                         "installed in this Python (docs/gpu-costs.md, a GPU machine without pip)") from e
     unknown = sorted(set(only) - set(CHECKS))
     if unknown:
         raise ValueError(f"unknown checks {unknown}; the checks are {', '.join(CHECKS)}")
