@@ -68,9 +68,13 @@ def test_a_process_that_imports_lib_runs_torch_pinned_and_trains_the_same_bits_w
     assert pinned["problems"] == []
     assert pinned["capability"] in ("AVX2", "DEFAULT") and pinned["onednn"] is False
     assert pinned["threads"] == numerics.PINNED_THREADS
-    # hints that steer each library towards the widest instructions when it chooses for itself
-    hinted = _run({"MKL_ENABLE_INSTRUCTIONS": "AVX512", "DNNL_MAX_CPU_ISA": "AVX512_CORE"})
-    assert hinted["bits"] == pinned["bits"]
+    # hints that steer a library towards the widest instructions when it chooses for itself (oneDNN's older name
+    # for its cap; MKL's own cap unset, as in most shells): the pinned choices outrank them
+    hinted = _run({"DNNL_MAX_CPU_ISA": "AVX512_CORE", "MKL_DEBUG_CPU_TYPE": "5"})
+    assert hinted["bits"] == pinned["bits"] and hinted["problems"] == []
+    # a user's own value of a pinned variable is kept (an AVX-512 Intel CPU then trains other bits) and named
+    own = _run({"MKL_ENABLE_INSTRUCTIONS": "AVX512"})
+    assert own["problems"] == ["MKL_ENABLE_INSTRUCTIONS='AVX512' (pinned: 'AVX2')"]
     native = _run({numerics.MODE_ENV: "native"})
     assert native["onednn"] is True and native["problems"] == []
 

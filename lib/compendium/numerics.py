@@ -15,6 +15,9 @@ Pinned (the default) fixes every such choice to one that any x86-64 CPU with AVX
 - ``ATEN_CPU_CAPABILITY=avx2``: torch's vector kernels use the AVX2 build whatever the CPU offers;
 - ``MKL_CBWR=AVX2``: MKL's conditional numerical reproducibility on its AVX2 branch (same-speed GEMM
   here; its ``COMPATIBLE`` branch is about three times slower);
+- ``MKL_ENABLE_INSTRUCTIONS=AVX2``: MKL's dispatch capped at AVX2 as well: on an AVX-512 Intel CPU a
+  ``MKL_ENABLE_INSTRUCTIONS=AVX512`` in the environment outranks ``MKL_CBWR`` (even ``AVX2,STRICT``) and
+  trains other bits; pinned, it is the project's value unless a user sets their own (which `check` names);
 - ``OPENBLAS_CORETYPE=Haswell``: numpy's and scipy's OpenBLAS on its AVX2 kernels;
 - ``ONEDNN_MAX_CPU_ISA=AVX2``, and oneDNN switched off in torch once it is imported (convolutions fall
   back to torch's own im2col + GEMM, whose order does not depend on cache sizes);
@@ -50,6 +53,7 @@ PINNED_THREADS = 2
 PINNED_ENV = {
     "ATEN_CPU_CAPABILITY": "avx2",
     "MKL_CBWR": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
     "OPENBLAS_CORETYPE": "Haswell",
     "ONEDNN_MAX_CPU_ISA": "AVX2",
 }
