@@ -658,3 +658,24 @@ def test_a_text_retriever_embeds_the_picture_beside_the_memes_text_and_caches_by
     assert calls == [("images", 1), ("texts", ["a"])]
     plain = retrieval.embed_memes(str(enc_dir), memes, tmp_path / "plain.npz", progress=False)
     assert plain["0"].shape == (2,) and float(plain["0"] @ plain["1"]) == pytest.approx(1.0)
+
+
+def test_answers_without_any_text_give_empty_tables_and_figures_not_a_key_error():
+    """A model whose every call failed (or that wrote no explanation) leaves notebook 04's lexical analysis empty:
+    the frame keeps its columns, the intervals table is empty with its columns, and both figures still draw."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from lib.sei import analysis
+    failed = [sei.Prediction(str(i), i % 2, "memeworld-clip/4", "failed", None, "", "", False, False, ["a"], [0])
+              for i in range(6)]
+    ana = analysis.analysis_frame(failed)
+    assert len(ana) == 0 and list(ana.columns) == list(analysis.ANALYSIS_COLUMNS)
+    ci = analysis.ci_frame(ana, n_resamples=50)
+    assert len(ci) == 0 and list(ci.columns) == list(analysis.CI_COLUMNS)
+    assert ci.pivot_table(index=["kind", "subgroup"], columns="measure", values=["mean", "n"]).empty
+    for fig in (analysis.plot_lexical(ci, "empty"), analysis.plot_sentiment(ana, "empty")):
+        assert fig.axes
+    # one answer with a text: the same columns, in the same order, as before
+    ok = [sei.Prediction("1", 1, "memeworld-clip/4", "ok", 1, "the text calls a group vermin", "be kind", False,
+                         False, ["a"], [1])]
+    assert list(analysis.analysis_frame(ok).columns) == list(analysis.ANALYSIS_COLUMNS)

@@ -39,7 +39,13 @@ def analysis_frame(preds: Sequence[Prediction]):
             rows.append({"id": p.id, "setting": p.setting, "subgroup": g, "kind": kind, "text": t,
                          "tokens": token_count(t), "ttr": type_token_ratio(t), "ppl": unigram_perplexity(t),
                          "sentiment": vader_label(t)})
-    return pd.DataFrame(rows)
+    # its columns even when no answer has a text (a model whose every call failed): the tables and figures
+    # built on it are then empty, not a KeyError
+    return pd.DataFrame(rows, columns=list(ANALYSIS_COLUMNS))
+
+
+ANALYSIS_COLUMNS = ("id", "setting", "subgroup", "kind", "text", "tokens", "ttr", "ppl", "sentiment")
+CI_COLUMNS = ("kind", "subgroup", "measure", "n", "mean", "low", "high", "ci")
 
 
 def ci_frame(df, measures=("tokens", "ttr", "ppl"), n_resamples: int = 1000, method: str = "BCa", seed: int = 0):
@@ -51,7 +57,7 @@ def ci_frame(df, measures=("tokens", "ttr", "ppl"), n_resamples: int = 1000, met
             mean, lo, hi, used = mean_ci(sub[m].tolist(), n_resamples, method, seed)
             rows.append({"kind": kind, "subgroup": g, "measure": m, "n": len(sub), "mean": mean, "low": lo,
                          "high": hi, "ci": used})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=list(CI_COLUMNS))
 
 
 def plot_lexical(ci, title: str = ""):
