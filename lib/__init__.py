@@ -13,7 +13,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # CPU numerics pinned to one code path before torch, MKL or OpenBLAS load, so that CPU-trained models have
-# the same bits on any x86-64 machine (lib/compendium/numerics.py says why and how to opt out).
+# the same bits on machines of one kind (lib/compendium/numerics.py says why, what differs across kinds, and
+# how to opt out).
 from lib.compendium import numerics as _numerics  # noqa: E402
 
 _numerics.apply()
