@@ -222,6 +222,8 @@ def test_a_rerun_that_moves_no_result_leaves_the_committed_file(tmp_path):
                              "tokens_per_sample": 900.0, "max_new_tokens": 64}))
     assert same_result(t, json.dumps({"tokens_per_s": 41.0, "pairs_per_s_floor": 2.0, "calls_per_sample": 4.0,
                                       "tokens_per_sample": 900.0, "max_new_tokens": 64}).encode())
+    from lib.compendium.bookkeeping import bookkeeping
+    assert bookkeeping("pairs/s (batched, ready pixels)", 3.0) and not bookkeeping("calls/sample", 4.0)
     for key, moved in (("calls_per_sample", 3.5), ("tokens_per_sample", 800.0), ("max_new_tokens", 128)):
         again = {**json.loads(t.read_text()), key: moved}
         assert not same_result(t, json.dumps(again).encode()), key

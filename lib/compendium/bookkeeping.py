@@ -21,6 +21,14 @@ TIMING = re.compile(r"(_s$|_s_|_per_s(?:$|_)|^ttft|speedup|scaling|latency|wall|
                     r"(?<!max_new)_tokens$|floor_ratio|render_s|cache_hits)")
 
 
+#: a column named as a rate per second ("pairs/s (batched)"), not a per-sample one ("calls/sample")
+PER_SECOND = re.compile(r"/s(?![a-z])")
+
+
+def per_second(key: str) -> bool:
+    return bool(PER_SECOND.search(key))
+
+
 #: fields that say how a run went (its times, its cache bookkeeping), not what it found
 BOOKKEEPING = frozenset({"from_cache", "cache_hits", "calls_made", "cache_key", "generator_sha256",
                          "created", "finished", "seconds", "render_seconds"})
@@ -31,7 +39,7 @@ CACHE_KEY = re.compile(r"[0-9a-f]{64}")
 def bookkeeping(key: str, value: Any) -> bool:
     """Whether a result field records how a run went (a time, a rate, a call count, a code digest) rather than what
     it found."""
-    return (key in BOOKKEEPING or bool(TIMING.search(key)) or "/s" in key
+    return (key in BOOKKEEPING or bool(TIMING.search(key)) or per_second(key)
             or (key == "calls" and isinstance(value, int) and not isinstance(value, bool))
             or (key == "key" and isinstance(value, str) and bool(CACHE_KEY.fullmatch(value))))
 

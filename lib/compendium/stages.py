@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from lib import ROOT
 from lib.compendium import numerics, results
-from lib.compendium.bookkeeping import TIMING
+from lib.compendium.bookkeeping import TIMING, per_second
 from lib.compendium.artifacts import (ARTIFACTS_ROOT, cli_error, PUBLISHED_PROFILES, read_json, relpath, write_bytes,
                                       write_json)
 from lib.models.chat import loopback
@@ -494,7 +494,7 @@ def _times_only(value):
     """A decoded result without its times and rates (bookkeeping.TIMING), at any depth: what must be equal for the
     committed copy to stand for the run's (a cache key or code digest that moved is not a time: it stays the run's)."""
     if isinstance(value, dict):
-        return {k: _times_only(v) for k, v in value.items() if not (TIMING.search(str(k)) or "/s" in str(k))}
+        return {k: _times_only(v) for k, v in value.items() if not (TIMING.search(str(k)) or per_second(str(k)))}
     if isinstance(value, list):
         return [_times_only(v) for v in value]
     return value
