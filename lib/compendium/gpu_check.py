@@ -252,7 +252,7 @@ def run_checks(toy: bool = False, only: Sequence[str] = CHECKS, work: Path | Non
     """Run the checks; print one line each; write the record. Returns (exit status, record path)."""
     try:
         import torch
-    except (ImportError, OSError) as e:   # the one package every check needs (or its CUDA libraries): an error
+    except (ImportError, OSError, RuntimeError) as e:   # torch, or its CUDA libraries, cannot load: an error
         raise ValueError(f"torch does not import here ({e}): the checks need torch, transformers and accelerate "
                          "installed in this Python (docs/gpu-costs.md, a GPU machine without pip)") from e
     unknown = sorted(set(only) - set(CHECKS))
