@@ -47,6 +47,9 @@ NUM = re.compile(r"(?<![\w./\-:#§^=@$])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w/%]*
 NAMING = re.compile(r"(?:notebook|notebooks|table|tables|figure|figures|section|stage|step|item|issue|line|lines|"
                     r"column|row|type|types|appendix|equation|eq\.|version|top|round|rounds|k =|n =|HTTP|a|an|"
                     r"status|port|layer|layers)\s*$", re.I)
+#: a time unit right after a number ("41 s", "20.5 min", "3.7 hours", "0.6 GPU-hours")
+TIME_UNIT = re.compile(r"\s*(?:s|sec|seconds?|min|minutes?|h|hours?|GPU-hours?)\b")
+TIMED = "\u23f1"
 GENERATED = re.compile(r"<!-- (\w+):start -->.*?<!-- \1:end -->", re.S)
 
 #: document -> {number as written: why no output prints it}
@@ -126,18 +129,21 @@ def _source(stage: str) -> set[float]:
     return SOURCES[stage]
 
 
-def _records() -> set[float]:
-    """What every page may quote: the profiles' sizes and the run's records of its own cost."""
-    if "records" not in SOURCES:
+def _records(timed: bool = True) -> set[float]:
+    """What every page may quote: the profiles' sizes and the run's records of its own cost; a record's seconds
+    read as minutes or hours only where the prose writes a time unit after the number (`timed`), so a small
+    number elsewhere is not backed by a time that happens to round to it."""
+    key = "records" if timed else "records_untimed"
+    if key not in SOURCES:
         vals: list[float] = []
         for name in ("timings.json", "make_test.json"):
             for f in (ROOT / "results").rglob(name):
                 secs = [v for v in _numbers_in(json.loads(f.read_text())) if v > 0]
-                vals += secs + [v / 60 for v in secs] + [v / 3600 for v in secs]
+                vals += secs + ([v / 60 for v in secs] + [v / 3600 for v in secs] if timed else [])
         vals += _numbers_in(yaml.safe_load((ROOT / "params" / "embedded.yaml").read_text()))
         vals += _numbers_in(yaml.safe_load((ROOT / "params" / "ci.yaml").read_text()))
-        SOURCES["records"] = set(vals)
-    return SOURCES["records"]
+        SOURCES[key] = set(vals)
+    return SOURCES[key]
 
 
 def named_stages(paragraph: str) -> set[str]:
@@ -196,7 +202,9 @@ def _quoted(markdown: str) -> list[tuple[str, str]]:
 
 
 def _plain_numbers(text: str) -> list[str]:
-    return [m.group(0) for m in NUM.finditer(text) if not NAMING.search(text[:m.start()])]
+    """The numbers a text quotes; one followed by a time unit carries TIMED after it."""
+    return [m.group(0) + (TIMED if TIME_UNIT.match(text, m.end()) else "") for m in NUM.finditer(text)
+            if not NAMING.search(text[:m.start()])]
 
 
 def _paragraphs(markdown: str) -> list[str]:
@@ -219,8 +227,11 @@ def stale_numbers(name: str, defaults: tuple[str, ...], paragraphs: list[str]) -
     out = []
     for para in paragraphs:
         sources = (set(defaults) | named_stages(para))
-        values = _records().union(*(_source(s) for s in sources)) if sources else _records()
-        out += [(n, where) for n, where in _quoted(para) if n not in derived and not _rounds_to(values, n)]
+        for n, where in _quoted(para):
+            timed, n = n.endswith(TIMED), n.rstrip(TIMED)
+            values = _records(timed).union(*(_source(s) for s in sources))
+            if n not in derived and not _rounds_to(values, n):
+                out.append((n, where))
     return out
 
 
@@ -251,3 +262,13 @@ def test_a_number_from_another_stages_results_is_not_backed():
     assert stale_numbers("04_few_shot", ("04_few_shot",), [text + " Notebook 05 prints it."]) == []
     assert named_stages("notebooks 02-04 and 06_evaluation") == {"02_finetuning", "03_clip4dm", "04_few_shot",
                                                                   "06_evaluation"}
+
+
+def test_a_records_time_backs_a_number_only_where_the_prose_writes_its_unit():
+    """A record's seconds read as minutes or hours back "12.5 min" but not a bare 12.5: small numbers elsewhere in
+    prose matched a time that happened to round to them."""
+    plain = _records(False) | _source("04_few_shot")
+    v = next(x for x in sorted(_records(True) - _records(False))
+             if 1 < x < 100 and not _rounds_to(plain, f"{x:.1f}"))
+    assert stale_numbers("04_few_shot", ("04_few_shot",), [f"It took {v:.1f} min on this machine."]) == []
+    assert [n for n, _ in stale_numbers("04_few_shot", ("04_few_shot",), [f"It read {v:.1f} of them."])] == [f"{v:.1f}"]
