@@ -11,7 +11,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 #: metrics that measure the machine, not the method (timings, rates per second, call and token counts): never
 #: compared. Anchored: a per-second rate is `_per_s` at a word's end (`tokens_per_s`, `pairs_per_s_floor`), so
@@ -44,29 +44,34 @@ def bookkeeping(key: str, value: Any) -> bool:
             or (key == "key" and isinstance(value, str) and bool(CACHE_KEY.fullmatch(value))))
 
 
-def without_bookkeeping(value: Any) -> Any:
-    """A decoded result without its bookkeeping fields, at any depth (NaN made comparable)."""
+def timing(key: str, value: Any = None) -> bool:
+    """Whether a result field is a time or a rate (narrower than `bookkeeping`: a cache key or code digest is not)."""
+    return bool(TIMING.search(key)) or per_second(key)
+
+
+def without_bookkeeping(value: Any, drop: Callable[[str, Any], bool] = bookkeeping) -> Any:
+    """A decoded result without the fields `drop` names (its bookkeeping), at any depth (NaN made comparable)."""
     if isinstance(value, dict):
-        return {k: without_bookkeeping(v) for k, v in value.items() if not bookkeeping(str(k), v)}
+        return {k: without_bookkeeping(v, drop) for k, v in value.items() if not drop(str(k), v)}
     if isinstance(value, list):
-        return [without_bookkeeping(v) for v in value]
+        return [without_bookkeeping(v, drop) for v in value]
     if isinstance(value, float) and math.isnan(value):
         return "nan"
     return value
 
 
-def _decoded(name: str, data: bytes) -> Any:
-    """A result file's content for comparison: JSON, JSON lines, or CSV rows without bookkeeping columns."""
+def _decoded(name: str, data: bytes, drop: Callable[[str, Any], bool] = bookkeeping) -> Any:
+    """A result file's content for comparison: JSON, JSON lines, or CSV rows without the fields `drop` names."""
     if name.endswith(".gz"):
         data, name = gzip.decompress(data), name[:-3]
     text = data.decode("utf-8")
     if name.endswith(".json"):
-        return without_bookkeeping(json.loads(text))
+        return without_bookkeeping(json.loads(text), drop)
     if name.endswith(".jsonl"):
-        return [without_bookkeeping(json.loads(x)) for x in text.splitlines() if x.strip()]
+        return [without_bookkeeping(json.loads(x), drop) for x in text.splitlines() if x.strip()]
     if name.endswith(".csv"):
         rows = list(csv.reader(io.StringIO(text, newline="")))
-        keep = [i for i, c in enumerate(rows[0]) if not bookkeeping(c, None)] if rows else []
+        keep = [i for i, c in enumerate(rows[0]) if not drop(c, None)] if rows else []
         return [[r[i] if i < len(r) else None for i in keep] for r in rows]
     return text
 
@@ -77,4 +82,15 @@ def same_result(committed: Path, new: bytes) -> bool:
     try:
         return _decoded(committed.name, committed.read_bytes()) == _decoded(committed.name, new)
     except (OSError, ValueError, UnicodeDecodeError, EOFError, csv.Error):
+        return False
+
+
+def differs_in_times_only(name: str, committed: bytes, new: bytes) -> bool:
+    """Whether two versions of a JSON, JSON-lines or CSV result file are equal once their times and rates are set
+    aside (`timing`): what the runner requires before it writes committed bytes back over a run's copy."""
+    if not name.endswith((".json", ".jsonl", ".csv")):
+        return False
+    try:
+        return _decoded(name, committed, timing) == _decoded(name, new, timing)
+    except (ValueError, UnicodeDecodeError, csv.Error):
         return False

@@ -8,9 +8,6 @@ outputs; other profiles write theirs under `artifacts/<profile>/notebooks/`.
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
-import json
 import os
 import re
 import shutil
@@ -23,7 +20,7 @@ from typing import Any, Callable
 
 from lib import ROOT
 from lib.compendium import numerics, results
-from lib.compendium.bookkeeping import TIMING, per_second
+from lib.compendium.bookkeeping import differs_in_times_only
 from lib.compendium.artifacts import (ARTIFACTS_ROOT, cli_error, PUBLISHED_PROFILES, read_json, relpath, write_bytes,
                                       write_json)
 from lib.models.chat import loopback
@@ -490,31 +487,6 @@ def _run_stages(chosen: list[Stage], profile: str, sections: dict[str, dict[str,
     return 0
 
 
-def _times_only(value):
-    """A decoded result without its times and rates (bookkeeping.TIMING), at any depth: what must be equal for the
-    committed copy to stand for the run's (a cache key or code digest that moved is not a time: it stays the run's)."""
-    if isinstance(value, dict):
-        return {k: _times_only(v) for k, v in value.items() if not (TIMING.search(str(k)) or per_second(str(k)))}
-    if isinstance(value, list):
-        return [_times_only(v) for v in value]
-    return value
-
-
-def _differs_in_times_only(name: str, committed: bytes, mine: bytes) -> bool:
-    try:
-        if name.endswith(".json"):
-            return _times_only(json.loads(committed)) == _times_only(json.loads(mine))
-        if name.endswith(".jsonl"):
-            rows = [[json.loads(x) for x in b.decode().splitlines() if x.strip()] for b in (committed, mine)]
-            return _times_only(rows[0]) == _times_only(rows[1])
-        if name.endswith(".csv"):
-            tables = [[dict(r) for r in csv.DictReader(io.StringIO(b.decode(), newline=""))] for b in (committed, mine)]
-            return _times_only(tables[0]) == _times_only(tables[1])
-    except (ValueError, UnicodeDecodeError, csv.Error):
-        return False
-    return False
-
-
 def keep_committed(profile: str, stage: str) -> list[str]:
     """After publish_stage: where a result file's committed copy was kept because the run's copy differs only in
     times and rates, write the committed bytes over the run's copy in artifacts/, so the stages after it (07's
@@ -530,7 +502,7 @@ def keep_committed(profile: str, stage: str) -> list[str]:
             continue                                  # compressed when committed, or not published: left as it is
         data, mine = committed.read_bytes(), f.read_bytes()
         if (data != mine and results._scrubbed(f) == mine and results.same_result(committed, mine)
-                and _differs_in_times_only(rel, data, mine)):
+                and differs_in_times_only(rel, data, mine)):
             write_bytes(f, data)
             kept.append(rel)
     return kept

@@ -25,6 +25,11 @@ def results_frame(results: dict[str, dict[str, Any]]):
     return pd.DataFrame(rows).set_index("setting")
 
 
+#: the columns of analysis_frame and ci_frame, kept when they have no row
+ANALYSIS_COLUMNS = ("id", "setting", "subgroup", "kind", "text", "tokens", "ttr", "ppl", "sentiment")
+CI_COLUMNS = ("kind", "subgroup", "measure", "n", "mean", "low", "high", "ci")
+
+
 def analysis_frame(preds: Sequence[Prediction]):
     """One row per generated text with its subgroup and lexical measures (§7)."""
     import pandas as pd
@@ -42,10 +47,6 @@ def analysis_frame(preds: Sequence[Prediction]):
     # its columns even when no answer has a text (a model whose every call failed): the tables and figures
     # built on it are then empty, not a KeyError
     return pd.DataFrame(rows, columns=list(ANALYSIS_COLUMNS))
-
-
-ANALYSIS_COLUMNS = ("id", "setting", "subgroup", "kind", "text", "tokens", "ttr", "ppl", "sentiment")
-CI_COLUMNS = ("kind", "subgroup", "measure", "n", "mean", "low", "high", "ci")
 
 
 def ci_frame(df, measures=("tokens", "ttr", "ppl"), n_resamples: int = 1000, method: str = "BCa", seed: int = 0):
